@@ -1,0 +1,102 @@
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import requires_cuda
+from workbench.measure import MemoryMeter, format_bytes, measure_training_step, time_callable
+
+
+def test_plain_allocations_are_exact():
+    with MemoryMeter("cpu", trace=True) as meter:
+        a = torch.empty(2_500_000, dtype=torch.uint8)
+        b = torch.empty(10_000_000, dtype=torch.uint8)
+        del a
+        c = torch.empty(1_000_000, dtype=torch.uint8)
+        assert meter.current_bytes == 11_000_000
+    assert meter.peak_bytes == 12_500_000
+    assert meter.end_bytes == 11_000_000
+    assert meter.trace["bytes"].tolist() == [2_500_000, 12_500_000, 10_000_000, 11_000_000]
+    del b, c
+
+
+def test_tensors_from_before_entry_views_and_inplace_are_not_counted():
+    x = torch.randn(1000)
+    with MemoryMeter() as meter:
+        x.add_(1)
+        v = x.view(10, 100).t()
+        x.mul_(2)
+    assert meter.peak_bytes == 0
+    assert v.shape == (100, 10)
+
+
+def test_linear_forward_backward_matches_analytic_sizes():
+    lin = nn.Linear(256, 128)
+    x = torch.randn(64, 256)
+    with MemoryMeter() as meter:
+        y = lin(x)
+        loss = y.sum()
+        loss.backward()
+    out, scalars, grads = 64 * 128 * 4, 2 * 4, (128 * 256 + 128) * 4  # y, loss + ones, dW + db
+    assert meter.peak_bytes == out + scalars + grads
+    del y, loss
+
+
+def test_conv_backward_leaves_exactly_the_gradients():
+    conv = nn.Conv2d(3, 8, 3, padding=1)
+    x = torch.randn(4, 3, 16, 16)
+    with MemoryMeter() as meter:
+        conv(x).square().mean().backward()
+    assert meter.end_bytes == sum(p.numel() * 4 for p in conv.parameters())
+    # the forward keeps at least the conv output and its square
+    assert meter.peak_bytes >= 2 * 4 * 8 * 16 * 16 * 4
+
+
+def test_meter_can_be_reused_and_freed_tensors_after_exit_do_not_change_it():
+    with MemoryMeter() as meter:
+        t = torch.zeros(1000)
+    del t
+    assert meter.end_bytes == 4000
+    with MemoryMeter() as meter2:
+        torch.zeros(10)
+    assert meter2.peak_bytes == 40 and meter2.end_bytes == 0
+
+
+def test_bad_device_refused():
+    with pytest.raises(ValueError, match="'cpu' and 'cuda'"):
+        MemoryMeter("meta")
+
+
+def test_time_callable_reports_median_of_repeats():
+    calls = []
+    timing = time_callable(lambda: calls.append(1), warmup=2, repeats=5)
+    assert len(calls) == 7 and len(timing.times) == 5
+    assert timing.min_s <= timing.median_s <= timing.max_s
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        time_callable(lambda: None, repeats=0)
+
+
+def test_training_step_gradient_bytes_equal_parameter_bytes():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    record, trace = measure_training_step(
+        model, torch.randn(2, 3, 8, 8), torch.tensor([0, 1]), device="cpu", trace=True, repeats=1,
+    )
+    assert record["grad_bytes"] == record["param_bytes"]
+    assert record["peak_bytes"] == trace["bytes"].max()
+
+
+def test_format_bytes():
+    assert format_bytes(12) == "12 B"
+    assert format_bytes(12.5 * 2**20) == "12.5 MiB"
+
+
+@requires_cuda
+def test_cuda_meter_agrees_with_allocator():
+    dev = torch.device("cuda")
+    with MemoryMeter(dev) as meter:
+        a = torch.empty(2_500_000, dtype=torch.uint8, device=dev)
+        b = torch.empty(10_000_000, dtype=torch.uint8, device=dev)
+        del a
+        c = torch.empty(1_000_000, dtype=torch.uint8, device=dev)
+    # the caching allocator rounds each block up to 512 bytes
+    assert 12_500_000 <= meter.peak_bytes < 12_500_000 + 2 * 512
+    del b, c

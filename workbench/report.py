@@ -1,0 +1,407 @@
+"""Reports: the claims ledger, `results.json`, the papermill runner and the index page.
+
+A notebook measures, fills a `Ledger` (one row per paper claim, verdict computed by a stated
+rule) and calls `save_results`. `build_reports` executes notebooks headlessly with papermill
+under the `workbench` kernel at a named profile, one folder per notebook under `reports/`,
+and writes `reports/index.html` from every folder's `run.json` and `results.json`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import shutil
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from .devices import environment, repo_root
+
+__all__ = [
+    "PROFILES", "KERNEL_NAME", "Rule", "at_least", "at_most", "within", "Ledger",
+    "save_results", "UsageError", "available_notebooks", "load_profile", "build_reports",
+    "write_index",
+]
+
+PROFILES = ("smoke", "cpu", "paper")
+KERNEL_NAME = "workbench"
+VERDICTS = ("reproduced", "partly", "not reproduced", "refuted", "not run at this scale")
+
+
+# ---------------------------------------------------------------------------------------------
+# The claims ledger
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How a measured value becomes a verdict; `describe()` is printed beside every row.
+
+    `at_least` / `at_most` compare against thresholds; `within` compares the relative distance
+    from `target` against `rel` (reproduced) and `partly_rel` (partly).
+    """
+
+    kind: str  # "at_least", "at_most" or "within"
+    target: float
+    partly: float | None = None
+    refuted: float | None = None
+    rel: float | None = None
+    partly_rel: float | None = None
+
+    def _passes(self, measured: float, bound: float | None) -> bool:
+        if bound is None:
+            return False
+        if self.kind == "at_least":
+            return measured >= bound
+        if self.kind == "at_most":
+            return measured <= bound
+        return abs(measured - self.target) <= bound * abs(self.target)
+
+    def verdict(self, measured: float | None) -> str:
+        if measured is None or math.isnan(measured):
+            return "not run at this scale"
+        near, partly = (self.rel, self.partly_rel) if self.kind == "within" else (self.target, self.partly)
+        if self._passes(measured, near):
+            return "reproduced"
+        if self._passes(measured, partly):
+            return "partly"
+        if self.refuted is not None and not self._passes(measured, self.refuted):
+            return "refuted"
+        return "not reproduced"
+
+    def describe(self) -> str:
+        if self.kind == "within":
+            text = f"reproduced if within {self.rel:.0%} of {self.target:g}"
+            return text + (f"; partly if within {self.partly_rel:.0%}" if self.partly_rel else "")
+        op, worse = (">=", "<") if self.kind == "at_least" else ("<=", ">")
+        text = f"reproduced if measured {op} {self.target:g}"
+        if self.partly is not None:
+            text += f"; partly if {op} {self.partly:g}"
+        if self.refuted is not None:
+            text += f"; refuted if {worse} {self.refuted:g}"
+        return text
+
+
+def at_least(target: float, *, partly: float | None = None, refuted: float | None = None) -> Rule:
+    """Higher is better: reproduced at or above `target`, partly at or above `partly`,
+    refuted below `refuted`, otherwise not reproduced."""
+    if partly is not None and partly > target:
+        raise ValueError(f"partly ({partly}) must be <= target ({target}) for at_least")
+    return Rule("at_least", float(target), partly, refuted)
+
+
+def at_most(target: float, *, partly: float | None = None, refuted: float | None = None) -> Rule:
+    """Lower is better: reproduced at or below `target`, partly at or below `partly`,
+    refuted above `refuted`, otherwise not reproduced."""
+    if partly is not None and partly < target:
+        raise ValueError(f"partly ({partly}) must be >= target ({target}) for at_most")
+    return Rule("at_most", float(target), partly, refuted)
+
+
+def within(target: float, *, rel: float, partly_rel: float | None = None) -> Rule:
+    """Close to the paper's value: reproduced within `rel` (relative), partly within `partly_rel`."""
+    if rel <= 0 or (partly_rel is not None and partly_rel < rel):
+        raise ValueError(f"need 0 < rel <= partly_rel, got rel={rel}, partly_rel={partly_rel}")
+    return Rule("within", float(target), rel=rel, partly_rel=partly_rel)
+
+
+class Ledger:
+    """Rows of paper claims checked by measurement."""
+
+    COLUMNS = ["claim", "paper", "measured", "unit", "scale", "device", "verdict", "rule"]
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def add(
+        self, claim: str, *, paper: float | str, measured: float | None, unit: str, scale: str,
+        device: str, rule: Rule,
+    ) -> None:
+        if not isinstance(rule, Rule):
+            raise TypeError(f"rule must come from at_least/at_most/within, got {rule!r}")
+        measured = None if measured is None else float(measured)
+        self.rows.append({
+            "claim": claim, "paper": paper, "measured": measured, "unit": unit, "scale": scale,
+            "device": str(device), "verdict": rule.verdict(measured), "rule": rule.describe(),
+        })
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=self.COLUMNS)
+
+    def _repr_html_(self) -> str:
+        return self.to_frame().to_html(index=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# results.json
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        return _jsonable(value.item())
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_results(
+    name: str, *, output_dir: str | Path, parameters: dict, records: dict[str, pd.DataFrame],
+    ledger: Ledger, figures: dict | None = None, device=None,
+) -> Path:
+    """Write `results.json` (parameters, environment, records, claims) and figures as PNG.
+
+    `output_dir` "" means `reports/<name>` in the checkout. Returns the results.json path.
+    """
+    out = Path(output_dir) if output_dir else repo_root() / "reports" / name
+    out.mkdir(parents=True, exist_ok=True)
+    figure_files = []
+    for fig_name, fig in (figures or {}).items():
+        fig.savefig(out / f"{fig_name}.png", dpi=110, bbox_inches="tight")
+        figure_files.append(f"{fig_name}.png")
+    payload = {
+        "name": name,
+        "parameters": _jsonable(parameters),
+        "environment": environment(device),
+        "records": {k: _jsonable(df.to_dict(orient="records")) for k, df in records.items()},
+        "claims": _jsonable(ledger.rows),
+        "figures": figure_files,
+    }
+    path = out / "results.json"
+    _write_atomic(path, json.dumps(payload, indent=1))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Running notebooks
+
+
+class UsageError(ValueError):
+    """Bad input to the report runner (unknown notebook, profile or parameter)."""
+
+
+def notebooks_dir() -> Path:
+    return repo_root() / "notebooks"
+
+
+def available_notebooks(folder: Path | None = None) -> list[str]:
+    folder = folder or notebooks_dir()
+    return sorted(p.stem for p in folder.glob("*.ipynb"))
+
+
+def load_profile(name: str, profile: str, folder: Path | None = None) -> dict:
+    """Parameter overrides of notebook `name` at `profile` (notebooks/profiles/<name>.yaml)."""
+    if profile not in PROFILES:
+        raise UsageError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    path = (folder or notebooks_dir()) / "profiles" / f"{name}.yaml"
+    if not path.exists():
+        return {}
+    table = yaml.safe_load(path.read_text()) or {}
+    unknown = set(table) - set(PROFILES)
+    if unknown:
+        raise UsageError(f"{path}: unknown profiles {sorted(unknown)}; allowed {list(PROFILES)}")
+    return dict(table.get(profile) or {})
+
+
+def _declared(path: Path) -> dict:
+    import papermill
+
+    return papermill.inspect_notebook(str(path))
+
+
+def _plan(names, profile, overrides, folder) -> dict[str, dict]:
+    """Validate everything before running anything; the parameters per notebook."""
+    known = available_notebooks(folder)
+    if profile not in PROFILES:
+        raise UsageError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    names = list(names) or known
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise UsageError(f"unknown notebook(s) {', '.join(bad)}; choose from {', '.join(known)}")
+    plan = {}
+    for name in names:
+        declared = _declared(folder / f"{name}.ipynb")
+        params = {**load_profile(name, profile, folder), **overrides}
+        undeclared = sorted(set(params) - set(declared))
+        if undeclared:
+            raise UsageError(
+                f"notebook {name!r} declares no parameter {', '.join(undeclared)}; "
+                f"its parameters are {', '.join(sorted(declared))}"
+            )
+        plan[name] = params
+    return plan
+
+
+def _export_html(notebook: Path) -> None:
+    import nbconvert
+    import nbformat
+
+    body, _ = nbconvert.HTMLExporter().from_notebook_node(nbformat.read(notebook, as_version=4))
+    notebook.with_suffix(".html").write_text(body)
+
+
+def _run_one(name: str, params: dict, profile: str, folder: Path, out: Path) -> dict:
+    import papermill
+
+    staging = out / f".staging-{name}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    executed = staging / f"{name}.ipynb"
+    record = {"name": name, "profile": profile, "parameters": params, "status": "ok", "error": None,
+              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    start = time.perf_counter()
+    try:
+        try:
+            papermill.execute_notebook(
+                str(folder / f"{name}.ipynb"), str(executed),
+                parameters={**params, "interactive": False, "output_dir": str(staging.resolve())},
+                kernel_name=KERNEL_NAME, cwd=str(folder), progress_bar=False,
+            )
+        except Exception as exc:  # a failing notebook is recorded and the build goes on
+            record["status"] = "failed"
+            record["error"] = _describe(exc)
+        record["seconds"] = round(time.perf_counter() - start, 1)
+        if executed.exists():
+            try:
+                _export_html(executed)
+            except Exception as exc:
+                record["error"] = (record["error"] or "") + f" (HTML export failed: {exc})"
+        _write_atomic(staging / "run.json", json.dumps(_jsonable(record), indent=1))
+        _swap_into_place(staging, out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return record
+
+
+def _describe(exc: Exception) -> str:
+    ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
+    if ename:
+        return f"{ename}: {evalue}"
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def _swap_into_place(staging: Path, final: Path) -> None:
+    """Replace `final` by `staging` so a reader never sees a half-written report folder."""
+    old = final.with_name(f".old-{final.name}-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(staging, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def build_reports(
+    names: list[str] | tuple[str, ...] = (), *, profile: str = "cpu", out_dir: str | Path | None = None,
+    overrides: dict | None = None, notebooks: str | Path | None = None, progress: bool = True,
+) -> pd.DataFrame:
+    """Execute notebooks into `out_dir/<name>/` and rewrite `out_dir/index.html`.
+
+    Bad names, profiles or parameters raise `UsageError` before anything runs. A failing
+    notebook is recorded (status "failed" with its error) and the others still run.
+    Returns one row per notebook: name, status, seconds, error.
+    """
+    from tqdm.auto import tqdm
+
+    folder = Path(notebooks) if notebooks else notebooks_dir()
+    out = Path(out_dir) if out_dir else repo_root() / "reports"
+    plan = _plan(names, profile, dict(overrides or {}), folder)
+    # The kernelspec kernels/workbench/kernel.json is found here without installing anything.
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(
+        p for p in (str(repo_root()), os.environ.get("JUPYTER_PATH")) if p
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    records = []
+    for name, params in tqdm(plan.items(), desc=f"reports ({profile})", disable=not progress):
+        records.append(_run_one(name, params, profile, folder, out))
+        write_index(out)
+    return pd.DataFrame(records, columns=["name", "status", "seconds", "error"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The index page
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:4px 8px;font-size:14px}
+.ok{color:#176317}.failed{color:#b00020}.verdict-reproduced{background:#e3f6e3}
+.verdict-partly{background:#fff6d6}.verdict-not-reproduced,.verdict-refuted{background:#fde2e2}
+img{max-width:360px;margin:4px;border:1px solid #ddd}pre{white-space:pre-wrap;color:#b00020}
+"""
+
+
+def _ledger_html(claims: list[dict]) -> str:
+    if not claims:
+        return "<p>No claims recorded.</p>"
+    rows = []
+    for c in claims:
+        cls = "verdict-" + str(c.get("verdict", "")).replace(" ", "-")
+        cells = "".join(f"<td>{html.escape(_fmt(c.get(k)))}</td>" for k in Ledger.COLUMNS)
+        rows.append(f'<tr class="{cls}">{cells}</tr>')
+    head = "".join(f"<th>{k}</th>" for k in Ledger.COLUMNS)
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def write_index(out_dir: str | Path) -> Path:
+    """Rebuild `index.html` from every `<out_dir>/<name>/run.json` and `results.json`."""
+    out = Path(out_dir)
+    sections, summary = [], []
+    for run_file in sorted(out.glob("*/run.json")):
+        folder = run_file.parent
+        run = json.loads(run_file.read_text())
+        results_file = folder / "results.json"
+        results = json.loads(results_file.read_text()) if results_file.exists() else {}
+        name, status = folder.name, run.get("status", "?")
+        summary.append(
+            f'<tr><td><a href="#{name}">{name}</a></td><td class="{status}">{status}</td>'
+            f'<td>{run.get("profile")}</td><td>{run.get("seconds")}</td></tr>'
+        )
+        links = [f'<a href="{name}/{name}.html">notebook (HTML)</a>',
+                 f'<a href="{name}/{name}.ipynb">notebook (.ipynb)</a>']
+        if results:
+            links.append(f'<a href="{name}/results.json">results.json</a>')
+        env = results.get("environment", {})
+        parts = [
+            f'<h2 id="{name}">{name} <span class="{status}">({status})</span></h2>',
+            f"<p>{' · '.join(links)}</p>",
+            f"<p>Profile {html.escape(str(run.get('profile')))}, run {run.get('started')}, "
+            f"{run.get('seconds')} s on {html.escape(str(env.get('device_name', 'unknown device')))}"
+            f", torch {html.escape(str(env.get('torch', '?')))}.</p>",
+        ]
+        if run.get("error"):
+            parts.append(f"<pre>{html.escape(run['error'])}</pre>")
+        parts.append(_ledger_html(results.get("claims", [])))
+        parts.extend(f'<a href="{name}/{f}"><img src="{name}/{f}" alt="{f}"></a>'
+                     for f in results.get("figures", []))
+        sections.append("\n".join(parts))
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Workbench reports</title>"
+        f"<style>{_CSS}</style></head><body><h1>Workbench reports</h1>"
+        f"<table><tr><th>notebook</th><th>status</th><th>profile</th><th>seconds</th></tr>"
+        f"{''.join(summary)}</table>{''.join(sections)}</body></html>"
+    )
+    path = out / "index.html"
+    _write_atomic(path, page)
+    return path
