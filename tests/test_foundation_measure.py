@@ -100,3 +100,16 @@ def test_cuda_meter_agrees_with_allocator():
     # the caching allocator rounds each block up to 512 bytes
     assert 12_500_000 <= meter.peak_bytes < 12_500_000 + 2 * 512
     del b, c
+
+
+def test_state_bytes_splits_parameters_gradients_and_optimizer_state():
+    from workbench.measure import state_bytes
+
+    model = nn.Linear(10, 4)
+    optimizer = torch.optim.Adam(model.parameters())
+    assert state_bytes(model, optimizer) == {"parameters": 176, "gradients": 0, "optimizer_state": 0}
+    model(torch.randn(3, 10)).sum().backward()
+    optimizer.step()
+    # Adam keeps exp_avg and exp_avg_sq per parameter plus a scalar step per parameter
+    assert state_bytes(model, optimizer) == {
+        "parameters": 176, "gradients": 176, "optimizer_state": 2 * 176 + 2 * 4}

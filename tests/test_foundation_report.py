@@ -124,3 +124,17 @@ def test_cli_lists_commands(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert all(cmd in out for cmd in ("report", "kernel", "list"))
+
+
+def test_kernel_install_and_module_entry_point(tmp_path, monkeypatch, capsys):
+    import json as _json
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path))
+    assert main(["kernel", "install", "--user"]) == 0
+    spec = _json.loads((tmp_path / "kernels" / "workbench" / "kernel.json").read_text())
+    assert spec["argv"][:3] == ["python", "-m", "ipykernel_launcher"]
+    done = subprocess.run([sys.executable, "-m", "workbench", "--help"], capture_output=True, text=True,
+                          check=True)
+    assert "report" in done.stdout

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 __all__ = [
     "MemoryMeter", "Timing", "time_callable", "format_bytes", "measure_training_step",
-    "plot_memory_trace",
+    "plot_memory_trace", "state_bytes",
 ]
 
 
@@ -213,6 +213,33 @@ def time_callable(
         _sync(device)
         times.append(time.perf_counter() - start)
     return Timing(statistics.median(times), min(times), max(times), times)
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """Bytes held by parameters, gradients and optimizer state right now (each storage once).
+
+    Together with a MemoryMeter peak this splits a training step's memory: what is not
+    parameters, gradients or optimizer state at the peak is activations and temporaries.
+    """
+    seen: set[int] = set()
+
+    def total(tensors) -> int:
+        n = 0
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                if storage._cdata not in seen:
+                    seen.add(storage._cdata)
+                    n += storage.nbytes()
+        return n
+
+    params = list(model.parameters())
+    state = [v for s in optimizer.state.values() for v in s.values()] if optimizer is not None else []
+    return {
+        "parameters": total(params),
+        "gradients": total(p.grad for p in params if p.grad is not None),
+        "optimizer_state": total(state),
+    }
 
 
 def measure_training_step(
