@@ -80,7 +80,7 @@ def test_build_keeps_going_after_a_failure_and_indexes_both(notebooks, tmp_path)
     assert good["parameters"] == {"value": 2} and good["claims"][0]["verdict"] == "reproduced"
     assert (out / "good" / "good.html").exists() and (out / "bad" / "bad.ipynb").exists()
     index = (out / "index.html").read_text()
-    assert "boom 1" in index and "value is at least 1" in index
+    assert "boom 1" in index and "value is at least 1" in index and "1 reproduced" in index
     assert not list(out.glob(".staging-*"))
 
 

@@ -374,9 +374,11 @@ def write_index(out_dir: str | Path) -> Path:
         results_file = folder / "results.json"
         results = json.loads(results_file.read_text()) if results_file.exists() else {}
         name, status = folder.name, run.get("status", "?")
+        verdicts = pd.Series([c.get("verdict") for c in results.get("claims", [])], dtype=object)
+        tally = ", ".join(f"{n} {v}" for v, n in verdicts.value_counts().items()) or "—"
         summary.append(
             f'<tr><td><a href="#{name}">{name}</a></td><td class="{status}">{status}</td>'
-            f'<td>{run.get("profile")}</td><td>{run.get("seconds")}</td></tr>'
+            f'<td>{run.get("profile")}</td><td>{run.get("seconds")}</td><td>{html.escape(tally)}</td></tr>'
         )
         links = [f'<a href="{name}/{name}.html">notebook (HTML)</a>',
                  f'<a href="{name}/{name}.ipynb">notebook (.ipynb)</a>']
@@ -399,7 +401,7 @@ def write_index(out_dir: str | Path) -> Path:
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>Workbench reports</title>"
         f"<style>{_CSS}</style></head><body><h1>Workbench reports</h1>"
-        f"<table><tr><th>notebook</th><th>status</th><th>profile</th><th>seconds</th></tr>"
+        f"<table><tr><th>notebook</th><th>status</th><th>profile</th><th>seconds</th><th>claims</th></tr>"
         f"{''.join(summary)}</table>{''.join(sections)}</body></html>"
     )
     path = out / "index.html"
