@@ -38,6 +38,10 @@ def test_cifar_resnet18_is_a_flat_sequence():
 def test_bad_model_arguments():
     with pytest.raises(ValueError, match="stem must be one of"):
         resnet18(stem="tiny")
+    with pytest.raises(ValueError, match="width must be >= 1"):
+        resnet50(width=0)
+    narrow = resnet34(width=16)
+    assert narrow.fc.in_features == 16 * 8 and narrow(torch.randn(1, 3, 32, 32)).shape == (1, 10)
     with pytest.raises(ValueError, match="activation must be one of"):
         MLP(activation="swish")
     assert MLP()(torch.randn(5, 1, 28, 28)).shape == (5, 10)

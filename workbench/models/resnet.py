@@ -5,6 +5,7 @@ block, then pooling and the classifier. Sequential checkpointing (OpTorch) and p
 profiling (VBS) walk this list directly; nothing else about the architecture is special.
 The `cifar` stem is a 3x3 stride-1 convolution without max-pooling (for 32x32 inputs); the
 `imagenet` stem is the 7x7 stride-2 convolution plus 3x3 max-pooling (for 224x224 inputs).
+`width` (64 in the paper) scales every stage; narrower copies keep CPU runs short.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-__all__ = ["BasicBlock", "Bottleneck", "ResNet", "resnet18", "resnet34", "resnet50"]
+__all__ = ["RESNETS", "BasicBlock", "Bottleneck", "ResNet", "resnet18", "resnet34", "resnet50"]
 
 _STEMS = ("cifar", "imagenet")
 
@@ -68,9 +69,9 @@ class ResNet(nn.Sequential):
     ) -> None:
         if stem not in _STEMS:
             raise ValueError(f"stem must be one of {_STEMS}, got {stem!r}")
-        if num_classes < 1 or in_channels < 1:
+        if min(num_classes, in_channels, width) < 1:
             raise ValueError(
-                f"num_classes and in_channels must be >= 1, got {num_classes}, {in_channels}"
+                f"num_classes, in_channels and width must be >= 1, got {num_classes}, {in_channels}, {width}"
             )
         layers: OrderedDict[str, nn.Module] = OrderedDict()
         if stem == "cifar":
@@ -97,13 +98,17 @@ class ResNet(nn.Sequential):
         return self
 
 
-def resnet18(num_classes: int = 10, *, stem: str = "cifar", in_channels: int = 3) -> ResNet:
-    return ResNet(BasicBlock, (2, 2, 2, 2), num_classes, stem=stem, in_channels=in_channels)
+def resnet18(num_classes: int = 10, *, stem: str = "cifar", in_channels: int = 3, width: int = 64) -> ResNet:
+    return ResNet(BasicBlock, (2, 2, 2, 2), num_classes, stem=stem, in_channels=in_channels, width=width)
 
 
-def resnet34(num_classes: int = 10, *, stem: str = "cifar", in_channels: int = 3) -> ResNet:
-    return ResNet(BasicBlock, (3, 4, 6, 3), num_classes, stem=stem, in_channels=in_channels)
+def resnet34(num_classes: int = 10, *, stem: str = "cifar", in_channels: int = 3, width: int = 64) -> ResNet:
+    return ResNet(BasicBlock, (3, 4, 6, 3), num_classes, stem=stem, in_channels=in_channels, width=width)
 
 
-def resnet50(num_classes: int = 10, *, stem: str = "cifar", in_channels: int = 3) -> ResNet:
-    return ResNet(Bottleneck, (3, 4, 6, 3), num_classes, stem=stem, in_channels=in_channels)
+def resnet50(num_classes: int = 10, *, stem: str = "cifar", in_channels: int = 3, width: int = 64) -> ResNet:
+    return ResNet(Bottleneck, (3, 4, 6, 3), num_classes, stem=stem, in_channels=in_channels, width=width)
+
+
+# By name, for notebooks and experiment functions that take the model as a parameter.
+RESNETS = {"resnet18": resnet18, "resnet34": resnet34, "resnet50": resnet50}
