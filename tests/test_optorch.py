@@ -1,0 +1,117 @@
+"""OpTorch pipelines: each switch against the baseline, and the experiment/plot functions."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+from workbench.data import ImageSet, normalize
+from workbench.data.encode import capacity_study, encode
+from workbench.devices import seed_everything
+from workbench.optorch import (
+    PIPELINES,
+    Pipeline,
+    build_model,
+    experiment_checkpoint_position,
+    experiment_pipeline_memory,
+    experiment_planner_pareto,
+    experiment_sc_resnet,
+    experiment_time_accuracy,
+    prepare,
+)
+from workbench.optorch_plots import (
+    plot_capacity,
+    plot_checkpoint_position,
+    plot_memory_over_iteration,
+    plot_pareto,
+    plot_pipeline_memory,
+    plot_time_accuracy,
+)
+
+matplotlib.use("Agg")
+TINY = {"width": 4, "image_size": 8, "batch": 4}
+
+
+def test_the_six_pipelines() -> None:
+    assert list(PIPELINES) == ["B", "E-D", "M-P", "S-C", "E-D+S-C", "E-D+M-P+S-C"]
+    assert PIPELINES["E-D+M-P+S-C"] == Pipeline(True, True, True)
+
+
+def test_prepare_switches_match_baseline() -> None:
+    images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    seed_everything(0)
+    base = build_model("resnet18", width=4)
+    ref = base(normalize(images))
+    for name in ("E-D", "S-C", "E-D+S-C"):
+        model, dtype, scaler = prepare(base, PIPELINES[name], device="cpu")
+        assert dtype is None and scaler is None
+        x = encode(images, scheme="int64") if PIPELINES[name].encode else normalize(images)
+        torch.testing.assert_close(model(x), ref)
+    _, dtype, scaler = prepare(base, PIPELINES["M-P"], device="cpu")
+    assert dtype == torch.bfloat16 and scaler is None
+
+
+def test_build_model_rejects_unknown() -> None:
+    with pytest.raises(ValueError, match="resnet18"):
+        build_model("vgg16")
+
+
+def test_time_accuracy_same_batches_give_same_training() -> None:
+    g = torch.Generator().manual_seed(0)
+    data = ImageSet(torch.randint(0, 256, (24, 1, 8, 8), dtype=torch.uint8, generator=g),
+                    torch.arange(24) % 3, 3, "tiny")
+    train, test = data.split(0.25, seed=0)
+    df = experiment_time_accuracy(train, test, width=4, epochs=2, batch_size=6,
+                                  pipelines=("B", "E-D", "S-C", "E-D+S-C", "M-P"), progress=False)
+    assert len(df) == 10 and {"test_acc", "robust_cum_seconds", "median_step_s"} <= set(df.columns)
+    loss = df.pivot(index="epoch", columns="pipeline", values="loss")
+    # exact encoding and exact recomputation leave training unchanged
+    for name in ("E-D", "S-C", "E-D+S-C"):
+        torch.testing.assert_close(torch.tensor(loss[name].values), torch.tensor(loss["B"].values))
+    assert isinstance(plot_time_accuracy(df), Figure)
+
+
+def test_pipeline_memory_rows_and_checkpoint_saves() -> None:
+    df = experiment_pipeline_memory(("resnet18",), batch=8, image_size=16, width=8,
+                                    pipelines=("B", "S-C", "E-D"), progress=False)
+    peaks = df.set_index("pipeline").peak_bytes
+    assert df.set_index("pipeline").ratio_vs_B["B"] == 1.0
+    assert peaks["S-C"] < peaks["B"]
+    assert isinstance(plot_pipeline_memory(df), Figure)
+
+
+def test_sc_resnet_summary_and_trace() -> None:
+    summary, trace = experiment_sc_resnet(repeats=1, **TINY)
+    assert list(summary.variant) == ["B", "S-C uniform", "S-C optimal"]
+    assert summary.peak_ratio.iloc[0] == 1.0 and summary.time_ratio.iloc[0] == 1.0
+    assert (summary.peak_bytes.iloc[1:] < summary.peak_bytes.iloc[0]).all()
+    assert set(trace.variant) == set(summary.variant)
+    assert trace.groupby("variant").bytes.max().to_dict() == summary.set_index(
+        "variant").peak_bytes.to_dict()
+    assert isinstance(plot_memory_over_iteration(trace), Figure)
+
+
+def test_checkpoint_position_rows() -> None:
+    df = experiment_checkpoint_position(widths=(32, 16, 4, 16, 32), batch=8)
+    assert list(df.boundary) == [0, 1, 2, 3] and df.is_smallest.sum() == 1
+    assert df.loc[df.is_smallest, "stored_width"].item() == 4
+    assert isinstance(plot_checkpoint_position(df), Figure)
+
+
+def test_planner_pareto_optimal_no_slower_in_prediction() -> None:
+    df = experiment_planner_pareto(budgets=2, repeats=1, progress=False, **TINY)
+    for _, group in df.groupby("budget_bytes"):
+        opt = group[group.strategy == "optimal"].predicted_recompute_s.item()
+        others = group[group.strategy != "optimal"].predicted_recompute_s.dropna()
+        assert all(opt <= o + 1e-12 for o in others)
+        assert not math.isnan(opt)
+    assert isinstance(plot_pareto(df), Figure)
+
+
+def test_capacity_plot() -> None:
+    df = capacity_study(torch.randint(0, 256, (4, 1, 2, 2), dtype=torch.uint8), max_per_element=9)
+    assert isinstance(plot_capacity(df), Figure)

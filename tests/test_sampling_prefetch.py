@@ -1,0 +1,212 @@
+"""Selective batch sampling, per-class MixUp/CutMix, and the prefetching loader."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+from workbench.data import ImageSet, make_loader
+from workbench.data.encode import decode
+from workbench.data.prefetch import PrefetchLoader, benchmark_loaders
+from workbench.data.sampling import (
+    ClassAugmenter,
+    CutMix,
+    MixUp,
+    SelectiveBatchSampler,
+    class_counts,
+)
+
+
+def imageset(n: int = 40, classes: int = 4, seed: int = 0) -> ImageSet:
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, 1, 4, 4), dtype=torch.uint8, generator=g)
+    return ImageSet(images, torch.arange(n) % classes, classes, "tiny")
+
+
+@settings(max_examples=40, deadline=None)
+@given(weights=st.lists(st.floats(0, 10), min_size=1, max_size=8).filter(lambda w: sum(w) > 0),
+       batch=st.integers(1, 64))
+def test_class_counts_sum_and_follow_weights(weights, batch) -> None:
+    counts = class_counts(weights, batch)
+    assert sum(counts) == batch and all(c >= 0 for c in counts)
+    total = sum(weights)
+    assert all(abs(c - w / total * batch) < 1 for c, w in zip(counts, weights, strict=True))
+
+
+def test_sampler_batches_hold_requested_share() -> None:
+    labels = torch.tensor([0] * 30 + [1] * 10 + [2] * 5)
+    sampler = SelectiveBatchSampler(labels, {0: 0.25, 1: 0.5, 2: 0.25}, 8, seed=1, num_batches=6)
+    seen = []
+    for batch in sampler:
+        assert Counter(labels[batch].tolist()) == {0: 2, 1: 4, 2: 2}
+        seen += batch
+    # class 2 has 5 examples but 12 are drawn: every one before any repeats
+    twos = [i for i in seen if labels[i] == 2]
+    assert set(twos[:5]) == set(range(40, 45))
+    loader = DataLoader(torch.utils.data.TensorDataset(labels), batch_sampler=sampler)
+    assert len(list(loader)) == 6
+
+
+def test_sampler_is_deterministic_per_epoch() -> None:
+    labels = torch.arange(50) % 5
+    a = SelectiveBatchSampler(labels, [1] * 5, 10, seed=3)
+    b = SelectiveBatchSampler(labels, [1] * 5, 10, seed=3)
+    assert list(a) == list(b)
+    first = list(a)
+    a.set_epoch(1)
+    assert list(a) != first
+
+
+@pytest.mark.parametrize("weights, match", [
+    ([1, 1], "one weight per class"),
+    ([-1, 1, 1], ">= 0"),
+    ({5: 1.0}, r"keys must be in \[0, 3\)"),
+])
+def test_sampler_refuses_bad_weights(weights, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        SelectiveBatchSampler(torch.tensor([0, 1, 2]), weights, 2)
+
+
+def test_sampler_refuses_weight_on_empty_class() -> None:
+    with pytest.raises(ValueError, match=r"classes \[1\]"):
+        SelectiveBatchSampler(torch.tensor([0, 0, 2]), [1, 1, 1], 3)
+
+
+@pytest.mark.parametrize("hook", [MixUp(0.4), CutMix(1.0)])
+def test_augment_touches_only_chosen_class(hook) -> None:
+    images = torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8)
+    labels = torch.arange(16) % 4
+    aug = ClassAugmenter({2: hook}, 4, seed=0)
+    out, targets = aug(images, labels)
+    other = labels != 2
+    torch.testing.assert_close(out[other], images[other].float())
+    torch.testing.assert_close(targets[other], torch.nn.functional.one_hot(labels[other], 4).float())
+    torch.testing.assert_close(targets.sum(1), torch.ones(16))
+    assert (targets[labels == 2, 2] > 0).all()
+    out2, targets2 = ClassAugmenter({2: hook}, 4, seed=0)(images, labels)
+    torch.testing.assert_close(out2, out)
+    torch.testing.assert_close(targets2, targets)
+
+
+def test_cutmix_label_weight_is_pasted_area() -> None:
+    x = torch.zeros(1, 1, 10, 10)
+    px = torch.ones(1, 1, 10, 10)
+    t, pt = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    for seed in range(5):
+        out, tt = CutMix(1.0)(x, t, px, pt, torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(tt[0, 1], out.mean())
+
+
+def test_mixup_is_convex_combination() -> None:
+    x, px = torch.zeros(2, 1, 2, 2), torch.ones(2, 1, 2, 2)
+    t, pt = torch.tensor([[1.0, 0.0]] * 2), torch.tensor([[0.0, 1.0]] * 2)
+    out, tt = MixUp(0.4)(x, t, px, pt, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(out, (1 - tt[:, 0]).view(2, 1, 1, 1).expand_as(out))
+
+
+def test_prefetch_matches_plain_batches_and_is_seeded() -> None:
+    data = imageset()
+    with PrefetchLoader(data, 8, shuffle=False) as loader:
+        ours = [(x, y) for x, y in loader]
+    plain = list(make_loader(data, 8, shuffle=False))
+    assert len(ours) == len(plain) == 5
+    for (x, y), (px, py) in zip(ours, plain, strict=True):
+        torch.testing.assert_close(x, px)
+        torch.testing.assert_close(y, py)
+    with PrefetchLoader(data, 8, seed=4, scheme="int64") as a, \
+            PrefetchLoader(data, 8, seed=4, scheme="int64") as b:
+        epochs = []
+        for _ in range(2):  # two epochs, read ahead by the thread
+            ea, eb = list(a), list(b)
+            assert [y.tolist() for _, y in ea] == [y.tolist() for _, y in eb]
+            for (xa, _), (xb, _) in zip(ea, eb, strict=True):
+                torch.testing.assert_close(xa.data, xb.data)
+            epochs.append(torch.cat([y for _, y in ea]))
+    assert not torch.equal(epochs[0], epochs[1])  # reshuffled per epoch
+    for e in epochs:
+        torch.testing.assert_close(e.sort().values, data.labels.sort().values)
+
+
+def test_prefetch_encoded_batches_decode_to_the_images() -> None:
+    data = imageset()
+    with PrefetchLoader(data, 8, shuffle=False, scheme="float64") as loader:
+        for i, (enc, _) in enumerate(loader):
+            torch.testing.assert_close(decode(enc), data.images[i * 8:(i + 1) * 8])
+
+
+def test_prefetch_early_break_then_next_epoch_is_whole() -> None:
+    data = imageset()
+    loader = PrefetchLoader(data, 8, seed=0, max_prefetch=2)
+    for _ in loader:
+        break
+    assert len(list(loader)) == 5
+    loader.close()
+
+
+def test_prefetch_raises_in_training_thread_and_stops() -> None:
+    data = imageset()
+    calls = []
+
+    def broken(images, labels):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 3:
+            raise ZeroDivisionError("bad batch 3")
+        return images.float(), labels
+
+    loader = PrefetchLoader(data, 8, transform=broken)
+    got = []
+    with pytest.raises(ZeroDivisionError, match="bad batch 3"):
+        for batch in loader:
+            got.append(batch)
+    assert len(got) == 2 and calls[0] == "workbench-prefetch"
+    assert loader._thread is None
+
+
+def test_prefetch_close_joins_thread_with_full_queue() -> None:
+    loader = PrefetchLoader(imageset(), 4, max_prefetch=1)
+    it = iter(loader)
+    next(it)
+    thread = loader._thread
+    loader.close()
+    assert not thread.is_alive()
+    loader.close()
+
+
+def test_prefetch_with_selective_sampler() -> None:
+    data = imageset()
+    sampler = SelectiveBatchSampler(data.labels, [0.5, 0.5, 0, 0], 6, seed=0)
+    with PrefetchLoader(data, 6, batch_sampler=sampler) as loader:
+        for _, y in loader:
+            assert set(y.tolist()) == {0, 1}
+        assert len(loader) == len(sampler)
+
+
+def test_prefetch_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        PrefetchLoader(imageset(), 0)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        PrefetchLoader(imageset(), 4, scheme="int64", transform=lambda x, y: (x, y))
+
+
+def test_benchmark_loaders_rows() -> None:
+    df = benchmark_loaders(imageset(), 8, epochs=1, workers=(0,), schemes=(None,))
+    assert list(df.loader) == ["DataLoader workers=0", "PrefetchLoader float32"]
+    assert (df.images == 40).all() and (df.images_per_s > 0).all()
+
+
+def test_prefetch_prepares_next_epoch_while_current_is_consumed() -> None:
+    import time
+
+    with PrefetchLoader(imageset(), 8) as loader:
+        list(loader)  # epoch 0 consumed; the thread goes on with epoch 1
+        deadline = time.monotonic() + 10
+        while loader._queue.qsize() < len(loader) + 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert loader._queue.qsize() == len(loader) + 1  # all of epoch 1 and its end marker
+        assert len(list(loader)) == len(loader)

@@ -1,0 +1,227 @@
+"""Encoded batches: several uint8 images packed into one tensor element (OpTorch E-D).
+
+Paper: Ahmed & Naveed, "OpTorch" (arXiv 2105.00619), Sec. II-A-1 (Algorithm 1, encode:
+``A = sum_i X_i * 256**i``), II-A-2 (Algorithm 3, the decode layer: ``X_i = A mod 256;
+A = A div 256``) and II-A-3 (Algorithm 4, "loss-less forced encoding": 7-bit values plus an
+odd/even offset array).
+
+Schemes (``SCHEMES``):
+
+* ``float64``: Algorithm 1 in float64. A float64 holds integers exactly only up to 2**53, so
+  6 images (48 bits) are the most that round-trip; the paper's "16 images" cannot be exact
+  (../shared/papers/README.md). A 7th image raises ValueError unless ``allow_lossy=True``.
+* ``float64-7bit``: Algorithm 4 as written: ``A = sum_i (X_i div 2) * 128**i`` plus a boolean
+  offset array ``X_i mod 2`` (one byte per pixel per image, as the paper's "Boolean array of
+  size HxWxCxB"). Exact up to 7 images (49 bits), not the paper's 32.
+* ``int64``: exact packing of 8 uint8 planes per int64 word with shifts; 1 byte per pixel per
+  image for batches that are a multiple of 8 (zero-padded otherwise).
+* ``float32``: Algorithm 1 in float32, for the capacity study only (exact up to 3 images).
+
+The compact form is what crosses to the device; :class:`DecodeLayer` unpacks it there and
+returns the normalised float batch ``(x/255 - 0.5)/0.5``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pandas as pd
+import torch
+from torch import nn
+
+__all__ = [
+    "CAPACITY",
+    "SCHEMES",
+    "DecodeLayer",
+    "EncodedBatch",
+    "capacity_study",
+    "decode",
+    "encode",
+]
+
+SCHEMES = ("float64", "float64-7bit", "int64", "float32")
+# images per element that round-trip exactly (mantissa bits // bits per image; int64: 64 // 8)
+CAPACITY = {"float64": 6, "float64-7bit": 7, "int64": 8, "float32": 3}
+_MANTISSA = {"float64": 53, "float32": 24}
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """A batch of ``count`` uint8 images of ``image_shape`` packed ``per_element`` per word.
+
+    ``data`` is ``[ceil(count / per_element), C, H, W]``; ``offsets`` (float64-7bit only) is the
+    boolean odd/even array ``[count, C, H, W]``. Move it with ``.to(device)``.
+    """
+
+    data: torch.Tensor
+    scheme: str
+    count: int
+    per_element: int
+    offsets: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the batch occupies (packed words plus offsets)."""
+        total = self.data.numel() * self.data.element_size()
+        if self.offsets is not None:
+            total += self.offsets.numel() * self.offsets.element_size()
+        return total
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape[1:])
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> EncodedBatch:
+        offsets = (self.offsets.to(device, non_blocking=non_blocking)
+                   if self.offsets is not None else None)
+        return replace(self, data=self.data.to(device, non_blocking=non_blocking),
+                       offsets=offsets)
+
+    def pin_memory(self) -> EncodedBatch:
+        offsets = self.offsets.pin_memory() if self.offsets is not None else None
+        return replace(self, data=self.data.pin_memory(), offsets=offsets)
+
+    def __len__(self) -> int:
+        return self.count
+
+
+def _check_images(images: torch.Tensor) -> None:
+    if not isinstance(images, torch.Tensor):
+        raise TypeError(f"images must be a torch.Tensor, got {type(images).__name__}")
+    if images.dtype != torch.uint8:
+        raise TypeError(
+            f"images must be uint8 in [0, 255], got dtype {images.dtype}; convert with "
+            f"images.round().clamp(0, 255).to(torch.uint8) if they are integer-valued")
+    if images.ndim != 4 or images.shape[0] < 1:
+        raise ValueError(f"images must be [B, C, H, W] with B >= 1, got shape {tuple(images.shape)}")
+
+
+def encode(
+    images: torch.Tensor, *, scheme: str = "int64", per_element: int | None = None,
+    allow_lossy: bool = False,
+) -> EncodedBatch:
+    """Pack a uint8 batch ``[B, C, H, W]``; ``per_element`` defaults to the scheme's capacity.
+
+    Packing more images per element than the scheme holds exactly raises ValueError unless
+    ``allow_lossy=True`` (used by :func:`capacity_study` to measure where it breaks).
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    _check_images(images)
+    cap = CAPACITY[scheme]
+    k = cap if per_element is None else per_element
+    if scheme == "int64" and not 1 <= k <= 8:
+        raise ValueError(f"int64 holds 1 to 8 uint8 images per word, got per_element={k}")
+    if not 1 <= k <= 64:
+        raise ValueError(f"per_element must be in [1, 64], got {k}")
+    if k > cap and not allow_lossy:
+        bits = 7 if scheme == "float64-7bit" else 8
+        raise ValueError(
+            f"{scheme} holds at most {cap} images per element exactly: {k} images need "
+            f"{bits * k} bits but a {scheme.split('-')[0]} represents integers exactly only up "
+            f"to 2**{_MANTISSA.get(scheme.split('-')[0], 64)} ({bits} bits per image); use "
+            f"per_element <= {cap}, scheme='int64', or allow_lossy=True to measure the error")
+    count = images.shape[0]
+    groups = -(-count // k)
+    padded = torch.zeros((groups * k, *images.shape[1:]), dtype=torch.uint8, device=images.device)
+    padded[:count] = images
+    planes = padded.view(groups, k, *images.shape[1:])
+    offsets = None
+    if scheme == "int64":
+        words = torch.zeros((groups, *images.shape[1:]), dtype=torch.int64, device=images.device)
+        for i in range(k):
+            words |= planes[:, i].to(torch.int64) << (8 * i)
+        return EncodedBatch(words, scheme, count, k)
+    dtype = torch.float64 if scheme.startswith("float64") else torch.float32
+    if scheme == "float64-7bit":
+        base = 128.0
+        offsets = (images & 1).bool()
+        planes = planes >> 1
+    else:
+        base = 256.0
+    # NOTE: accumulate as in Algorithm 1 (A = A + img * 256**i) in the target dtype, so the
+    # rounding beyond capacity is exactly what the paper's scheme does.
+    acc = torch.zeros((groups, *images.shape[1:]), dtype=dtype, device=images.device)
+    for i in range(k):
+        acc += planes[:, i].to(dtype) * (base ** i)
+    return EncodedBatch(acc, scheme, count, k, offsets)
+
+
+def _unpack(encoded: EncodedBatch) -> torch.Tensor:
+    """uint8 planes ``[groups * k, C, H, W]`` (Algorithm 3, or shifts for int64)."""
+    data, k = encoded.data, encoded.per_element
+    if encoded.scheme == "int64":
+        planes = [((data >> (8 * i)) & 0xFF) for i in range(k)]
+    else:
+        base = 128.0 if encoded.scheme == "float64-7bit" else 256.0
+        planes, acc = [], data
+        for _ in range(k):
+            planes.append(torch.remainder(acc, base))
+            acc = torch.div(acc, base, rounding_mode="floor")
+    out = torch.stack(planes, dim=1).flatten(0, 1)[: encoded.count]
+    if encoded.scheme == "float64-7bit":
+        out = out * 2 + encoded.offsets.to(out.dtype)
+    # beyond capacity rounding can push a digit past 255; clamp so the result stays uint8
+    return out.clamp_(0, 255).to(torch.uint8)
+
+
+def decode(encoded: EncodedBatch) -> torch.Tensor:
+    """The uint8 images ``[count, C, H, W]`` back from an :class:`EncodedBatch`."""
+    if not isinstance(encoded, EncodedBatch):
+        raise TypeError(f"decode expects an EncodedBatch, got {type(encoded).__name__}")
+    return _unpack(encoded)
+
+
+class DecodeLayer(nn.Module):
+    """OpTorch's custom decode layer: EncodedBatch in, normalised float batch out.
+
+    Put it first in the model; the encoded batch is moved to the model's device and unpacked
+    there. Plain tensors pass through unchanged (so one model serves both pipelines).
+    """
+
+    def __init__(self, *, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: EncodedBatch | torch.Tensor) -> torch.Tensor:
+        if isinstance(x, torch.Tensor):
+            return x
+        images = _unpack(x)
+        return images.to(self.dtype).div_(127.5).sub_(1.0)
+
+
+def capacity_study(
+    images: torch.Tensor, *, schemes: tuple[str, ...] = ("float32", "float64", "float64-7bit",
+                                                         "int64"),
+    max_per_element: int = 32,
+) -> pd.DataFrame:
+    """Reconstruction error against images per element for each scheme.
+
+    One row per (scheme, per_element): max and mean absolute pixel error, the fraction of
+    pixels exact, whether the round trip is exact, and bytes per image (offsets included).
+    int64 stops at 8 (it cannot hold more than 64 bits).
+    """
+    _check_images(images)
+    rows = []
+    for scheme in schemes:
+        top = min(max_per_element, 8) if scheme == "int64" else max_per_element
+        for k in range(1, top + 1):
+            batch = images[: max(k, 1)]
+            if batch.shape[0] < k:
+                reps = -(-k // batch.shape[0])
+                batch = batch.repeat(reps, 1, 1, 1)[:k]
+            enc = encode(batch, scheme=scheme, per_element=k, allow_lossy=True)
+            err = (decode(enc).int() - batch.int()).abs()
+            rows.append({
+                "scheme": scheme, "per_element": k, "max_abs_error": int(err.max()),
+                "mean_abs_error": float(err.float().mean()),
+                "exact_fraction": float((err == 0).float().mean()),
+                "exact": bool((err == 0).all()), "capacity": CAPACITY[scheme],
+                "bytes_per_image": enc.nbytes / k,
+                "bytes_per_pixel": enc.nbytes / k / batch[0].numel(),
+            })
+    return pd.DataFrame(rows)

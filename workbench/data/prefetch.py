@@ -1,0 +1,248 @@
+"""Parallel encoding (E-D): a background thread prepares the next batches while training runs.
+
+Paper: Ahmed & Naveed, "OpTorch" (arXiv 2105.00619), Sec. II-A-4 and Fig 1: "while training an
+epoch a thread will shuffle images, encode batches and prepare input for the next epoch".
+
+:class:`PrefetchLoader` iterates like a DataLoader (one ``for`` loop per epoch) over an
+``ImageSet``. One producer thread shuffles (or asks a batch sampler), optionally augments and
+encodes each batch, and puts it in a bounded queue; it runs ahead across the epoch boundary,
+so the next epoch's batches are ready when the current one ends. The order depends only on
+(seed, epoch), never on thread timing. An exception in the producer is re-raised in the
+training thread; ``close()`` (or leaving a ``with`` block) stops and joins the thread.
+
+# NOTE: a thread rather than DataLoader worker processes: batches are slices of one in-memory
+# uint8 tensor, torch ops release the GIL, and a thread shares the tensor without copies or
+# process start-up. :func:`benchmark_loaders` measures this choice against DataLoader.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pandas as pd
+import torch
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+from .datasets import ImageSet, normalize
+from .encode import encode
+
+__all__ = ["PrefetchLoader", "ShuffledBatchSampler", "benchmark_loaders"]
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class ShuffledBatchSampler(Sampler[list[int]]):
+    """Batches of a fresh permutation per epoch, a pure function of (seed, epoch).
+
+    Each ``iter`` uses the current epoch and then advances it, so a plain DataLoader with
+    ``batch_sampler=`` sees the same batches, epoch by epoch, as a PrefetchLoader with the
+    same seed (which sets the epoch explicitly).
+    """
+
+    def __init__(self, n: int, batch_size: int, *, seed: int = 0, shuffle: bool = True,
+                 drop_last: bool = False) -> None:
+        if n < 1 or batch_size < 1:
+            raise ValueError(f"n and batch_size must be >= 1, got {n}, {batch_size}")
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.shuffle, self.drop_last = shuffle, drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            order = torch.randperm(self.n, generator=g)
+        else:
+            order = torch.arange(self.n)
+        for i in range(len(self)):
+            yield order[i * self.batch_size: (i + 1) * self.batch_size].tolist()
+
+
+class PrefetchLoader:
+    """Batches of an ImageSet prepared by a background thread.
+
+    Yields ``(inputs, labels)``: inputs are an ``EncodedBatch`` when ``scheme`` is given (decode
+    on the device with ``DecodeLayer``), else normalised float images. ``transform(images,
+    labels) -> (images, targets)`` runs in the thread before encoding (e.g. a ClassAugmenter;
+    it needs ``scheme=None`` as it makes float images). ``max_prefetch`` bounds the queue in
+    batches (default: one epoch plus one, so a whole next epoch can be ready).
+    """
+
+    def __init__(
+        self, data: ImageSet, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+        scheme: str | None = None, batch_sampler: Sampler[list[int]] | None = None,
+        transform: Callable[[torch.Tensor, torch.Tensor], tuple[Any, torch.Tensor]] | None = None,
+        drop_last: bool = False, max_prefetch: int | None = None, pin_memory: bool = False,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if transform is not None and scheme is not None:
+            raise ValueError("transform makes float images; it cannot be combined with a scheme")
+        self.images, self.labels = data.images, data.labels
+        self.scheme, self.transform, self.pin_memory = scheme, transform, pin_memory
+        self.batch_sampler = batch_sampler or ShuffledBatchSampler(
+            len(self.labels), batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last)
+        self.max_prefetch = max_prefetch if max_prefetch is not None else len(self) + 1
+        if self.max_prefetch < 1:
+            raise ValueError(f"max_prefetch must be >= 1, got {self.max_prefetch}")
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._epoch = 0  # next epoch the consumer reads
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    # --- producer ---------------------------------------------------------------------------
+    def _batches(self, epoch: int) -> Iterator[list[int]]:
+        sampler = self.batch_sampler
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        yield from sampler
+
+    def _prepare(self, idx: list[int] | torch.Tensor) -> tuple[Any, torch.Tensor]:
+        idx = torch.as_tensor(idx)
+        images, labels = self.images[idx], self.labels[idx]
+        if self.transform is not None:
+            inputs, labels = self.transform(images, labels)
+        elif self.scheme is not None:
+            inputs = encode(images, scheme=self.scheme)
+        else:
+            inputs = normalize(images)
+        if self.pin_memory:
+            inputs, labels = inputs.pin_memory(), labels.pin_memory()
+        return inputs, labels
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self, first_epoch: int) -> None:
+        epoch = first_epoch
+        try:
+            while not self._stop.is_set():
+                for idx in self._batches(epoch):
+                    if not self._put((epoch, self._prepare(idx))):
+                        return
+                if not self._put((epoch, _END)):
+                    return
+                epoch += 1
+        except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+            self._put((epoch, _Failure(exc)))
+
+    # --- consumer ---------------------------------------------------------------------------
+    def _start(self) -> None:
+        self._stop.clear()
+        self._queue = queue.Queue(maxsize=self.max_prefetch)
+        self._thread = threading.Thread(target=self._produce, args=(self._epoch,),
+                                        name="workbench-prefetch", daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> Iterator[tuple[Any, torch.Tensor]]:
+        if self._thread is None or not self._thread.is_alive():
+            self._start()
+        epoch = self._epoch
+        self._epoch += 1
+        while True:
+            try:
+                item_epoch, item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise RuntimeError("prefetch thread stopped without finishing the epoch") from None
+                continue
+            if item_epoch < epoch:  # left over from an epoch the consumer broke out of
+                continue
+            if isinstance(item, _Failure):
+                self.close()
+                raise item.exc
+            if item is _END:
+                return
+            yield item
+
+    def close(self) -> None:
+        """Stop the producer thread and wait for it; safe to call twice."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=10)
+
+    def __enter__(self) -> PrefetchLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+
+
+def benchmark_loaders(
+    data: ImageSet, batch_size: int, *, epochs: int = 2, workers: tuple[int, ...] = (0, 2),
+    schemes: tuple[str | None, ...] = (None, "int64"),
+    step: Callable[[Any, torch.Tensor], None] | None = None, seed: int = 0,
+) -> pd.DataFrame:
+    """Images per second of the prefetching loader and torch's DataLoader on the same data.
+
+    Every loader yields normalised float batches (or encoded ones for a scheme) of the same
+    shuffled ImageSet; ``step(inputs, labels)`` simulates the training work that overlaps the
+    loading (None: pure loading). DataLoader pins memory when CUDA is present.
+    """
+    pin = torch.cuda.is_available()
+    dataset = TensorDataset(data.images, data.labels)
+
+    def collate(items: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        images = torch.stack([i for i, _ in items])
+        return normalize(images), torch.stack([label for _, label in items])
+
+    loaders: dict[str, Callable[[], Any]] = {}
+    for w in workers:
+        def make(w: int = w) -> DataLoader:
+            return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=w,
+                              collate_fn=collate, pin_memory=pin, persistent_workers=w > 0,
+                              generator=torch.Generator().manual_seed(seed))
+        loaders[f"DataLoader workers={w}"] = make
+    for scheme in schemes:
+        def make_prefetch(scheme: str | None = scheme) -> PrefetchLoader:
+            return PrefetchLoader(data, batch_size, seed=seed, scheme=scheme, pin_memory=pin)
+        loaders[f"PrefetchLoader {scheme or 'float32'}"] = make_prefetch
+
+    rows = []
+    for name, make in loaders.items():
+        loader = make()
+        start = time.perf_counter()  # start-up (worker processes, first batches) included
+        images = 0
+        for _ in range(epochs):
+            for inputs, labels in loader:
+                if step is not None:
+                    step(inputs, labels)
+                images += len(labels)
+        seconds = time.perf_counter() - start
+        if isinstance(loader, PrefetchLoader):
+            loader.close()
+        rows.append({"loader": name, "images": images, "seconds": seconds,
+                     "images_per_s": images / seconds, "batch_size": batch_size,
+                     "pin_memory": pin})
+        del loader
+    return pd.DataFrame(rows)
