@@ -167,6 +167,10 @@ def test_bad_input_raises():
         PackedSGD([torch.nn.Parameter(torch.zeros(2).bfloat16())], lr=0.1, extra_bits=17)
     with pytest.raises(ValueError, match="lr=-1"):
         PackedSGD([torch.nn.Parameter(torch.zeros(2).half())], lr=-1, extra_bits=1)
+    with pytest.raises(ValueError, match="weight_decay=-0.1"):
+        PackedAdamW([torch.nn.Parameter(torch.zeros(2).half())], weight_decay=-0.1, extra_bits=1)
+    with pytest.raises(ValueError, match="momentum=-0.5"):
+        PackedSGD([torch.nn.Parameter(torch.zeros(2).half())], lr=0.1, momentum=-0.5, extra_bits=1)
     with pytest.raises(ValueError, match="betas"):
         PackedAdamW([torch.nn.Parameter(torch.zeros(2).half())], betas=(1.0, 0.9), extra_bits=1)
     with pytest.raises(ValueError, match="mixes"):

@@ -103,6 +103,9 @@ class PackedOptimizer(torch.optim.Optimizer):
     ) -> None:
         if isinstance(extra_bits, bool) or not isinstance(extra_bits, int) or extra_bits < 0:
             raise ValueError(f"extra_bits={extra_bits!r} must be an int in 0..16 (bf16) / 0..13 (fp16)")
+        for key in ("lr", "weight_decay"):
+            if not defaults[key] >= 0.0:
+                raise ValueError(f"{key}={defaults[key]} must be >= 0")
         defaults = dict(defaults, extra_bits=extra_bits,
                         stochastic_rounding=bool(stochastic_rounding), fused=bool(fused))
         self.compile = bool(compile)
@@ -272,12 +275,8 @@ class PackedSGD(PackedOptimizer):
         compile: bool = False,
         seed: int | None = None,
     ) -> None:
-        if not lr >= 0.0:
-            raise ValueError(f"lr={lr} must be >= 0")
         if not momentum >= 0.0:
             raise ValueError(f"momentum={momentum} must be >= 0")
-        if not weight_decay >= 0.0:
-            raise ValueError(f"weight_decay={weight_decay} must be >= 0")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("nesterov needs momentum > 0 and dampening = 0")
         self._state_keys = ("momentum_buffer",) if momentum != 0 else ()
@@ -320,14 +319,10 @@ class PackedAdamW(PackedOptimizer):
         compile: bool = False,
         seed: int | None = None,
     ) -> None:
-        if not lr >= 0.0:
-            raise ValueError(f"lr={lr} must be >= 0")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
             raise ValueError(f"betas={betas} must lie in [0, 1)")
         if not eps >= 0.0:
             raise ValueError(f"eps={eps} must be >= 0")
-        if not weight_decay >= 0.0:
-            raise ValueError(f"weight_decay={weight_decay} must be >= 0")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         decoupled=decoupled)
         super().__init__(params, defaults, extra_bits=extra_bits, fused=fused, compile=compile,
