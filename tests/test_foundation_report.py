@@ -138,3 +138,14 @@ def test_kernel_install_and_module_entry_point(tmp_path, monkeypatch, capsys):
     done = subprocess.run([sys.executable, "-m", "workbench", "--help"], capture_output=True, text=True,
                           check=True)
     assert "report" in done.stdout
+
+
+def test_kernelspec_path_is_added_once(notebooks, tmp_path, monkeypatch):
+    import os
+
+    from workbench.devices import repo_root
+
+    monkeypatch.setenv("JUPYTER_PATH", "/elsewhere")
+    for _ in range(2):
+        build_reports(["good"], profile="smoke", out_dir=tmp_path / "r", notebooks=notebooks, progress=False)
+    assert os.environ["JUPYTER_PATH"].split(os.pathsep) == [str(repo_root()), "/elsewhere"]

@@ -321,9 +321,9 @@ def build_reports(
     out = Path(out_dir) if out_dir else repo_root() / "reports"
     plan = _plan(names, profile, dict(overrides or {}), folder)
     # The kernelspec kernels/workbench/kernel.json is found here without installing anything.
-    os.environ["JUPYTER_PATH"] = os.pathsep.join(
-        p for p in (str(repo_root()), os.environ.get("JUPYTER_PATH")) if p
-    )
+    paths = [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+    if str(repo_root()) not in paths:
+        os.environ["JUPYTER_PATH"] = os.pathsep.join([str(repo_root()), *paths])
     out.mkdir(parents=True, exist_ok=True)
     records = []
     for name, params in tqdm(plan.items(), desc=f"reports ({profile})", disable=not progress):
