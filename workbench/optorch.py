@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -153,11 +154,6 @@ def _interleaved_times(fns: dict[str, Callable[[], object]], *, repeats: int,
     return times
 
 
-def _median(values: list[float]) -> float:
-    s = sorted(values)
-    return s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
-
-
 def _batch(batch: int, image_size: int, *, channels: int = 3, classes: int = 10,
            seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
@@ -205,7 +201,7 @@ def experiment_sc_resnet(
     times = _interleaved_times({k: step(m) for k, (m, _) in variants.items()}, repeats=repeats,
                                device=device)
     df = pd.DataFrame(rows)
-    df["median_s"] = [_median(times[v]) for v in df.variant]
+    df["median_s"] = [statistics.median(times[v]) for v in df.variant]
     df["min_s"] = [min(times[v]) for v in df.variant]
     df["peak_ratio"] = df.peak_bytes / df.peak_bytes.iloc[0]
     # NOTE: the ratio uses the minimum of interleaved repeats, the figure least disturbed by
@@ -392,7 +388,7 @@ def experiment_planner_pareto(
     times = _interleaved_times({str(k): step(w) for k, w in wrapped.items()}, repeats=repeats,
                                device=device)
     for key in plans:
-        measured[key]["median_s"] = _median(times[str(key)])
+        measured[key]["median_s"] = statistics.median(times[str(key)])
         measured[key]["min_s"] = min(times[str(key)])
     df = pd.DataFrame(rows)
     for col in ("measured_peak_bytes", "median_s", "min_s"):

@@ -201,11 +201,11 @@ def load_mnist(root: str | Path | None = None) -> tuple[ImageSet, ImageSet]:
     return tuple(sets)
 
 
-def normalize(images: torch.Tensor) -> torch.Tensor:
-    """uint8 [0, 255] -> float32 [-1, 1]."""
+def normalize(images: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 [0, 255] -> floating `dtype` in [-1, 1]."""
     if images.dtype != torch.uint8:
         raise TypeError(f"normalize expects uint8 images, got {images.dtype}")
-    return images.float().div_(127.5).sub_(1.0)
+    return images.to(dtype).div_(127.5).sub_(1.0)
 
 
 _normalize = normalize  # make_loader's `normalize` flag shadows the function's name

@@ -29,6 +29,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from .datasets import normalize
+
 __all__ = [
     "CAPACITY",
     "SCHEMES",
@@ -191,7 +193,7 @@ class DecodeLayer(nn.Module):
         if isinstance(x, torch.Tensor):
             return x
         images = _unpack(x)
-        return images.to(self.dtype).div_(127.5).sub_(1.0)
+        return normalize(images, dtype=self.dtype)
 
 
 def capacity_study(
