@@ -26,7 +26,7 @@ from workbench.measure import MemoryMeter
 from workbench.models import MLP, resnet18
 from workbench.optim.bench import _loss, make_model, make_optimizer, parse_format
 from workbench.optim.bits import merge_values, split_values
-from workbench.train import train
+from workbench.train import evaluate, train
 
 __all__ = ["truncate_to_e5m2", "load_task", "accuracy_by_format", "addition_error"]
 
@@ -111,15 +111,6 @@ def _train_fp8(model, opt, loader, epochs, device, scheduler, *, keep_master) ->
     wrap.before_forward()  # evaluate what the model sees
 
 
-def _evaluate(model, loader, device) -> float:
-    correct = seen = 0
-    with torch.no_grad():
-        for x, y in loader:
-            correct += (model(x.to(device)).argmax(1).cpu() == y).sum().item()
-            seen += y.numel()
-    return correct / max(seen, 1)
-
-
 def accuracy_by_format(
     model_fn: Callable[[], nn.Module], train_set: ImageSet, test_set: ImageSet, *,
     formats: Iterable[str], epochs: int, lr: float, batch_size: int = 64, optimizer: str = "sgd",
@@ -151,7 +142,7 @@ def accuracy_by_format(
             start = time.perf_counter()
             _train_fp8(model, opt, loader, epochs, device, sched, keep_master=name == "fp8+8")
             seconds, loss = time.perf_counter() - start, float("nan")
-            acc = _evaluate(model, test_loader, device)
+            acc = evaluate(model, test_loader, device)
         else:
             hist = train(model, loader, epochs=epochs, optimizer=opt, device=device,
                          test_loader=test_loader, scheduler=sched, autocast_dtype=fmt.autocast,
