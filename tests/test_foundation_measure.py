@@ -113,3 +113,19 @@ def test_state_bytes_splits_parameters_gradients_and_optimizer_state():
     # Adam keeps exp_avg and exp_avg_sq per parameter plus a scalar step per parameter
     assert state_bytes(model, optimizer) == {
         "parameters": 176, "gradients": 176, "optimizer_state": 2 * 176 + 2 * 4}
+
+
+def test_time_interleaved_alternates_variants_and_rotates():
+    from workbench.measure import time_interleaved
+
+    calls = []
+    times = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                             warmup=1, repeats=3)
+    assert calls == ["a", "b", "a", "b", "a", "b", "a", "b"]  # warm-up, then one of each per round
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    calls.clear()
+    time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                     warmup=0, repeats=2, rotate=True)
+    assert calls == ["a", "b", "b", "a"]
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        time_interleaved({"a": lambda: None}, repeats=0)

@@ -10,7 +10,7 @@ planners share.
 from __future__ import annotations
 
 import contextlib
-import time
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .measure import MemoryMeter
+from .measure import MemoryMeter, time_callable
 
 __all__ = ["LayerProfile", "layers_of", "preserved_state", "profile_layers"]
 
@@ -39,11 +39,6 @@ def layers_of(model: nn.Module | Sequence[nn.Module]) -> list[nn.Module]:
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:
     return (str(t.device), t.untyped_storage().data_ptr())
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @contextlib.contextmanager
@@ -147,18 +142,10 @@ def profile_layers(
                 outs.append(x)
         for layer, inp in zip(layers, inputs, strict=True):  # warm-up: first calls pay one-off costs
             layer(inp)
-        times = []
-        # NOTE: timed by hand (perf_counter + sync) because each layer runs on its own recorded
-        # input; torch.utils.benchmark's per-statement overhead is comparable to small layers.
-        for layer, inp in zip(layers, inputs, strict=True):
-            samples = []
-            for _ in range(repeats + 1):
-                _sync(device)
-                t0 = time.perf_counter()
-                layer(inp)
-                _sync(device)
-                samples.append(time.perf_counter() - t0)
-            times.append(sorted(samples[1:])[len(samples[1:]) // 2])
+        # each layer is timed on its own recorded input
+        times = [time_callable(functools.partial(layer, inp), warmup=1, repeats=repeats,
+                               device=device).median_s
+                 for layer, inp in zip(layers, inputs, strict=True)]
         backward = [_backward_bytes(layer, inp, needs_input_grad=i > 0 or sample.requires_grad)
                     for i, (layer, inp) in enumerate(zip(layers, inputs, strict=True))]
     return LayerProfile(

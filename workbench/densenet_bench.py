@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .devices import pick_device
-from .measure import MemoryMeter, time_callable
+from .measure import MemoryMeter, time_interleaved
 from .models.densenet import FORMS, densenet_bc
 
 __all__ = [
@@ -196,13 +196,9 @@ def time_per_minibatch(depth: int = 100, *, forms=FORMS, growth_rate: int = 12,
             F.cross_entropy(m(x), y).backward()
         return step
 
-    steps = {f: make_step(f) for f in forms}
-    for f in forms:
-        time_callable(steps[f], warmup=warmup, repeats=1, device=device)
-    times: dict[str, list[float]] = {f: [] for f in forms}
-    for r in tqdm(range(rounds), desc="time per minibatch", disable=not progress):
-        for f in forms[r % len(forms):] + forms[:r % len(forms)]:
-            times[f].append(time_callable(steps[f], warmup=0, repeats=1, device=device).median_s)
+    # warmup + 1: the first timed call of each form was discarded before as well
+    times = time_interleaved({f: make_step(f) for f in forms}, warmup=warmup + 1, repeats=rounds,
+                             device=device, rotate=True, progress=progress, desc="time per minibatch")
     def paired(t: np.ndarray, ref: str) -> float:
         return float(np.median(t / np.asarray(times[ref]))) if ref in times else math.nan
 
@@ -237,14 +233,8 @@ def conv_contiguity(channels=(48, 96, 192, 384), *, out_channels: int = 12,
         inputs = {"contiguous": wide[:, :c].contiguous(), "non-contiguous": wide[:, :c]}
         weight = torch.randn(out_channels, c, 3, 3, generator=g).to(device)
         calls = {k: functools.partial(F.conv2d, v, weight, padding=1) for k, v in inputs.items()}
-        times: dict[str, list[float]] = {k: [] for k in inputs}
         with torch.no_grad():
-            for fn in calls.values():
-                time_callable(fn, warmup=1, repeats=1, device=device)
-            for _ in range(repeats):
-                for k, fn in calls.items():
-                    times[k].append(time_callable(fn, warmup=0, repeats=1,
-                                                  device=device).median_s)
+            times = time_interleaved(calls, warmup=2, repeats=repeats, device=device)
         base = np.asarray(times["contiguous"])
         for k, t in times.items():
             t = np.asarray(t)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import asdict, dataclass
 
 import pandas as pd
@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 __all__ = [
     "MemoryMeter", "Timing", "time_callable", "format_bytes", "measure_training_step",
-    "plot_memory_trace", "state_bytes",
+    "plot_memory_trace", "state_bytes", "time_interleaved",
 ]
 
 
@@ -213,6 +213,33 @@ def time_callable(
         _sync(device)
         times.append(time.perf_counter() - start)
     return Timing(statistics.median(times), min(times), max(times), times)
+
+
+def time_interleaved(
+    fns: Mapping[Hashable, Callable[[], object]], *, warmup: int = 1, repeats: int = 5,
+    device: torch.device | str | None = None, rotate: bool = False, progress: bool = False,
+    desc: str = "timing",
+) -> dict[Hashable, list[float]]:
+    """Seconds per call of several callables, timed in rounds of one call each.
+
+    # NOTE: alternating the variants within each round spreads load from other processes over
+    # all of them instead of biasing one variant's times; `rotate` also shifts the order every
+    # round so that no variant always runs first. Ratios of the same round can then be paired.
+    """
+    from tqdm.auto import tqdm
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    times: dict[Hashable, list[float]] = {name: [] for name in names}
+    for r in tqdm(range(repeats), desc=desc, disable=not progress, leave=False):
+        shift = r % len(names) if rotate and names else 0
+        for name in names[shift:] + names[:shift]:
+            times[name].append(time_callable(fns[name], warmup=0, repeats=1, device=device).median_s)
+    return times
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:

@@ -32,7 +32,7 @@ from .data import ImageSet, make_loader, normalize
 from .data.encode import DecodeLayer, encode
 from .data.prefetch import PrefetchLoader, ShuffledBatchSampler
 from .devices import seed_everything
-from .measure import MemoryMeter, time_callable
+from .measure import MemoryMeter, time_interleaved
 from .models.resnet import RESNETS, ResNet
 from .train import train
 
@@ -141,19 +141,6 @@ def measure_step(
     return meter.peak_bytes, meter.trace
 
 
-def _interleaved_times(fns: dict[str, Callable[[], object]], *, repeats: int,
-                       device: torch.device) -> dict[str, list[float]]:
-    # NOTE: variants alternate within each round so that load from other processes on a
-    # shared machine spreads over all of them instead of biasing one variant's median.
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():
-        fn()  # warm-up
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            times[name].append(time_callable(fn, warmup=0, repeats=1, device=device).median_s)
-    return times
-
-
 def _batch(batch: int, image_size: int, *, channels: int = 3, classes: int = 10,
            seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
@@ -198,7 +185,7 @@ def experiment_sc_resnet(
             m.zero_grad(set_to_none=False)
             nn.functional.cross_entropy(m(sample), labels.to(device)).backward()
         return run
-    times = _interleaved_times({k: step(m) for k, (m, _) in variants.items()}, repeats=repeats,
+    times = time_interleaved({k: step(m) for k, (m, _) in variants.items()}, repeats=repeats,
                                device=device)
     df = pd.DataFrame(rows)
     df["median_s"] = [statistics.median(times[v]) for v in df.variant]
@@ -385,7 +372,7 @@ def experiment_planner_pareto(
 
     def step(m: nn.Module) -> Callable[[], None]:
         return lambda: loss(m(x)).backward()
-    times = _interleaved_times({str(k): step(w) for k, w in wrapped.items()}, repeats=repeats,
+    times = time_interleaved({str(k): step(w) for k, w in wrapped.items()}, repeats=repeats,
                                device=device)
     for key in plans:
         measured[key]["median_s"] = statistics.median(times[str(key)])

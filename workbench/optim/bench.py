@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from workbench.measure import MemoryMeter, time_callable
+from workbench.measure import MemoryMeter, time_callable, time_interleaved
 from workbench.optim.backward import step_in_backward
 from workbench.optim.bits import storage_bits
 from workbench.optim.packed import PackedAdamW, PackedSGD
@@ -245,12 +245,10 @@ def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progre
     for _, _, opt, _ in tqdm(methods, desc="warm-up / compile", disable=not progress):
         for _ in range(2):
             opt.step()
-    times: list[list[float]] = [[] for _ in methods]
-    for _ in tqdm(range(repeats), desc="throughput", disable=not progress):
-        for i, (_, _, opt, _) in enumerate(methods):
-            times[i].extend(time_callable(opt.step, warmup=0, repeats=1, device=device).times)
+    by_method = time_interleaved({i: opt.step for i, (_, _, opt, _) in enumerate(methods)}, warmup=0,
+                                 repeats=repeats, device=device, progress=progress, desc="throughput")
     rows = []
-    for (name, k, _, bpp), ts in zip(methods, times, strict=True):
+    for (name, k, _, bpp), ts in zip(methods, by_method.values(), strict=True):
         best, median = min(ts), float(pd.Series(ts).median())
         rows.append({"method": name, "extra_bits": k, "numel": numel, "n_tensors": n_tensors,
                      "median_s": median, "min_s": best, "params_per_s": numel / best,
@@ -301,7 +299,7 @@ def step_time_by_format(
         variants.append((name, fmt, False))
         if compiled and fmt.packed:
             variants.append((f"{name} fused compiled", fmt, True))
-    runs = []
+    steps: dict[str, Callable[[], None]] = {}
     for name, fmt, fused in variants:
         model = make_model(model_fn, fmt, device)
         opt = make_optimizer(model.parameters(), fmt, optimizer=optimizer, lr=lr, fused=fused,
@@ -313,13 +311,10 @@ def step_time_by_format(
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        step()
-        runs.append((name, step, []))
-    for _ in range(repeats):
-        for _, step, times in runs:
-            times.extend(time_callable(step, warmup=0, repeats=1, device=device).times)
+        steps[name] = step
+    times = time_interleaved(steps, warmup=1, repeats=repeats, device=device)
     df = pd.DataFrame([{"format": n, "min_s": min(t), "median_s": float(pd.Series(t).median())}
-                       for n, _, t in runs])
+                       for n, t in times.items()])
     if "amp" in set(df["format"]):
         amp = df.set_index("format").loc["amp"]
         df["speedup_vs_amp"] = amp["min_s"] / df["min_s"]
