@@ -24,14 +24,20 @@ import yaml
 from .devices import environment, repo_root
 
 __all__ = [
-    "PROFILES", "KERNEL_NAME", "Rule", "at_least", "at_most", "within", "Ledger",
+    "PROFILES", "KERNEL_NAME", "VERDICTS", "Rule", "at_least", "at_most", "within", "between", "Ledger", "tally",
     "save_results", "UsageError", "available_notebooks", "load_profile", "build_reports",
     "write_index",
 ]
 
 PROFILES = ("smoke", "cpu", "paper")
 KERNEL_NAME = "workbench"
-VERDICTS = ("reproduced", "partly", "not reproduced", "refuted", "not run at this scale")
+# Verdicts of paper claims and targets, best first; "inconclusive" when the spread straddles a threshold.
+VERDICTS = (
+    "better than claimed", "reproduced", "partly", "not reproduced", "refuted", "inconclusive",
+    "not run at this scale", "not run",
+)
+CHECK = "exact by construction"  # a row that cannot fail: shown, never tallied
+SOURCES = ("paper", "target", "check")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -42,99 +48,188 @@ VERDICTS = ("reproduced", "partly", "not reproduced", "refuted", "not run at thi
 class Rule:
     """How a measured value becomes a verdict; `describe()` is printed beside every row.
 
-    `at_least` / `at_most` compare against thresholds; `within` compares the relative distance
-    from `target` against `rel` (reproduced) and `partly_rel` (partly).
+    One-sided (`at_least`, `at_most`) for claims the paper states as bounds; two-sided (`within` a
+    stated value, `between` a stated range) where the paper gives a number, so a result better than
+    claimed is its own verdict instead of passing silently.
     """
 
-    kind: str  # "at_least", "at_most" or "within"
-    target: float
-    partly: float | None = None
-    refuted: float | None = None
-    rel: float | None = None
-    partly_rel: float | None = None
+    kind: str  # "at_least", "at_most", "within" or "between"
+    target: float  # the bound, the stated value, or the low end of a range
+    upper: float | None = None  # the high end of a range (between)
+    partly: float | None = None  # one-sided: the weaker bound that still reads "partly"
+    refuted: float | None = None  # any kind: beyond this on the worse side reads "refuted"
+    rel: float | None = None  # within: relative tolerance for "reproduced"
+    partly_rel: float | None = None  # two-sided: relative distance on the worse side for "partly"
+    better: str | None = None  # two-sided: "higher" or "lower" is the better direction
 
-    def _passes(self, measured: float, bound: float | None) -> bool:
-        if bound is None:
-            return False
-        if self.kind == "at_least":
-            return measured >= bound
-        if self.kind == "at_most":
-            return measured <= bound
-        return abs(measured - self.target) <= bound * abs(self.target)
+    def _worse_than(self, measured: float, bound: float) -> bool:
+        """True if `measured` lies beyond `bound` on the worse side."""
+        higher_is_better = self.kind == "at_least" or self.better == "higher"
+        return measured < bound if higher_is_better else measured > bound
 
-    def verdict(self, measured: float | None) -> str:
-        if measured is None or math.isnan(measured):
-            return "not run at this scale"
-        near, partly = (self.rel, self.partly_rel) if self.kind == "within" else (self.target, self.partly)
-        if self._passes(measured, near):
+    def _two_sided(self, measured: float) -> str:
+        lo, hi = (self.target, self.upper) if self.kind == "between" else (self.target, self.target)
+        if self.kind == "within":
+            slack = self.rel * abs(self.target)
+            lo, hi = lo - slack, hi + slack
+        if lo <= measured <= hi:
             return "reproduced"
-        if self._passes(measured, partly):
+        above = measured > hi
+        if self.better is not None and above == (self.better == "higher"):
+            return "better than claimed"
+        edge = hi if above else lo
+        if self.partly_rel is not None and abs(measured - edge) <= self.partly_rel * abs(edge):
             return "partly"
-        if self.refuted is not None and not self._passes(measured, self.refuted):
+        if self.refuted is not None and self.better is not None and self._worse_than(measured, self.refuted):
             return "refuted"
         return "not reproduced"
 
+    def _one_sided(self, measured: float) -> str:
+        if not self._worse_than(measured, self.target):
+            return "reproduced"
+        if self.partly is not None and not self._worse_than(measured, self.partly):
+            return "partly"
+        if self.refuted is not None and self._worse_than(measured, self.refuted):
+            return "refuted"
+        return "not reproduced"
+
+    def verdict(self, measured: float | None, spread: tuple[float, float] | None = None) -> str:
+        """The verdict for `measured`; with a `spread` (lo, hi) that changes it, "inconclusive"."""
+        if measured is None or math.isnan(measured):
+            return "not run at this scale"
+        judge = self._one_sided if self.kind in ("at_least", "at_most") else self._two_sided
+        verdict = judge(measured)
+        if spread is not None and any(judge(float(v)) != verdict for v in spread):
+            return "inconclusive"
+        return verdict
+
     def describe(self) -> str:
-        if self.kind == "within":
-            text = f"reproduced if within {self.rel:.0%} of {self.target:g}"
-            return text + (f"; partly if within {self.partly_rel:.0%}" if self.partly_rel else "")
-        op, worse = (">=", "<") if self.kind == "at_least" else ("<=", ">")
-        text = f"reproduced if measured {op} {self.target:g}"
-        if self.partly is not None:
-            text += f"; partly if {op} {self.partly:g}"
+        if self.kind in ("at_least", "at_most"):
+            op, worse = (">=", "<") if self.kind == "at_least" else ("<=", ">")
+            text = f"reproduced if measured {op} {self.target:g}"
+            if self.partly is not None:
+                text += f"; partly if {op} {self.partly:g}"
+        else:
+            text = (f"reproduced if within {self.rel:.0%} of {self.target:g}" if self.kind == "within"
+                    else f"reproduced if in [{self.target:g}, {self.upper:g}]")
+            if self.better is not None:
+                text += f"; better than claimed if {self.better}"
+            if self.partly_rel is not None:
+                text += f"; partly if worse by at most {self.partly_rel:.0%}"
+            worse = "<" if self.better == "higher" else ">"
         if self.refuted is not None:
             text += f"; refuted if {worse} {self.refuted:g}"
         return text
 
 
 def at_least(target: float, *, partly: float | None = None, refuted: float | None = None) -> Rule:
-    """Higher is better: reproduced at or above `target`, partly at or above `partly`,
+    """A claim stated as a lower bound: reproduced at or above `target`, partly at or above `partly`,
     refuted below `refuted`, otherwise not reproduced."""
     if partly is not None and partly > target:
         raise ValueError(f"partly ({partly}) must be <= target ({target}) for at_least")
-    return Rule("at_least", float(target), partly, refuted)
+    return Rule("at_least", float(target), partly=partly, refuted=refuted)
 
 
 def at_most(target: float, *, partly: float | None = None, refuted: float | None = None) -> Rule:
-    """Lower is better: reproduced at or below `target`, partly at or below `partly`,
+    """A claim stated as an upper bound: reproduced at or below `target`, partly at or below `partly`,
     refuted above `refuted`, otherwise not reproduced."""
     if partly is not None and partly < target:
         raise ValueError(f"partly ({partly}) must be >= target ({target}) for at_most")
-    return Rule("at_most", float(target), partly, refuted)
+    return Rule("at_most", float(target), partly=partly, refuted=refuted)
 
 
-def within(target: float, *, rel: float, partly_rel: float | None = None) -> Rule:
-    """Close to the paper's value: reproduced within `rel` (relative), partly within `partly_rel`."""
-    if rel <= 0 or (partly_rel is not None and partly_rel < rel):
-        raise ValueError(f"need 0 < rel <= partly_rel, got rel={rel}, partly_rel={partly_rel}")
-    return Rule("within", float(target), rel=rel, partly_rel=partly_rel)
+def _check_better(better: str | None) -> None:
+    if better not in (None, "higher", "lower"):
+        raise ValueError(f"better must be 'higher', 'lower' or None, got {better!r}")
+
+
+def within(
+    target: float, *, rel: float, partly_rel: float | None = None, better: str | None = None,
+    refuted: float | None = None,
+) -> Rule:
+    """A value the paper states: reproduced within `rel` (relative) of `target`; outside it on the
+    `better` side "better than claimed"; on the worse side partly within a further `partly_rel` of
+    the band's edge, refuted beyond `refuted`."""
+    if rel <= 0 or (partly_rel is not None and partly_rel <= 0):
+        raise ValueError(f"need rel > 0 and partly_rel > 0, got rel={rel}, partly_rel={partly_rel}")
+    _check_better(better)
+    return Rule("within", float(target), rel=rel, partly_rel=partly_rel, better=better, refuted=refuted)
+
+
+def between(
+    low: float, high: float, *, better: str | None = None, partly_rel: float | None = None,
+    refuted: float | None = None,
+) -> Rule:
+    """A range the paper states: reproduced inside [low, high]; outside it on the `better` side
+    "better than claimed"; on the worse side partly within `partly_rel` of the nearer end."""
+    if not low <= high:
+        raise ValueError(f"need low <= high, got low={low}, high={high}")
+    _check_better(better)
+    return Rule("between", float(low), upper=float(high), better=better, partly_rel=partly_rel, refuted=refuted)
 
 
 class Ledger:
-    """Rows of paper claims checked by measurement."""
+    """Rows of claims checked by measurement: paper claims, our own targets, and checks.
 
-    COLUMNS = ["claim", "paper", "measured", "unit", "scale", "device", "verdict", "rule"]
+    `verdicts=False` (toy scales: the smoke profile, small interactive defaults) records every row
+    with the verdict "not run at this scale", so a toy run never reads as evidence.
+    """
 
-    def __init__(self) -> None:
+    COLUMNS = ["claim", "source", "paper", "measured", "spread", "unit", "scale", "device", "verdict", "rule"]
+
+    def __init__(self, *, verdicts: bool = True) -> None:
+        self.verdicts = bool(verdicts)
         self.rows: list[dict] = []
 
     def add(
         self, claim: str, *, paper: float | str, measured: float | None, unit: str, scale: str,
-        device: str, rule: Rule,
+        device: str, rule: Rule, source: str = "paper", spread: tuple[float, float] | None = None,
     ) -> None:
+        """A paper claim (`source="paper"`) or a goal of ours (`source="target"`), judged by `rule`."""
         if not isinstance(rule, Rule):
-            raise TypeError(f"rule must come from at_least/at_most/within, got {rule!r}")
+            raise TypeError(f"rule must come from at_least/at_most/within/between, got {rule!r}")
+        if source not in ("paper", "target"):
+            raise ValueError(f"source must be 'paper' or 'target', got {source!r}")
         measured = None if measured is None else float(measured)
+        if spread is not None:
+            spread = (float(min(spread)), float(max(spread)))
+        verdict = rule.verdict(measured, spread) if self.verdicts else "not run at this scale"
+        text = rule.describe() + ("; inconclusive if the spread crosses a threshold" if spread else "")
+        self._append(claim, source, paper, measured, spread, unit, scale, device, verdict, text)
+
+    def check(self, claim: str, *, measured: float | str, unit: str, scale: str, device: str, why: str) -> None:
+        """A row that cannot fail (equal by construction): shown for completeness, never tallied."""
+        self._append(claim, "check", "—", measured, None, unit, scale, device, CHECK, why)
+
+    def not_run(self, claim: str, *, paper: float | str, reason: str, unit: str = "", scale: str = "",
+                device: str = "") -> None:
+        """A paper claim this notebook does not measure, with the reason."""
+        self._append(claim, "paper", paper, None, None, unit, scale, device, "not run", reason)
+
+    def _append(self, claim, source, paper, measured, spread, unit, scale, device, verdict, rule) -> None:
         self.rows.append({
-            "claim": claim, "paper": paper, "measured": measured, "unit": unit, "scale": scale,
-            "device": str(device), "verdict": rule.verdict(measured), "rule": rule.describe(),
+            "claim": claim, "source": source, "paper": paper, "measured": measured, "spread": spread,
+            "unit": unit, "scale": scale, "device": str(device), "verdict": verdict, "rule": rule,
         })
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows, columns=self.COLUMNS)
 
+    def tally(self) -> dict[str, int]:
+        """Verdict counts over paper claims only."""
+        return tally(self.rows)
+
     def _repr_html_(self) -> str:
         return self.to_frame().to_html(index=False)
+
+
+def tally(claims: list[dict]) -> dict[str, int]:
+    """Verdict counts of the paper rows in `claims` (targets and checks are shown apart)."""
+    counts: dict[str, int] = {}
+    for c in claims:
+        if c.get("source", "paper") == "paper":
+            counts[c.get("verdict")] = counts.get(c.get("verdict"), 0) + 1
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,21 +434,37 @@ _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:4px 8px;font-size:14px}
 .ok{color:#176317}.failed{color:#b00020}.verdict-reproduced{background:#e3f6e3}
-.verdict-partly{background:#fff6d6}.verdict-not-reproduced,.verdict-refuted{background:#fde2e2}
+.verdict-better-than-claimed{background:#dcecff}.verdict-partly,.verdict-inconclusive{background:#fff6d6}
+.verdict-not-reproduced,.verdict-refuted{background:#fde2e2}.note{color:#555;font-size:13px;margin:0}
 img{max-width:360px;margin:4px;border:1px solid #ddd}pre{white-space:pre-wrap;color:#b00020}
 """
 
 
+_LEDGER_PARTS = (
+    ("paper", "Paper claims", "the tally counts these"),
+    ("target", "Our targets", "goals of ours, not claims of the paper"),
+    ("check", "Checks", "rows that cannot fail by construction, shown for completeness"),
+)
+
+
 def _ledger_html(claims: list[dict]) -> str:
+    """One table each for paper claims, our targets and checks."""
     if not claims:
         return "<p>No claims recorded.</p>"
-    rows = []
-    for c in claims:
-        cls = "verdict-" + str(c.get("verdict", "")).replace(" ", "-")
-        cells = "".join(f"<td>{html.escape(_fmt(c.get(k)))}</td>" for k in Ledger.COLUMNS)
-        rows.append(f'<tr class="{cls}">{cells}</tr>')
-    head = "".join(f"<th>{k}</th>" for k in Ledger.COLUMNS)
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    columns = [c for c in Ledger.COLUMNS if c != "source"]
+    parts = []
+    for source, title, note in _LEDGER_PARTS:
+        chosen = [c for c in claims if c.get("source", "paper") == source]
+        if not chosen:
+            continue
+        rows = []
+        for c in chosen:
+            cls = "verdict-" + str(c.get("verdict", "")).replace(" ", "-")
+            cells = "".join(f"<td>{html.escape(_fmt(c.get(k)))}</td>" for k in columns)
+            rows.append(f'<tr class="{html.escape(cls)}">{cells}</tr>')
+        head = "".join(f"<th>{k}</th>" for k in columns)
+        parts.append(f"<h3>{title}</h3><p class='note'>{note}</p><table><tr>{head}</tr>{''.join(rows)}</table>")
+    return "".join(parts)
 
 
 def _fmt(value) -> str:
@@ -361,6 +472,8 @@ def _fmt(value) -> str:
         return "—"
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
     return str(value)
 
 
@@ -374,11 +487,11 @@ def write_index(out_dir: str | Path) -> Path:
         results_file = folder / "results.json"
         results = json.loads(results_file.read_text()) if results_file.exists() else {}
         name, status = folder.name, run.get("status", "?")
-        verdicts = pd.Series([c.get("verdict") for c in results.get("claims", [])], dtype=object)
-        tally = ", ".join(f"{n} {v}" for v, n in verdicts.value_counts().items()) or "—"
+        counts = tally(results.get("claims", []))
+        summary_tally = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "—"
         summary.append(
             f'<tr><td><a href="#{name}">{name}</a></td><td class="{status}">{status}</td>'
-            f'<td>{run.get("profile")}</td><td>{run.get("seconds")}</td><td>{html.escape(tally)}</td></tr>'
+            f'<td>{run.get("profile")}</td><td>{run.get("seconds")}</td><td>{html.escape(summary_tally)}</td></tr>'
         )
         links = [f'<a href="{name}/{name}.html">notebook (HTML)</a>',
                  f'<a href="{name}/{name}.ipynb">notebook (.ipynb)</a>']
@@ -401,7 +514,7 @@ def write_index(out_dir: str | Path) -> Path:
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>Workbench reports</title>"
         f"<style>{_CSS}</style></head><body><h1>Workbench reports</h1>"
-        f"<table><tr><th>notebook</th><th>status</th><th>profile</th><th>seconds</th><th>claims</th></tr>"
+        f"<table><tr><th>notebook</th><th>status</th><th>profile</th><th>seconds</th><th>paper claims</th></tr>"
         f"{''.join(summary)}</table>{''.join(sections)}</body></html>"
     )
     path = out / "index.html"
