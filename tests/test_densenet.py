@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.densenet_bench import (
+from workbench.experiments.efficient_densenet import (
     conv_contiguity, deepest_within_budget, fit_growth_exponents, memory_vs_depth,
     plot_memory_vs_depth, time_per_minibatch,
 )
@@ -279,7 +279,7 @@ def test_forms_match_naive_on_cuda() -> None:
 
 
 def test_out_of_memory_is_recorded_and_deeper_models_skipped(monkeypatch) -> None:
-    import workbench.densenet_bench as bench
+    import workbench.experiments.efficient_densenet as bench
 
     real = bench.MemoryMeter
 

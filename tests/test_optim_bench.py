@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from workbench.models import MLP
-from workbench.optim.bench import analytic_bytes_per_param, measure_peak, parse_format
-from workbench.optim.experiments import addition_error, truncate_to_e5m2
+from workbench.experiments.packed_bit_optimizers import analytic_bytes_per_param, measure_peak, parse_format
+from workbench.experiments.packed_bit_optimizers import addition_error, truncate_to_e5m2
 from workbench.optim.update import CHUNK
 
 

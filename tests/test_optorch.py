@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from workbench.data import ImageSet, normalize
 from workbench.data.encode import capacity_study, encode
 from workbench.devices import seed_everything
-from workbench.optorch import (
+from workbench.experiments.optorch import (
     PIPELINES,
     Pipeline,
     build_model,
@@ -23,7 +23,7 @@ from workbench.optorch import (
     experiment_time_accuracy,
     prepare,
 )
-from workbench.optorch_plots import (
+from workbench.experiments.optorch import (
     plot_capacity,
     plot_checkpoint_position,
     plot_memory_over_iteration,

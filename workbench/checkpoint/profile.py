@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from .measure import MemoryMeter, time_callable
+from workbench.measure import MemoryMeter, time_callable
 
 __all__ = ["LayerProfile", "layers_of", "preserved_state", "profile_layers"]
 

@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .devices import pick_device
-from .measure import MemoryMeter, time_interleaved
-from .models.densenet import FORMS, densenet_bc
+from workbench.devices import pick_device
+from workbench.measure import MemoryMeter, time_interleaved
+from workbench.models.densenet import FORMS, densenet_bc
 
 __all__ = [
     "step_memory", "memory_vs_depth", "fit_growth_exponents", "deepest_within_budget",

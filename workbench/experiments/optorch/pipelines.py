@@ -4,7 +4,7 @@ Paper: Ahmed & Naveed, "OpTorch" (arXiv 2105.00619), Sec. III: pipelines B (base
 (parallel encoding-decoding, Sec. II-A-4), M-P (mixed precision, Sec. II-B-1), S-C (sequential
 checkpoints, Sec. II-B-2) and the combinations E-D+S-C and E-D+M-P+S-C; Fig 8 (memory over one
 ResNet-18 iteration), Fig 9 (time vs accuracy), Fig 10 (memory per pipeline per model),
-Fig 11 (best checkpoint at the smallest layer). Plots live in ``workbench.optorch_plots``.
+Fig 11 (best checkpoint at the smallest layer). Plots live in ``workbench.experiments.optorch``.
 
 Every experiment function returns a pandas DataFrame measured in the same run as its baseline.
 Memory is ``workbench.measure.MemoryMeter`` peak bytes of one training step (forward, loss,
@@ -27,14 +27,14 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from tqdm.auto import tqdm
 
-from .checkpoint import CheckpointPlan, evaluate_plan, plan_checkpoints, profile_layers, sc
-from .data import ImageSet, make_loader, normalize
-from .data.encode import DecodeLayer, encode
-from .data.prefetch import PrefetchLoader, ShuffledBatchSampler
-from .devices import seed_everything
-from .measure import MemoryMeter, time_interleaved
-from .models.resnet import RESNETS, ResNet
-from .train import train
+from workbench.checkpoint import CheckpointPlan, evaluate_plan, plan_checkpoints, profile_layers, sc
+from workbench.data import ImageSet, make_loader, normalize
+from workbench.data.encode import DecodeLayer, encode
+from workbench.data.prefetch import PrefetchLoader, ShuffledBatchSampler
+from workbench.devices import seed_everything
+from workbench.measure import MemoryMeter, time_interleaved
+from workbench.models.resnet import RESNETS, ResNet
+from workbench.train import train
 
 __all__ = [
     "PIPELINES",

@@ -24,9 +24,10 @@ from tqdm.auto import tqdm
 from workbench.data import ImageSet, load_cifar10, load_digits, make_loader, synthetic_images
 from workbench.measure import MemoryMeter
 from workbench.models import MLP, resnet18
-from workbench.optim.bench import _loss, make_model, make_optimizer, parse_format
 from workbench.optim.bits import merge_values, split_values
 from workbench.train import evaluate, train
+
+from .bench import _loss, make_model, make_optimizer, parse_format
 
 __all__ = ["truncate_to_e5m2", "load_task", "accuracy_by_format", "addition_error"]
 

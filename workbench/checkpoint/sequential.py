@@ -36,16 +36,14 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .checkpoint_profile import LayerProfile, layers_of, profile_layers
+from .profile import LayerProfile, layers_of, profile_layers
 
 __all__ = [
     "STRATEGIES",
     "CheckpointPlan",
     "CheckpointedSequential",
-    "LayerProfile",
     "evaluate_plan",
     "plan_checkpoints",
-    "profile_layers",
     "sc",
 ]
 
