@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 PROFILE ?= cpu
 STAMP := $(VENV)/.installed
 
-.PHONY: report test lint clean
+.PHONY: report test lint clean hooks
 
-# torch first, pinned: an unpinned resolve pulls a multi-GB CUDA build (DESIGN.md, set-up facts).
+# torch first, pinned: an unpinned resolve pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -15,10 +15,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,peers]'
 	touch $(STAMP)
 
-report: $(STAMP)
+# nbstripout as a git filter (README, "Notebooks and git"): notebooks saved from JupyterLab keep their
+# outputs on disk, git sees them stripped, so `git status` stays clean. --keep-id leaves cell ids as
+# committed. Outside a git checkout (or without git) there is nothing to guard.
+hooks: $(STAMP)
+	@if git rev-parse --git-dir >/dev/null 2>&1; then \
+	  git config filter.nbstripout.clean '"$(abspath $(PY))" -m nbstripout --keep-id' && \
+	  git config filter.nbstripout.smudge cat && \
+	  git config diff.ipynb.textconv '"$(abspath $(PY))" -m nbstripout --keep-id -t' \
+	  || echo "warning: could not configure the nbstripout git filter"; \
+	else echo "not a git checkout: the nbstripout filter is not installed"; fi
+
+report: $(STAMP) hooks
 	$(VENV)/bin/workbench report --profile $(PROFILE)
 
-test: $(STAMP)
+test: $(STAMP) hooks
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

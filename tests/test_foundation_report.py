@@ -55,6 +55,7 @@ def _notebook(folder, name, body):
 
 GOOD = """
 from workbench.report import Ledger, at_least, save_results
+assert not get_ipython().history_manager.enabled, 'the workbench kernel must not keep IPython history'
 ledger = Ledger()
 ledger.add('value is at least 1', paper=1, measured=value, unit='', scale='', device='cpu', rule=at_least(1))
 save_results('good', output_dir=output_dir, parameters={'value': value}, records={}, ledger=ledger)
@@ -71,17 +72,21 @@ def notebooks(tmp_path):
     return folder
 
 
-def test_build_keeps_going_after_a_failure_and_indexes_both(notebooks, tmp_path):
+def test_build_keeps_going_after_a_failure_and_indexes_both(notebooks, tmp_path, capfd):
     out = tmp_path / "reports"
     results = build_reports(profile="smoke", out_dir=out, notebooks=notebooks, progress=False)
     assert dict(zip(results.name, results.status, strict=True)) == {"bad": "failed", "good": "ok"}
     assert "RuntimeError: boom 1" in results.set_index("name").error["bad"]
-    good = json.loads((out / "good" / "results.json").read_text())
+    good = json.loads((out / "smoke" / "good" / "results.json").read_text())
     assert good["parameters"] == {"value": 2} and good["claims"][0]["verdict"] == "reproduced"
-    assert (out / "good" / "good.html").exists() and (out / "bad" / "bad.ipynb").exists()
-    index = (out / "index.html").read_text()
+    assert (out / "smoke" / "good" / "good.html").exists() and (out / "smoke" / "bad" / "bad.ipynb").exists()
+    index = (out / "smoke" / "index.html").read_text()
     assert "boom 1" in index and "value is at least 1" in index and "1 reproduced" in index
-    assert not list(out.glob(".staging-*"))
+    assert 'href="smoke/index.html#good"' in (out / "index.html").read_text()
+    assert not list((out / "smoke").glob(".staging-*"))
+    # the kernel's own log lines read like failures in a build log: none reach the terminal
+    printed = "".join(capfd.readouterr())
+    assert "without encryption" not in printed and "KeyboardInterrupt" not in printed
 
 
 def test_interrupted_build_leaves_the_previous_report_whole(notebooks, tmp_path, monkeypatch):
@@ -89,16 +94,16 @@ def test_interrupted_build_leaves_the_previous_report_whole(notebooks, tmp_path,
 
     out = tmp_path / "reports"
     build_reports(["good"], profile="smoke", out_dir=out, notebooks=notebooks, progress=False)
-    before = (out / "good" / "results.json").read_text()
+    before = (out / "smoke" / "good" / "results.json").read_text()
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(papermill, "execute_notebook", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        build_reports(["good"], profile="cpu", out_dir=out, notebooks=notebooks, progress=False)
-    assert (out / "good" / "results.json").read_text() == before
-    assert not list(out.glob(".staging-*"))
+        build_reports(["good"], profile="smoke", out_dir=out, notebooks=notebooks, progress=False)
+    assert (out / "smoke" / "good" / "results.json").read_text() == before
+    assert not list((out / "smoke").glob(".staging-*"))
 
 
 def test_bad_input_is_refused_before_running(notebooks, tmp_path, capsys):
@@ -116,7 +121,7 @@ def test_bad_input_is_refused_before_running(notebooks, tmp_path, capsys):
     assert "choose from 'smoke', 'cpu', 'paper'" in capsys.readouterr().err
     with pytest.raises(UsageError, match="unknown profile"):
         report.load_profile("good", "huge", notebooks)
-    assert not (tmp_path / "reports" / "good").exists()
+    assert not (tmp_path / "reports" / "smoke").exists()
 
 
 def test_cli_lists_commands(capsys):
@@ -135,6 +140,7 @@ def test_kernel_install_and_module_entry_point(tmp_path, monkeypatch, capsys):
     assert main(["kernel", "install", "--user"]) == 0
     spec = _json.loads((tmp_path / "kernels" / "workbench" / "kernel.json").read_text())
     assert spec["argv"][:3] == ["python", "-m", "ipykernel_launcher"]
+    assert "--HistoryManager.enabled=False" in spec["argv"]  # injected parameters stay out of the history
     done = subprocess.run([sys.executable, "-m", "workbench", "--help"], capture_output=True, text=True,
                           check=True)
     assert "report" in done.stdout
@@ -143,8 +149,14 @@ def test_kernel_install_and_module_entry_point(tmp_path, monkeypatch, capsys):
 def test_kernelspec_path_is_added_once(notebooks, tmp_path, monkeypatch):
     import os
 
+    import papermill
+
     from workbench.devices import repo_root
 
+    def fake_execute(source, executed, parameters, **kwargs):
+        nbformat.write(nbformat.read(source, as_version=4), executed)
+
+    monkeypatch.setattr(papermill, "execute_notebook", fake_execute)
     monkeypatch.setenv("JUPYTER_PATH", "/elsewhere")
     for _ in range(2):
         build_reports(["good"], profile="smoke", out_dir=tmp_path / "r", notebooks=notebooks, progress=False)

@@ -5,36 +5,50 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-import yaml
-
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
-def _parse_override(text: str) -> tuple[str, object]:
+def _parse_override(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name.isidentifier():
         raise argparse.ArgumentTypeError(f"expected name=value, got {text!r}")
-    return name, yaml.safe_load(value)  # papermill's -y style: 3 -> int, 0.1 -> float, x -> str
+    # NOTE: the value stays text here; the runner converts it to the type of the notebook's declared
+    # default before any kernel starts (YAML guessing turned `1e-3` into a string and `012` into 10).
+    return name, value
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import UsageError, build_reports
+    from .devices import repo_root
+    from .report import FAILED_RUN, UsageError, build_reports
 
+    out = Path(args.out) if args.out else repo_root() / "reports"
     try:
         results = build_reports(
-            args.names, profile=args.profile, out_dir=args.out, overrides=dict(args.param),
+            args.names, profile=args.profile, out_dir=out, overrides=dict(args.param),
             notebooks=args.notebooks,
         )
     except UsageError as exc:
         print(f"workbench report: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # e.g. the index could not be written: the previous pages are intact
+        print(f"workbench report: error: {exc.strerror or exc}: {exc.filename or out}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("workbench report: interrupted; the previous reports are intact", file=sys.stderr)
+        return 130
     for row in results.itertuples():
         line = f"{row.status:>6}  {row.name}  ({row.seconds} s)"
-        print(line + (f"\n        {row.error}" if row.error else ""))
+        if row.error:
+            line += f"\n        {row.error}"
+        if row.kept_previous:
+            line += (f"\n        the last good report is kept; the failed run is in "
+                     f"{out / args.profile / row.name / FAILED_RUN}")
+        print(line)
     failed = results[results.status != "ok"]
-    out = args.out or "reports"
-    print(f"index: {out}/index.html; {len(results) - len(failed)} ok, {len(failed)} failed")
+    print(f"index: {out / 'index.html'} ({args.profile}: {out / args.profile / 'index.html'}); "
+          f"{len(results) - len(failed)} ok, {len(failed)} failed")
     return 1 if len(failed) else 0
 
 
@@ -75,10 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    rep = sub.add_parser("report", help="execute notebooks with papermill into reports/")
+    rep = sub.add_parser("report", help="execute notebooks with papermill into reports/<profile>/")
     rep.add_argument("names", nargs="*", metavar="NAME", help="notebooks to run (default: all)")
     rep.add_argument("--profile", default="cpu", choices=PROFILES, help="parameter profile")
-    rep.add_argument("--out", default=None, help="output folder (default: reports/)")
+    rep.add_argument("--out", default=None,
+                     help="output folder (default: reports/); a profile writes <out>/<profile>/<name>/")
     rep.add_argument("--notebooks", default=None, help="notebook folder (default: notebooks/)")
     rep.add_argument("-p", "--param", action="append", default=[], type=_parse_override,
                      metavar="NAME=VALUE", help="override a notebook parameter (repeatable)")

@@ -121,18 +121,29 @@ class MemoryMeter:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"MemoryMeter supports 'cpu' and 'cuda' devices, got {self.device}")
+        if self.device.type == "cuda":
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if count == 0:
+                raise ValueError(f"MemoryMeter({str(self.device)!r}): CUDA is not available here; use 'cpu'")
+            if self.device.index is not None and not 0 <= self.device.index < count:
+                raise ValueError(f"MemoryMeter({str(self.device)!r}): CUDA device index must be in 0..{count - 1}")
         self.peak_bytes = 0
         self.end_bytes = 0
         self._want_trace = trace
         self._tracker: _StorageTracker | None = None
         self._events: list[tuple[int, str, int]] | None = None
         self._cuda_start = 0
+        self._open = False
 
     @property
     def _cuda(self) -> bool:
         return self.device.type == "cuda"
 
     def __enter__(self) -> MemoryMeter:
+        # NOTE: one meter measures one region at a time. Entering it again while open would replace its
+        # tracker and leave the first dispatch mode active for the rest of the process; nest two meters.
+        if self._open:
+            raise RuntimeError("this MemoryMeter is already measuring a region; use a second MemoryMeter to nest")
         if self._cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -140,9 +151,11 @@ class MemoryMeter:
         if not self._cuda or self._want_trace:
             self._tracker = _StorageTracker(trace=self._want_trace)
             self._tracker.__enter__()
+        self._open = True
         return self
 
     def __exit__(self, *exc) -> None:
+        self._open = False
         tracker, self._tracker = self._tracker, None
         if tracker is not None:
             tracker.__exit__(*exc)
