@@ -1,4 +1,4 @@
-"""step_in_backward against an ordinary backward + step (paper 004, 3.2 and 4.1)."""
+"""step_in_backward against an ordinary backward + step (Lewandowski & Kosson, sections 3.2 and 4.1)."""
 
 import copy
 
@@ -112,3 +112,34 @@ def test_gradients_are_freed_during_backward():
     for s in spies:
         s.remove()
     assert len(live) == 12 and max(live) == 0
+
+
+@pytest.mark.parametrize(("dtype", "make"), [MAKERS[1], MAKERS[2]])
+def test_lr_scheduler_created_after_step_in_backward(dtype, make):
+    # optimizer.step stays the bound method (a step pre-hook refuses outside calls), so a scheduler
+    # made afterwards can wrap it, and it sees the in-backward updates as optimizer steps
+    import warnings
+
+    batches = _batches(dtype, 6)
+    a = _model(dtype)
+    b = copy.deepcopy(a)
+    opt_a, opt_b = make(list(a.parameters())), make(list(b.parameters()))
+    sched_a = torch.optim.lr_scheduler.StepLR(opt_a, step_size=2, gamma=0.5)
+    handle = step_in_backward(b, opt_b)
+    sched_b = torch.optim.lr_scheduler.StepLR(opt_b, step_size=2, gamma=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "optimizer.step() overridden" / "called before" warning
+        for x, y in batches:
+            _loss(a, x, y).backward()
+            opt_a.step()
+            opt_a.zero_grad()
+            sched_a.step()
+            _loss(b, x, y).backward()
+            sched_b.step()
+    assert opt_b.param_groups[0]["lr"] == opt_a.param_groups[0]["lr"] < 0.1 / 4
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="already ran inside backward"):
+        opt_b.step()
+    handle.remove()
+    opt_b.step()  # ordinary stepping again (no gradients: a no-op)

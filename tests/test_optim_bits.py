@@ -1,4 +1,4 @@
-"""Split/merge exactness, packing density and layout, bounds and stochastic rounding (paper 004, 3.1)."""
+"""Split/merge exactness, packing density and layout, bounds and stochastic rounding (Lewandowski & Kosson, 3.1)."""
 
 import math
 
@@ -181,3 +181,82 @@ def test_stochastic_rounding_never_overflows():
     for _ in range(20):
         assert torch.isfinite(stochastic_round(x[:2], FP16, generator=g).float()).all()
         assert torch.isfinite(stochastic_round(x[2:], BF16, generator=g).float()).all()
+
+
+# ------------------------------------------------------------------ byte planes, hash noise, master SR
+
+ALIGNED = [(BF16, 8, False), (BF16, 16, False), (FP16, 8, False), (BF16, 7, True), (FP16, 7, True),
+           (BF16, 15, True)]
+
+
+@pytest.mark.parametrize(("dtype", "k", "sr"), ALIGNED)
+def test_byte_planes_hold_the_same_bits_as_dense_words(dtype, k, sr):
+    x = torch.cat([torch.randn(1000) * 3, torch.tensor(SPECIALS)])
+    width = bits.storage_bits(k, sr)
+    dense = split(x, dtype=dtype, extra_bits=k, stochastic_rounding=sr, generator=torch.Generator().manual_seed(0))
+    planes = split(x, dtype=dtype, extra_bits=k, stochastic_rounding=sr,
+                   generator=torch.Generator().manual_seed(0), aligned=True)
+    assert planes[1].dtype == torch.uint8 and planes[1].shape == (width // 8, x.numel())
+    assert 0 <= dense[1].nbytes - planes[1].nbytes < 4  # same density: width / 8 bytes per value
+    assert torch.equal(planes[0].view(torch.int16), dense[0].view(torch.int16))
+    torch.testing.assert_close(bits.decode(planes[1], width, x.numel()), unpack(dense[1], width, x.numel()),
+                               rtol=0, atol=0)
+    a = merge(*dense, extra_bits=k, stochastic_rounding=sr)
+    b = merge(*planes, extra_bits=k, stochastic_rounding=sr)
+    assert torch.equal(_bits(a), _bits(b))
+
+
+def test_split_and_merge_reject_non_tensors():
+    with pytest.raises(TypeError, match="list"):
+        split([1.0, 2.0], dtype=BF16, extra_bits=8)
+    with pytest.raises(TypeError, match="float"):
+        split(1.0, dtype=BF16, extra_bits=8)
+    with pytest.raises(TypeError, match="ndarray"):
+        stochastic_round(torch.zeros(2).numpy(), BF16)
+    with pytest.raises(TypeError, match="torch.Tensors"):
+        merge([0.0], torch.zeros(1, dtype=torch.int32), extra_bits=8)
+
+
+def test_hash_noise_is_uniform_and_indexed_by_position():
+    n = 1 << 16
+    h = bits.hash_noise(n, 12345)
+    # each of the 32 bits is set about half the time (5 sigma of a fair coin)
+    ones = torch.stack([((h >> b) & 1).float().mean() for b in range(32)])
+    assert torch.all((ones - 0.5).abs() < 5 * 0.5 / math.sqrt(n))
+    # a value depends on (key, index) only: a chunk starting at offset reproduces the slice
+    torch.testing.assert_close(bits.hash_noise(100, 12345, 700), h[700:800], rtol=0, atol=0)
+    assert not torch.equal(bits.hash_noise(100, 12346), h[:100])
+    assert bits.mix_key(1, 2, 3) != bits.mix_key(1, 2, 4)
+    assert -(2**31) <= bits.mix_key(2**40, -5) < 2**31
+
+
+@pytest.mark.parametrize(("dtype", "k"), [(BF16, 0), (BF16, 4), (FP16, 3), (BF16, 8)])
+def test_master_stochastic_rounding_is_unbiased_at_the_lowest_kept_bit(dtype, k):
+    n = 40_000
+    p = bits.significand_bits(dtype) + k
+    ulp = 2.0**-p
+    x = torch.full((n,), 1.0 + 0.3 * ulp)
+    half, values = bits.split_values(x, dtype=dtype, extra_bits=k, master_noise=bits.hash_noise(n, 7))
+    y = bits.merge_values(half, values, extra_bits=k)
+    assert set(torch.unique(y).tolist()) == {1.0, 1.0 + ulp}
+    sigma = ulp * math.sqrt(0.3 * 0.7 / n)
+    assert abs(y.double().mean().item() - (1.0 + 0.3 * ulp)) < 5 * sigma
+    # truncation (the paper's split) always drops the 0.3 ulp
+    half_t, values_t = bits.split_values(x, dtype=dtype, extra_bits=k)
+    assert torch.all(bits.merge_values(half_t, values_t, extra_bits=k) == 1.0)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_master_stochastic_rounding_keeps_specials(dtype):
+    top = 3.3895314e38 if dtype == BF16 else 65504.0 + 31.0
+    x = torch.tensor([top, -top, math.inf, -math.inf, math.nan, 0.0, -0.0] * 200)
+    x = torch.cat([x, torch.tensor([0x7F800001], dtype=torch.int32).view(torch.float32)])
+    for k in (0, 5):
+        half, values = bits.split_values(x, dtype=dtype, extra_bits=k,
+                                         master_noise=bits.hash_noise(x.numel(), 3))
+        y = bits.merge_values(half, values, extra_bits=k)
+        assert torch.isnan(y[-1])  # NaN whose payload sat only in dropped bits
+        y = y[:-1].view(200, 7)
+        assert torch.isfinite(y[:, :2]).all()  # the largest finite values never round to inf
+        assert (y[:, 2] == math.inf).all() and (y[:, 3] == -math.inf).all() and torch.isnan(y[:, 4]).all()
+        assert (y[:, 5:] == 0).all() and not torch.signbit(y[:, 5]).any() and torch.signbit(y[:, 6]).all()

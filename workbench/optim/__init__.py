@@ -1,9 +1,11 @@
-"""Packed-bit mixed precision optimizers (paper 004, Lewandowski & Kosson).
+"""Packed-bit mixed precision optimizers: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers".
 
-``bits``: split/merge fp32 <-> 16-bit + k packed extra bits, stochastic rounding.
-``packed``: PackedSGD, PackedAdamW, PackedAdam (per-parameter or fused flat step).
+``bits``: split/merge fp32 <-> 16-bit + k extra bits (dense words, or byte planes for 8/16 bits),
+stochastic rounding, counter-based random bits.
+``update``: the elementwise merge / fp32 step / split, eager in chunks or ``torch.compile``d.
+``packed``: PackedSGD, PackedAdamW, PackedAdam (per-parameter or fused flat step; fp32 or bf16
+states; truncated or stochastic master rounding).
 ``backward``: step_in_backward (the update runs inside backward, gradients freed at once).
-``bench``: the measurements the notebook ``packed_bit_optimizers`` reports.
 """
 
 from workbench.optim.backward import StepInBackwardHandle, step_in_backward

@@ -1,6 +1,6 @@
 """Run the optimizer step inside the backward pass, one parameter at a time.
 
-Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers" (004), section 3.2
+Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 3.2
 ("Fusing backward pass and optimizer step") and 4.1 (limitations: gradient accumulation,
 clipping through hooks, closures).
 
@@ -14,6 +14,10 @@ group temporarily narrowed to that one parameter).
 Refused with an error, since they need every gradient at once: gradient accumulation
 (``accumulation_steps > 1``, a parameter that already holds a ``.grad``, or calling
 ``optimizer.step()`` while the hooks are active) and global-norm clipping (``max_norm``).
+
+``optimizer.step`` itself is left in place (a step pre-hook refuses outside calls), so LR
+schedulers created before or after work as usual. A packed optimizer built with ``compile=True``
+runs each per-parameter update as one compiled kernel (dynamic shapes: one compile per format).
 """
 
 from __future__ import annotations
@@ -29,17 +33,18 @@ from workbench.optim.packed import PackedOptimizer
 __all__ = ["StepInBackwardHandle", "step_in_backward"]
 
 
-def _step_one(optimizer: torch.optim.Optimizer, p: torch.Tensor, step_fn) -> None:
+def _step_one(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> None:
     if isinstance(optimizer, PackedOptimizer):
         optimizer.step_param(p)
         return
     # NOTE: torch optimizers have no per-parameter step; narrowing the groups to ``p`` for one
-    # ordinary step() applies exactly its update (per-parameter state, its group's options).
+    # ordinary step() applies exactly its update (per-parameter state, its group's options). The
+    # call goes through ``optimizer.step`` as it is now, so wrappers (LR schedulers) still see it.
     saved = [g["params"] for g in optimizer.param_groups]
     try:
         for g in optimizer.param_groups:
             g["params"] = [q for q in g["params"] if q is p]
-        step_fn()
+        optimizer.step()
     finally:
         for g, params in zip(optimizer.param_groups, saved, strict=True):
             g["params"] = params
@@ -52,19 +57,12 @@ class StepInBackwardHandle:
     optimizer: torch.optim.Optimizer
     hooks: list[Any] = field(default_factory=list)
     steps: int = 0
-    _original_step: Any = None
-    _had_instance_step: bool = False
+    _inside: bool = False
 
     def remove(self) -> None:
         for h in self.hooks:
             h.remove()
         self.hooks.clear()
-        if self._original_step is not None:
-            if self._had_instance_step:
-                self.optimizer.step = self._original_step
-            else:
-                del self.optimizer.step
-            self._original_step = None
 
     @property
     def active(self) -> bool:
@@ -121,23 +119,25 @@ def step_in_backward(
     def hook(p: torch.Tensor) -> None:
         if clip_value is not None:
             p.grad.clamp_(-clip_value, clip_value)
-        _step_one(optimizer, p, original)
+        handle._inside = True
+        try:
+            _step_one(optimizer, p)
+        finally:
+            handle._inside = False
         p.grad = None
         handle.steps += 1
 
+    def refuse(opt, args, kwargs) -> None:
+        if not handle._inside:
+            raise RuntimeError(
+                "optimizer.step() called while step_in_backward hooks are active: the update already "
+                "ran inside backward and gradients were freed (gradient accumulation and global-norm "
+                "clipping are not supported); call handle.remove() to step normally"
+            )
+
+    # NOTE: a step pre-hook refuses outside calls instead of replacing ``optimizer.step``: an LR
+    # scheduler created later wraps the bound method ``step`` and would break on a plain function.
+    handle.hooks.append(optimizer.register_step_pre_hook(refuse))
     for p in params:
         handle.hooks.append(p.register_post_accumulate_grad_hook(hook))
-
-    original = optimizer.step
-
-    def refuse(*args, **kwargs):
-        raise RuntimeError(
-            "optimizer.step() called while step_in_backward hooks are active: the update already "
-            "ran inside backward and gradients were freed (gradient accumulation and global-norm "
-            "clipping are not supported); call handle.remove() to step normally"
-        )
-
-    handle._original_step = original
-    handle._had_instance_step = "step" in vars(optimizer)
-    optimizer.step = refuse
     return handle

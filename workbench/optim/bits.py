@@ -1,6 +1,6 @@
 """Split an fp32 value into a 16-bit float plus k densely packed extra bits, and merge it back.
 
-Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers" (004), section 3.1
+Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 3.1
 ("16bits only mixed-precision", Fig 1 packing, stochastic rounding with one extra bit).
 
 Format facts (Table 1 of the paper):
@@ -31,6 +31,16 @@ truncated value exactly ("un-rounds"). Storage width is then k + 1 bits.
 Packing (Fig 1): values of ``w`` bits are stored LSB-first in consecutive int32 words, a value
 straddling a word boundary continues in the low bits of the next word; n values take
 ``ceil(n * w / 32)`` words and no bit is wasted.
+
+Byte planes (``aligned=True``, widths 8 and 16 only): the value's byte j is stored in plane j of a
+``(w // 8, n)`` uint8 tensor, so merge and split are pure elementwise shifts that a compiler
+vectorises, at the same density (1 or 2 bytes per value) as the dense words.
+
+Master rounding (``master_noise``): the paper truncates the master value to p + k bits every step,
+which loses updates smaller than the lowest kept bit when k is small. Adding uniform noise below
+that bit before truncating rounds the master value stochastically there instead (unbiased); the
+random bits come from :func:`hash_noise`, a counter-based hash evaluated per element (inside the
+compiled kernel, or per chunk eagerly), so no tensor-size noise buffer is allocated.
 """
 
 from __future__ import annotations
@@ -47,12 +57,19 @@ __all__ = [
     "packed_words",
     "pack",
     "unpack",
+    "is_byte_aligned",
+    "extra_storage",
+    "encode",
+    "decode",
+    "hash_noise",
     "split",
     "merge",
     "split_values",
     "merge_values",
     "stochastic_round",
     "sr_noise",
+    "mix_key",
+    "store_into",
     "check_format",
     "relative_bound",
 ]
@@ -95,6 +112,18 @@ def storage_bits(extra_bits: int, stochastic_rounding: bool = False) -> int:
 def packed_words(n: int, bits: int) -> int:
     """int32 words holding n values of ``bits`` bits densely: ceil(n * bits / 32)."""
     return (n * bits + 31) // 32
+
+
+def is_byte_aligned(bits: int) -> bool:
+    """True for storage widths kept as byte planes (8 and 16 bits) rather than dense words."""
+    return bits in (8, 16)
+
+
+def extra_storage(n: int, bits: int, *, aligned: bool) -> tuple[tuple[int, ...], torch.dtype]:
+    """Shape and dtype of the extra bits of n values: byte planes (w // 8, n) uint8, or int32 words."""
+    if aligned and is_byte_aligned(bits):
+        return (bits // 8, n), torch.uint8
+    return (packed_words(n, bits),), torch.int32
 
 
 # ----------------------------------------------------------------------------------------- packing
@@ -182,6 +211,73 @@ def unpack(words: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return (v & mask).view(-1)[:n].to(torch.int32)
 
 
+# NOTE: byte planes rather than one int16 per value: inductor's C++ backend does not vectorise
+# int16 (torch 2.13, VECTORIZABLE_DTYPES), but vectorises uint8 loads/stores, so two uint8 planes
+# hold the same 2 bytes per value and keep the fused update one vectorised loop. Planes are passed
+# to the compiled update as separate 1-D views, which inductor writes in the same loop.
+def encode(values: torch.Tensor, bits: int, *, aligned: bool) -> torch.Tensor:
+    """Store n unsigned ``bits``-bit values: byte planes when aligned and 8/16 bits, else :func:`pack`."""
+    if aligned and is_byte_aligned(bits):
+        v = values.reshape(-1).to(torch.int32)
+        return torch.stack([((v >> (8 * j)) & 0xFF).to(torch.uint8) for j in range(bits // 8)])
+    return pack(values, bits)
+
+
+def decode(store: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...], bits: int, n: int) -> torch.Tensor:
+    """Inverse of :func:`encode`: n values as int32, from byte planes (uint8) or packed words (int32)."""
+    if isinstance(store, list | tuple) or store.dtype == torch.uint8:
+        planes = list(store)
+        if len(planes) != bits // 8 or not is_byte_aligned(bits) or any(p.numel() != n for p in planes):
+            raise ValueError(f"expected {bits // 8} byte planes of {n} values for bits={bits}")
+        out = planes[0].reshape(-1).to(torch.int32)
+        for j in range(1, len(planes)):
+            out = out | (planes[j].reshape(-1).to(torch.int32) << (8 * j))
+        return out
+    return unpack(store, bits, n)
+
+
+def store_into(store: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...],
+               values: torch.Tensor, bits: int) -> None:
+    """Write n values in place into byte planes (a list of 1-D uint8 views, or a 2-D uint8) or words."""
+    if isinstance(store, list | tuple) or store.dtype == torch.uint8:
+        for j, plane in enumerate(store):
+            plane.copy_(((values >> (8 * j)) & 0xFF).to(torch.uint8).view_as(plane))
+    else:
+        store.copy_(pack(values, bits))
+
+
+# NOTE: a counter-based generator (the murmur3 32-bit finaliser over index * golden ratio + key):
+# each value's random bits are a pure function of (key, index), so the compiled kernel draws them in
+# registers and the eager path per chunk, both giving the same bits, with no noise buffer. int32
+# multiplication wraps (two's complement) in eager torch and in inductor's vectorised code; a test
+# checks the compiled stream against the eager one.
+_GOLDEN, _M1, _M2 = -1640531535, -2048144789, -1028477387  # 0x9E3779B1, 0x85EBCA6B, 0xC2B2AE35
+
+
+def hash_noise(n: int, key: torch.Tensor | int, offset: int = 0, *, device: torch.device | str = "cpu") -> torch.Tensor:
+    """32 pseudo-random bits (as int32) for indices offset .. offset + n - 1 under ``key``."""
+    if torch.is_tensor(key):
+        device = key.device
+    h = torch.arange(offset, offset + n, dtype=torch.int32, device=device)
+    h = h * _GOLDEN + key
+    h = h ^ ((h >> 16) & 0xFFFF)
+    h = h * _M1
+    h = h ^ ((h >> 13) & 0x7FFFF)
+    h = h * _M2
+    return h ^ ((h >> 16) & 0xFFFF)
+
+
+def mix_key(*parts: int) -> int:
+    """Fold integers (seed, parameter index, step) into one int32 key for :func:`hash_noise`."""
+    h = 0x2545F491
+    for x in parts:
+        h = (h ^ (int(x) & 0xFFFFFFFF)) * 0x9E3779B1 & 0xFFFFFFFF
+        h ^= h >> 15
+        h = h * 0x85EBCA6B & 0xFFFFFFFF
+        h ^= h >> 13
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
 # ------------------------------------------------------------------------------ elementwise fields
 
 
@@ -247,23 +343,45 @@ def split_values(
     extra_bits: int,
     stochastic_rounding: bool = False,
     noise: torch.Tensor | None = None,
+    master_noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Elementwise split: fp32 -> (16-bit tensor, unpacked int32 extra values).
 
     With stochastic rounding, ``noise`` holds uniform integers in [0, 2**W) (W = 16 for bf16, 13
     for fp16), e.g. from :func:`sr_noise`; the value rounds up when its remainder exceeds the noise.
+    ``master_noise`` (random int32 bits, e.g. :func:`hash_noise`) rounds the kept value
+    stochastically at its lowest kept bit instead of truncating it; finite values never round to inf.
     """
     full = _FORMATS[dtype][0]
     hb, low = _fields(x.float(), dtype)
-    values = low >> (full - extra_bits)
+    nan_bit = None
     if dtype == torch.bfloat16 and extra_bits < full:
-        hb = torch.where(torch.isnan(x), hb | 0x40, hb)  # keep NaN a NaN after dropping bits
+        # keep NaN a NaN after dropping bits: the quiet bit, set when |x| > inf
+        nan_bit = ((0x7F800000 - (((hb & 0x7FFF) << 16) | low)) >> 31) & 0x40
+    if master_noise is not None and extra_bits < full:
+        # NOTE: (16-bit magnitude, remainder) read as one integer is monotone in |x| (fp16's
+        # subnormal grid included), so adding uniform noise below the lowest kept bit and
+        # truncating is stochastic rounding at that bit, with carries into the exponent.
+        # NOTE: masks are written as sign bits of int32 differences ((a - b) >> 31 is -1 when
+        # a < b), not torch.where: inductor's vectorised bool masks made the fused step ~2x slower.
+        sign, mag = hb & 0x8000, hb & 0x7FFF
+        z = (mag << full) | low
+        r = master_noise & ((1 << (full - extra_bits)) - 1)
+        inf = _INF_BITS[dtype]
+        ok = ((mag - inf) & (((z + r) >> full) - inf)) >> 31  # -1: finite and stays finite
+        z = z + (r & ok)
+        hb, low = sign | (z >> full), z & ((1 << full) - 1)
+        low = (low >> (full - extra_bits)) << (full - extra_bits)
+    values = low >> (full - extra_bits)
+    if nan_bit is not None:
+        hb = hb | nan_bit
     if stochastic_rounding:
         if noise is None:
             raise ValueError("stochastic_rounding=True needs noise (see sr_noise)")
-        up = (low > noise) & (((hb & 0x7FFF) + 1) < _INF_BITS[dtype])
-        hb = hb + up.to(torch.int32)
-        values = (values << 1) | up.to(torch.int32)
+        # round up when remainder > noise, unless that would reach inf (values < 2**16: no overflow)
+        up = (((noise - low) & ((hb & 0x7FFF) + 1 - _INF_BITS[dtype])) >> 31) & 1
+        hb = hb + up
+        values = (values << 1) | up
     return _bits_to_half(hb, dtype), values
 
 
@@ -302,14 +420,18 @@ def split(
     extra_bits: int,
     stochastic_rounding: bool = False,
     generator: torch.Generator | None = None,
+    aligned: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split fp32 ``x`` into (``dtype`` tensor of x's shape, packed int32 extra words).
 
     The extra words hold ``storage_bits(extra_bits, stochastic_rounding)`` bits per value, packed
     into ceil(n * bits / 32) words. The split rounds toward zero (paper 3.1); with
     ``stochastic_rounding`` the returned half is rounded stochastically and the flag bit lets
-    :func:`merge` undo it.
+    :func:`merge` undo it. ``aligned=True`` returns 8- and 16-bit widths as uint8 byte planes
+    of shape (bits // 8, n) instead (same bits, see :func:`encode`).
     """
+    if not torch.is_tensor(x):
+        raise TypeError(f"x must be a float32 torch.Tensor, got {type(x).__name__}")
     check_format(dtype, extra_bits)
     if x.dtype != torch.float32:
         raise TypeError(f"x must be float32, got {x.dtype}")
@@ -320,16 +442,18 @@ def split(
     half, values = split_values(
         flat, dtype=dtype, extra_bits=extra_bits, stochastic_rounding=stochastic_rounding, noise=noise
     )
-    return half.view(x.shape), pack(values, storage_bits(extra_bits, stochastic_rounding))
+    return half.view(x.shape), encode(values, storage_bits(extra_bits, stochastic_rounding), aligned=aligned)
 
 
 def merge(
     half: torch.Tensor, extra: torch.Tensor, *, extra_bits: int, stochastic_rounding: bool = False
 ) -> torch.Tensor:
-    """Rebuild the fp32 value from a 16-bit tensor and its packed extra words."""
+    """Rebuild the fp32 value from a 16-bit tensor and its extra bits (int32 words or uint8 planes)."""
+    if not torch.is_tensor(half) or not torch.is_tensor(extra):
+        raise TypeError(f"half and extra must be torch.Tensors, got {type(half).__name__}, {type(extra).__name__}")
     check_format(half.dtype, extra_bits)
     flat = half.reshape(-1)
-    values = unpack(extra, storage_bits(extra_bits, stochastic_rounding), flat.numel())
+    values = decode(extra, storage_bits(extra_bits, stochastic_rounding), flat.numel())
     out = merge_values(
         flat, values, extra_bits=extra_bits, stochastic_rounding=stochastic_rounding
     )
@@ -340,6 +464,8 @@ def stochastic_round(
     x: torch.Tensor, dtype: torch.dtype, *, generator: torch.Generator | None = None
 ) -> torch.Tensor:
     """Round fp32 ``x`` to ``dtype`` stochastically (unbiased), without keeping extra bits."""
+    if not torch.is_tensor(x):
+        raise TypeError(f"x must be a float32 torch.Tensor, got {type(x).__name__}")
     half, _ = split(x, dtype=dtype, extra_bits=0, stochastic_rounding=True, generator=generator)
     return half
 

@@ -1,29 +1,49 @@
 """Update throughput of the packed-bit optimizers against torch's fused AdamW (Fig 3 of Memory
 Efficient Mixed Precision Optimizers, Lewandowski & Kosson: op throughput as a share of memory
-bandwidth).
+bandwidth), and the cost of running the step inside backward (their section 3.2).
 
 Methods are timed side by side in one run, interleaved repeat by repeat; ratios are against
-``torch.optim.AdamW(fused=True)`` on fp32 parameters.
+``torch.optim.AdamW(fused=True)`` on fp32 parameters, paired round by round (median with the
+min/max over rounds as the spread). Peers (torch fused AdamW on bf16 parameters, torchao's bf16
+stochastic-rounding AdamW, optimi's Kahan-summation AdamW, bitsandbytes' 8-bit AdamW) join the
+table when installed.
+
+Re-run the whole table (1 and 2 threads, 2M and 16M parameters) with::
+
+    python -m workbench.experiments.packed_bit_optimizers.speed
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import argparse
+import contextlib
+import importlib.util
+import io
+import statistics
+from collections.abc import Callable, Iterable
 
 import pandas as pd
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from workbench.measure import time_callable, time_interleaved
+from workbench.optim.backward import step_in_backward
 from workbench.optim.packed import PackedAdamW
 
 from .bench import parse_format
 
-__all__ = ["copy_bandwidth", "step_throughput"]
+__all__ = ["copy_bandwidth", "step_throughput", "throughput_table", "backward_step_ratio", "main"]
+
+# NOTE: 2 x 128 MiB: far beyond any CPU's last-level cache, so the copy measures DRAM bandwidth
+# (an 8 MB copy stays in cache and rated torch's 16M-parameter step above "copy bandwidth").
+COPY_NUMEL = 1 << 25
 
 
-def copy_bandwidth(numel: int, *, device: torch.device | str = "cpu", repeats: int = 5) -> float:
+def copy_bandwidth(numel: int = COPY_NUMEL, *, device: torch.device | str = "cpu", repeats: int = 5) -> float:
     """Measured bytes/s of an fp32 tensor copy (each element read once and written once)."""
+    if numel < 1:
+        raise ValueError(f"numel={numel} must be >= 1")
     src = torch.randn(numel, device=device)
     dst = torch.empty_like(src)
     t = time_callable(lambda: dst.copy_(src), warmup=2, repeats=repeats, device=torch.device(device))
@@ -37,65 +57,231 @@ def _sizes(numel: int, n_tensors: int) -> list[int]:
     return [base + (numel - base * n_tensors if i == 0 else 0) for i in range(n_tensors)]
 
 
+def _peers(tensors: Callable[[torch.dtype], list[torch.Tensor]]) -> list[tuple[str, Callable, float]]:
+    """(name, optimizer factory, bytes moved per parameter) for each installed peer."""
+    out: list[tuple[str, Callable, float]] = [
+        ("torch AdamW fused (bf16 params, no master)",
+         lambda: torch.optim.AdamW(tensors(torch.bfloat16), fused=True), 2 + 2 + 2 + 2 * 2 * 2),
+    ]
+    if importlib.util.find_spec("torchao") is not None:
+        def torchao_sr():
+            from torchao.optim import _AdamW
+            return _AdamW(tensors(torch.bfloat16), bf16_stochastic_round=True)
+        out.append(("torchao _AdamW bf16 SR", torchao_sr, 2 + 2 + 2 + 2 * 2 * 2))
+    if importlib.util.find_spec("optimi") is not None:
+        def optimi_kahan():
+            from optimi import AdamW
+            return AdamW(tensors(torch.bfloat16), lr=1e-3, kahan_sum=True)
+        out.append(("optimi AdamW bf16 + Kahan", optimi_kahan, 2 + 2 + 2 + 2 * 2 * 2 + 2 * 2))
+    if importlib.util.find_spec("bitsandbytes") is not None:
+        def bnb_8bit():
+            from bitsandbytes.optim import AdamW8bit
+            return AdamW8bit(tensors(torch.float32))
+        out.append(("bitsandbytes AdamW8bit (fp32 params)", bnb_8bit, 4 + 4 + 4 + 2 * 2))
+    return out
+
+
 def step_throughput(
-    *, numel: int, n_tensors: int = 8, configs: Iterable[tuple[str, int]] = (("bf16", 16),),
+    *, numel: int, n_tensors: int = 8, configs: Iterable[tuple] = (("bf16", 16),),
     device: torch.device | str = "cpu", repeats: int = 5, compile: bool = True,
-    threads: int | None = None, progress: bool = True,
+    threads: int | None = None, progress: bool = True, peers: bool = False,
+    copy_numel: int = COPY_NUMEL, bandwidth: float | None = None,
 ) -> pd.DataFrame:
     """Fig 3: AdamW step throughput, packed fused step vs ``torch.optim.AdamW(fused=True)`` (fp32).
 
-    Same parameter count split into ``n_tensors`` tensors, same device, same run; the methods'
-    steps are interleaved repeat by repeat so that load from other processes hits all of them
-    alike. Bytes moved per step are counted analytically (params r/w, gradient read, extra bits
-    r/w, two fp32 states r/w). ``bandwidth_fraction`` divides bytes/s of the best step by the
-    measured copy bandwidth (best copy); ``ratio_vs_torch_fused`` compares best steps,
-    ``ratio_median_vs_torch_fused`` median steps. ``threads`` (CPU) runs every method with that
-    many intra-op threads and restores the setting afterwards.
+    ``configs`` entries are ``(dtype name, extra bits)`` or ``(dtype name, extra bits, options)``
+    with options passed to :class:`PackedAdamW` (e.g. ``{"state_dtype": torch.bfloat16}``). Same
+    parameter count split into ``n_tensors`` tensors, same device, same run; the methods' steps are
+    interleaved repeat by repeat so that load from other processes hits all of them alike. Bytes
+    moved per step are counted analytically (params r/w, gradient read, extra bits r/w, states
+    r/w). ``bandwidth_fraction`` divides bytes/s of the median step by the copy bandwidth measured
+    over ``copy_numel`` fp32 values (best copy; or ``bandwidth`` if given). ``ratio_paired`` is
+    the median over rounds of torch's time / the method's time in the same round, with
+    ``ratio_lo``/``ratio_hi`` the min/max over rounds; ``ratio_vs_torch_fused`` compares best
+    steps, ``ratio_median_vs_torch_fused`` median steps. ``threads`` (CPU) runs every method with
+    that many intra-op threads and restores the setting afterwards. ``peers`` adds the installed
+    peer optimizers.
     """
+    if numel < n_tensors or n_tensors < 1:
+        raise ValueError(f"numel={numel} must be >= n_tensors={n_tensors} >= 1")
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be >= 1")
     device = torch.device(device)
     saved_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _step_throughput(numel, n_tensors, list(configs), device, repeats, compile, progress)
+        bw = bandwidth if bandwidth is not None else copy_bandwidth(copy_numel, device=device)
+        return _step_throughput(numel, n_tensors, list(configs), device, repeats, compile, progress,
+                                peers, bw)
     finally:
         torch.set_num_threads(saved_threads)
 
 
-def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progress) -> pd.DataFrame:
-    bw = copy_bandwidth(max(numel, 1 << 20), device=device)
-    methods = []  # (name, extra_bits, optimizer, bytes per parameter)
+def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progress, peers, bw) -> pd.DataFrame:
+    methods = []  # (name, extra_bits, state dtype, optimizer, bytes per parameter)
 
     def tensors(dtype):
         out = [torch.zeros(s, device=device, dtype=dtype, requires_grad=True)
                for s in _sizes(numel, n_tensors)]
         for p in out:
-            p.grad = torch.randn_like(p)
+            p.grad = torch.randn_like(p) * 1e-3
         return out
 
     # NOTE: fused=True exists for CPU AdamW in torch 2.13 (checked); it is torch's fastest step.
-    methods.append(("torch AdamW fused (fp32)", None,
+    methods.append(("torch AdamW fused (fp32)", None, "fp32",
                     torch.optim.AdamW(tensors(torch.float32), fused=True), 28.0))
-    for dtype_name, k in configs:
+    for cfg in configs:
+        dtype_name, k = cfg[0], cfg[1]
+        options = dict(cfg[2]) if len(cfg) > 2 else {}
         fmt = parse_format(f"{dtype_name}+{k}")
-        opt = PackedAdamW(tensors(fmt.param_dtype), extra_bits=k, fused=True, compile=compile)
-        label = f"Packed AdamW {fmt.name} fused" + (" compiled" if compile else " eager")
-        methods.append((label, k, opt, 2 + 2 + 2 + 2 * k / 8 + 16))
-    for _, _, opt, _ in tqdm(methods, desc="warm-up / compile", disable=not progress):
-        for _ in range(2):
+        opt = PackedAdamW(tensors(fmt.param_dtype), extra_bits=k, fused=True, compile=compile, **options)
+        sdt = options.get("state_dtype", torch.float32)
+        state_bytes = 2 if sdt == torch.bfloat16 else 4
+        sr = bool(options.get("stochastic_rounding", False))
+        label = f"Packed AdamW {fmt.name}{' SR' if sr else ''}" + (
+            " bf16 states" if sdt == torch.bfloat16 else "") + (" fused compiled" if compile else " fused eager")
+        methods.append((label, k, str(sdt).replace("torch.", "").replace("float32", "fp32"),
+                        opt, 2 + 2 + 2 + 2 * (k + sr) / 8 + 2 * 2 * state_bytes))
+    if peers:
+        for name, make, bpp in _peers(tensors):
+            try:
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    opt = make()
+                    opt.step()
+            except Exception as e:  # noqa: BLE001 - a peer that cannot run here is a row that says so
+                methods.append((f"{name} [failed: {type(e).__name__}]", None, "", None, bpp))
+                continue
+            methods.append((name, None, "", opt, bpp))
+    runnable = [(i, m) for i, m in enumerate(methods) if m[3] is not None]
+    for _, (_, _, _, opt, _) in tqdm(runnable, desc="warm-up / compile", disable=not progress):
+        for _ in range(3):
             opt.step()
-    by_method = time_interleaved({i: opt.step for i, (_, _, opt, _) in enumerate(methods)}, warmup=0,
-                                 repeats=repeats, device=device, progress=progress, desc="throughput")
+    by_method = time_interleaved({i: m[3].step for i, m in runnable}, warmup=0, repeats=repeats,
+                                 device=device, progress=progress, desc="throughput")
+    base = by_method[0]
     rows = []
-    for (name, k, _, bpp), ts in zip(methods, by_method.values(), strict=True):
-        best, median = min(ts), float(pd.Series(ts).median())
-        rows.append({"method": name, "extra_bits": k, "numel": numel, "n_tensors": n_tensors,
-                     "median_s": median, "min_s": best, "params_per_s": numel / best,
-                     "bytes_per_step": bpp * numel, "bytes_per_s": bpp * numel / best,
-                     "bandwidth_fraction": bpp * numel / best / bw, "copy_bandwidth": bw})
+    for i, (name, k, sdt, _, bpp) in enumerate(methods):
+        ts = by_method.get(i)
+        row = {"method": name, "extra_bits": k, "state_dtype": sdt, "numel": numel, "n_tensors": n_tensors,
+               "bytes_per_param": bpp, "bytes_per_step": bpp * numel, "copy_bandwidth": bw}
+        if ts is not None:
+            med = statistics.median(ts)
+            paired = [b / t for b, t in zip(base, ts, strict=True)]
+            row.update(median_s=med, min_s=min(ts), max_s=max(ts), params_per_s=numel / med,
+                       bytes_per_s=bpp * numel / med, bandwidth_fraction=bpp * numel / med / bw,
+                       ratio_paired=statistics.median(paired), ratio_lo=min(paired), ratio_hi=max(paired),
+                       ratio_vs_torch_fused=min(base) / min(ts),
+                       ratio_median_vs_torch_fused=statistics.median(base) / med)
+        rows.append(row)
     df = pd.DataFrame(rows)
-    df["ratio_vs_torch_fused"] = df["min_s"].iloc[0] / df["min_s"]
-    df["ratio_median_vs_torch_fused"] = df["median_s"].iloc[0] / df["median_s"]
     df["device"] = str(device)
     df["threads"] = torch.get_num_threads()
+    df["repeats"] = repeats
     return df
+
+
+DEFAULT_CONFIGS = (("bf16", 8), ("bf16", 16), ("bf16", 8, {"state_dtype": torch.bfloat16}))
+
+
+def throughput_table(
+    *, sizes: Iterable[int] = (1 << 21, 1 << 24), threads: Iterable[int] = (1, 2),
+    configs: Iterable[tuple] = DEFAULT_CONFIGS, n_tensors: int = 8, repeats: int = 7,
+    peers: bool = False, device: torch.device | str = "cpu", progress: bool = True,
+) -> pd.DataFrame:
+    """:func:`step_throughput` for every (threads, size); one copy bandwidth per thread count."""
+    frames = []
+    for th in threads:
+        saved = torch.get_num_threads()
+        torch.set_num_threads(th)
+        try:
+            bw = copy_bandwidth(COPY_NUMEL, device=device)
+        finally:
+            torch.set_num_threads(saved)
+        for n in sizes:
+            frames.append(step_throughput(numel=n, n_tensors=n_tensors, configs=configs, device=device,
+                                          repeats=repeats, threads=th, progress=progress, peers=peers,
+                                          bandwidth=bw))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _mlp(width: int, depth: int, dtype: torch.dtype) -> nn.Module:
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10)).to(dtype)
+
+
+def backward_step_ratio(
+    *, width: int = 1024, depth: int = 4, batch: int = 32, extra_bits: int = 8, repeats: int = 7,
+    threads: int | None = None, compile: bool = True, progress: bool = True,
+) -> pd.DataFrame:
+    """A bf16 MLP training step with the step inside backward vs the same step with a fused step.
+
+    Both use :class:`PackedAdamW` (``compile`` as given): the normal step is forward, backward,
+    the fused flat step and ``zero_grad``; the other is forward and backward with
+    :func:`step_in_backward` (per-parameter steps, compiled with dynamic shapes). Interleaved
+    rounds; ``ratio`` is the in-backward time / normal time (median over paired rounds, min/max).
+    """
+    saved = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        x, y = torch.randn(batch, width).bfloat16(), torch.randint(0, 10, (batch,))
+        normal, inside = _mlp(width, depth, torch.bfloat16), _mlp(width, depth, torch.bfloat16)
+        opt_n = PackedAdamW(normal.parameters(), extra_bits=extra_bits, fused=True, compile=compile)
+        opt_i = PackedAdamW(inside.parameters(), extra_bits=extra_bits, compile=compile)
+        handle = step_in_backward(inside, opt_i)
+
+        def step_normal():
+            nn.functional.cross_entropy(normal(x).float(), y).backward()
+            opt_n.step()
+            opt_n.zero_grad(set_to_none=True)
+
+        def step_inside():
+            nn.functional.cross_entropy(inside(x).float(), y).backward()
+
+        for f in tqdm((step_normal, step_inside), desc="warm-up / compile", disable=not progress):
+            for _ in range(3):
+                f()
+        ts = time_interleaved({"normal": step_normal, "in_backward": step_inside}, warmup=0,
+                              repeats=repeats, progress=progress, desc="backward step")
+        handle.remove()
+        paired = [i / n for n, i in zip(ts["normal"], ts["in_backward"], strict=True)]
+        params = sum(p.numel() for p in normal.parameters())
+        return pd.DataFrame([{
+            "params": params, "tensors": len(list(normal.parameters())), "batch": batch,
+            "extra_bits": extra_bits, "compiled": compile,
+            "normal_median_s": statistics.median(ts["normal"]),
+            "in_backward_median_s": statistics.median(ts["in_backward"]),
+            "ratio": statistics.median(paired), "ratio_lo": min(paired), "ratio_hi": max(paired),
+            "threads": torch.get_num_threads(), "repeats": repeats,
+        }])
+    finally:
+        torch.set_num_threads(saved)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the throughput table (and the step-in-backward ratio) for a quiet machine."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1 << 21, 1 << 24])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--peers", action="store_true", help="add torchao / optimi / bitsandbytes rows")
+    ap.add_argument("--no-backward", action="store_true", help="skip the step-in-backward timing")
+    args = ap.parse_args(argv)
+    df = throughput_table(sizes=args.sizes, threads=args.threads, repeats=args.repeats, peers=args.peers)
+    cols = ["threads", "numel", "method", "median_s", "ratio_paired", "ratio_lo", "ratio_hi",
+            "ratio_vs_torch_fused", "bytes_per_param", "bandwidth_fraction"]
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 48):
+        print(f"torch {torch.__version__}, device cpu, copy bandwidth (GB/s) by threads:",
+              df.groupby("threads")["copy_bandwidth"].first().div(1e9).round(2).to_dict())
+        print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        if not args.no_backward:
+            rows = [backward_step_ratio(threads=t, repeats=args.repeats, progress=False) for t in args.threads]
+            print(pd.concat(rows, ignore_index=True).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+
+
+if __name__ == "__main__":
+    main()
