@@ -1,4 +1,5 @@
-"""Benchmark helpers of the packed-bit notebook: formats, analytic sizes, measured peaks (paper 004)."""
+"""Benchmark helpers of the packed-bit notebook: formats, analytic sizes, measured peaks (Memory Efficient
+Mixed Precision Optimizers, Lewandowski & Kosson)."""
 
 import pytest
 import torch

@@ -1,13 +1,14 @@
-"""Accuracy by number format and forward error of 16-bit additions (paper 004, Table 3, Fig 4, Fig 6).
+"""Accuracy by number format and forward error of 16-bit additions.
 
-Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers" (004), section 4
+Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 4
 ("Accuracy", "Stochastic Rounding"), Table 3 (ResNet-18/CIFAR-10 by format), Fig 4 (fp16 stalls
 where fp16+8 matches fp32) and Fig 6 (forward error of in-place 16-bit additions).
 
 fp8 rows follow the paper's own emulation ("e5m2 fp8 is equivalent to a truncated fp16"): the
-model runs on fp16 weights whose significand is cut to e5m2's 2 bits. Plain fp8 rounds the
-weights after every step; fp8+8 keeps 8 more bits (= the full fp16 value) in the optimizer and
-shows the model only the truncated weights.
+model runs on fp16 weights whose significand is cut to e5m2's 2 bits. Plain fp8 truncates the
+weights after every step; fp8+k keeps k more significand bits (fp8+8 = the full fp16 value) in
+the optimizer, truncated toward zero like the packed split, and shows the model only the e5m2 part.
+Every regime runs over several seeds, so a gap between formats comes with its spread.
 """
 
 from __future__ import annotations
@@ -22,40 +23,61 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from workbench.data import ImageSet, load_cifar10, load_digits, make_loader, synthetic_images
-from workbench.measure import MemoryMeter
 from workbench.models import MLP, resnet18
 from workbench.optim.bits import merge_values, split_values
 from workbench.train import evaluate, train
 
-from .bench import _loss, make_model, make_optimizer, parse_format
+from .bench import make_model, make_optimizer, measure_peak, parse_format, _loss
 
-__all__ = ["truncate_to_e5m2", "load_task", "accuracy_by_format", "addition_error"]
+__all__ = ["truncate_to_e5m2", "truncate_significand", "fp8_extra_bits", "load_task", "accuracy_by_format",
+           "accuracy_summary", "paired_gap", "addition_error"]
 
-_FP8 = ("fp8", "fp8+8")
+
+def truncate_significand(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """fp16 -> fp16 keeping the top ``bits`` (0..10) of the 10-bit significand, rounded toward zero."""
+    if x.dtype != torch.float16:
+        raise TypeError(f"truncate_significand needs a torch.float16 tensor, got {x.dtype}")
+    if not 0 <= bits <= 10:
+        raise ValueError(f"bits={bits} must be in 0..10 (fp16 has 10 significand bits)")
+    mask = ~((1 << (10 - bits)) - 1)
+    return (x.view(torch.int16) & mask).to(torch.int16).view(torch.float16)
 
 
 def truncate_to_e5m2(x: torch.Tensor) -> torch.Tensor:
     """fp16 -> fp16 whose significand keeps e5m2's 2 bits, rounded toward zero (fp8 emulation)."""
-    bits = x.view(torch.int16)
-    return (bits & ~0xFF).to(torch.int16).view(torch.float16)
+    return truncate_significand(x, 2)
+
+
+def fp8_extra_bits(name: str) -> int | None:
+    """Extra bits of an emulated fp8 format name: 'fp8' -> 0, 'fp8+4' -> 4; None if not fp8."""
+    base, plus, k = name.strip().partition("+")
+    if base != "fp8":
+        return None
+    if plus and not (k.isdigit() and 0 <= int(k) <= 8):
+        raise ValueError(f"format {name!r}: fp8+K needs K in 0..8 (fp8+8 is the full fp16 value)")
+    return int(k) if plus else 0
 
 
 class _Fp8Weights:
     """Keeps fp16 weights and shows the model e5m2-truncated copies during forward/backward.
 
+    The optimizer's value keeps 2 + ``extra_bits`` significand bits (cut toward zero after each
+    step); plain fp8 (``extra_bits=0``) keeps only what the model sees.
+
     # NOTE: torch's float8 dtypes have no CPU matmul/autograd, so fp8 is emulated on fp16 values
     # as in the paper (Table 3); gradients flow straight through the truncation.
     """
 
-    def __init__(self, model: nn.Module, *, keep_master: bool) -> None:
+    def __init__(self, model: nn.Module, *, extra_bits: int) -> None:
         self.params = [p for p in model.parameters() if p.dtype == torch.float16]
-        self.keep_master = keep_master
+        self.keep_master = extra_bits > 0
+        self.bits = 2 + extra_bits
         self.master: list[torch.Tensor] = []
 
     def before_forward(self) -> None:
         with torch.no_grad():
             if self.keep_master:
-                self.master = [p.detach().clone() for p in self.params]
+                self.master = [truncate_significand(p.detach(), self.bits) for p in self.params]
             for p in self.params:
                 p.copy_(truncate_to_e5m2(p))
 
@@ -97,8 +119,8 @@ def load_task(
     return model_fn, train_set, test_set, f"{desc} on {train_set.name} ({len(train_set)} train)"
 
 
-def _train_fp8(model, opt, loader, epochs, device, scheduler, *, keep_master) -> None:
-    wrap = _Fp8Weights(model, keep_master=keep_master)
+def _train_fp8(model, opt, loader, epochs, device, scheduler, *, extra_bits) -> None:
+    wrap = _Fp8Weights(model, extra_bits=extra_bits)
     fmt = parse_format("fp16")
     for _ in range(epochs):
         for x, y in loader:
@@ -115,22 +137,31 @@ def _train_fp8(model, opt, loader, epochs, device, scheduler, *, keep_master) ->
 def accuracy_by_format(
     model_fn: Callable[[], nn.Module], train_set: ImageSet, test_set: ImageSet, *,
     formats: Iterable[str], epochs: int, lr: float, batch_size: int = 64, optimizer: str = "sgd",
-    momentum: float = 0.9, weight_decay: float = 0.0, seed: int = 0,
+    momentum: float = 0.9, weight_decay: float = 0.0, seeds: Iterable[int] = (0,),
     device: torch.device | str = "cpu", measure_memory: bool = True, regime: str = "",
     fused: bool = False, progress: bool = True,
 ) -> pd.DataFrame:
-    """Train one model per format with the same seed, data order and cosine schedule.
+    """Train one model per format and seed; per seed every format has the same initial weights,
+    data order and cosine schedule.
 
-    One row per format: final test accuracy, final train loss, training seconds, and (when
-    ``measure_memory``) the peak tensor bytes of two extra training steps measured separately
-    (parameters included), so timing runs are not slowed by the CPU meter. ``fused`` runs the
-    packed optimizers' flat eager step (one update over the whole group; uncompiled, so the CPU
-    meter can see it) instead of one update per parameter.
+    One row per (format, seed): final test accuracy, final train loss, training seconds, and (when
+    ``measure_memory``, first seed only) the peak tensor bytes of two training steps of a fresh
+    model and optimizer (parameters and optimizer state included) measured apart, so timing runs
+    are not slowed by the CPU meter. ``fused`` runs the packed optimizers' flat eager step.
+    Formats: anything :func:`parse_format` reads, and emulated 'fp8' / 'fp8+K'.
     """
     device = torch.device(device)
+    formats, seeds = list(formats), list(seeds)
+    if not seeds:
+        raise ValueError("seeds must name at least one seed")
+    for name in formats:  # fail before any training
+        if fp8_extra_bits(name) is None:
+            parse_format(name)
     rows = []
-    for name in tqdm(list(formats), desc=f"accuracy {regime}".strip(), disable=not progress):
-        fmt = parse_format("fp16" if name in _FP8 else name)
+    runs = [(name, seed) for seed in seeds for name in formats]
+    for name, seed in tqdm(runs, desc=f"accuracy {regime}".strip(), disable=not progress):
+        fp8 = fp8_extra_bits(name)
+        fmt = parse_format("fp16" if fp8 is not None else name)
         torch.manual_seed(seed)
         model = make_model(model_fn, fmt, device)
         opt = make_optimizer(model.parameters(), fmt, optimizer=optimizer, lr=lr,
@@ -139,9 +170,9 @@ def accuracy_by_format(
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
         loader = make_loader(train_set, batch_size, shuffle=True, seed=seed)
         test_loader = make_loader(test_set, 256, shuffle=False)
-        if name in _FP8:
+        if fp8 is not None:
             start = time.perf_counter()
-            _train_fp8(model, opt, loader, epochs, device, sched, keep_master=name == "fp8+8")
+            _train_fp8(model, opt, loader, epochs, device, sched, extra_bits=fp8)
             seconds, loss = time.perf_counter() - start, float("nan")
             acc = evaluate(model, test_loader, device)
         else:
@@ -151,19 +182,36 @@ def accuracy_by_format(
                          progress=False)
             seconds, loss, acc = hist["seconds"].sum(), hist["loss"].iloc[-1], hist["test_acc"].iloc[-1]
         peak = float("nan")
-        if measure_memory and name not in _FP8:
+        if measure_memory and fp8 is None and seed == seeds[0]:
+            # NOTE: a fresh model and optimizer, so the optimizer state is created inside the meter
             batches = [b for b, _ in zip(loader, range(2), strict=False)]
-            param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-            with MemoryMeter(device) as meter:
-                for x, y in batches:
-                    _loss(model, x.to(device), y.to(device), fmt).backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-            peak = param_bytes + meter.peak_bytes
-        rows.append({"format": name, "regime": regime, "lr": lr, "epochs": epochs,
+            peak = measure_peak(model_fn, fmt, batches, in_backward=False, optimizer=optimizer, lr=lr,
+                                device=device)["peak_bytes"]
+        rows.append({"format": name, "regime": regime, "seed": seed, "lr": lr, "epochs": epochs,
                      "test_acc": acc, "train_loss": loss, "seconds": seconds, "peak_bytes": peak,
                      "params": sum(p.numel() for p in model.parameters())})
     return pd.DataFrame(rows)
+
+
+def accuracy_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean, lowest and highest test accuracy (%) over seeds per regime and format."""
+    g = df.assign(acc=100 * df["test_acc"]).groupby(["regime", "format"], sort=False)["acc"]
+    return pd.DataFrame({"mean_acc": g.mean(), "min_acc": g.min(), "max_acc": g.max(),
+                         "seeds": g.size()}).reset_index()
+
+
+def paired_gap(df: pd.DataFrame, regime: str, first: str, second: str, *,
+               absolute: bool = False) -> tuple[float, float, float]:
+    """(mean, lowest, highest) over seeds of accuracy(first) - accuracy(second) in points, paired
+    by seed; ``absolute`` takes |gap| per seed."""
+    sub = df[df["regime"] == regime].pivot_table(index="seed", columns="format", values="test_acc")
+    missing = {first, second} - set(sub.columns)
+    if missing:
+        raise ValueError(f"regime {regime!r} has no format(s) {sorted(missing)}; it has {sorted(sub.columns)}")
+    gap = 100 * (sub[first] - sub[second])
+    if absolute:
+        gap = gap.abs()
+    return float(gap.mean()), float(gap.min()), float(gap.max())
 
 
 def _add_packed(master_half, extra_vals, y, k, sr, gen):

@@ -1,18 +1,22 @@
-"""Benchmarks for the packed-bit optimizers: peak memory by format, step throughput, fused backward.
+"""Benchmarks for the packed-bit optimizers: peak memory by format, step times, fused backward.
 
-Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers" (004), section 4:
-Fig 2 (peak memory of a synthetic training, AMP vs 16-bit + extra bits), Fig 3 (update
-throughput as a share of memory bandwidth), Table 2 (optimizer step fused into backward).
+Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 4: Fig 2
+(memory of a synthetic training, AMP vs 16-bit + extra bits, drawn over the steps by category),
+Table 2 (optimizer step fused into backward), Table 3 (time and memory of ResNet-18 by format),
+and the text's fused-optimizer (2-10% faster) and stochastic-rounding (slower) remarks.
 
 Every function returns a pandas DataFrame measured in one run, with the baseline beside the
 technique; ratios are technique / baseline. CPU memory comes from ``MemoryMeter`` (a dispatch mode),
-so the memory runs use the eager per-parameter step, never a compiled one.
+so the memory runs use the eager per-parameter step, never a compiled one. Optimizer state is
+created inside the metered region (a fresh optimizer per run), so peaks include it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+import inspect
+import statistics
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -20,16 +24,15 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from workbench.measure import MemoryMeter, time_callable, time_interleaved
+from workbench.measure import MemoryMeter, state_bytes, time_interleaved
 from workbench.optim.backward import step_in_backward
 from workbench.optim.bits import storage_bits
 from workbench.optim.packed import PackedAdamW, PackedSGD
 
 __all__ = [
-    "Format", "FORMATS", "parse_format", "make_model", "make_optimizer", "analytic_bytes_per_param",
-    "measure_peak", "memory_by_format", "step_time_by_format",
-    "fused_backward", "peak_vs_amp",
-    "TokenClassifier",
+    "Format", "FORMATS", "parse_format", "make_model", "make_optimizer", "packed_option_available",
+    "analytic_bytes_per_param", "measure_peak", "memory_by_format", "step_timeline", "step_time_by_format",
+    "paired_ratio", "fused_backward", "peak_vs_amp", "TokenClassifier",
 ]
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -89,19 +92,36 @@ def make_model(model_fn: Callable[[], nn.Module], fmt: Format, device: torch.dev
     return nn.Sequential(_CastInput(fmt.param_dtype), model_fn()).to(device, fmt.param_dtype)
 
 
+def packed_option_available(option: str) -> bool:
+    """True if this build's ``PackedAdamW`` takes keyword ``option`` (e.g. 'state_dtype')."""
+    return option in inspect.signature(PackedAdamW).parameters
+
+
 def make_optimizer(
     params: Iterable, fmt: Format, *, optimizer: str = "sgd", lr: float, momentum: float = 0.9,
     weight_decay: float = 0.0, fused: bool = False, compile: bool = False, seed: int = 0,
+    state_dtype: torch.dtype | None = None,
 ) -> torch.optim.Optimizer:
-    """torch.optim.SGD/AdamW for plain formats, PackedSGD/PackedAdamW for ``fp16+k``/``bf16+k``."""
+    """torch.optim.SGD/AdamW for plain formats, PackedSGD/PackedAdamW for ``fp16+k``/``bf16+k``.
+
+    ``state_dtype`` (packed formats only) stores the optimizer state (momentum, moments) in that
+    dtype; a build whose packed optimizers have no such option raises ``NotImplementedError``.
+    """
     if optimizer not in ("sgd", "adamw"):
         raise ValueError(f"optimizer={optimizer!r}: allowed 'sgd' or 'adamw'")
+    if state_dtype is not None and not fmt.packed:
+        raise ValueError(f"state_dtype={state_dtype} applies to packed formats (fp16+k, bf16+k) only, "
+                         f"not {fmt.name!r}")
     if not fmt.packed:
         if optimizer == "sgd":
             return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     kw = dict(extra_bits=fmt.extra_bits, stochastic_rounding=fmt.stochastic_rounding,
               fused=fused, compile=compile, seed=seed)
+    if state_dtype is not None:
+        if not packed_option_available("state_dtype"):
+            raise NotImplementedError("the packed optimizers' state_dtype option is not available in this build")
+        kw["state_dtype"] = state_dtype
     if optimizer == "sgd":
         return PackedSGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, **kw)
     return PackedAdamW(params, lr=lr, weight_decay=weight_decay, **kw)
@@ -131,37 +151,140 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, fmt: Format) -> to
     return nn.functional.cross_entropy(logits.float(), y)
 
 
+# ------------------------------------------------------------------------------ phase marks
+# NOTE: a do-nothing custom op marks phase boundaries inside MemoryMeter's trace: the meter
+# records the 0-byte tensor it returns as one event named after the op, so the trace can be cut
+# into forward / backward / step without reaching into the meter's internals.
+_MARK_OP = "phase_mark.default"
+
+
+@torch.library.custom_op("workbench_packed_bits::phase_mark", mutates_args=())
+def _phase_mark(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(0)
+
+
+@_phase_mark.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(0)
+
+
+class _Marks:
+    """Phase labels ("<phase> <step>") and the gradient / optimizer-state bytes live at each mark."""
+
+    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer, device: torch.device) -> None:
+        self.model, self.opt = model, opt
+        self.probe = torch.empty(0, device=device)
+        self.step = 0
+        self.labels: list[str] = []
+        self.grads: list[int] = []
+        self.state: list[int] = []
+
+    def __call__(self, phase: str) -> None:
+        sizes = state_bytes(self.model, self.opt)
+        self.labels.append(f"{phase} {self.step}")
+        self.grads.append(sizes["gradients"])
+        self.state.append(sizes["optimizer_state"])
+        _phase_mark(self.probe)
+
+
+def _run_metered(model, opt, fmt, batches, *, in_backward, device) -> tuple[MemoryMeter, _Marks]:
+    marks = _Marks(model, opt, device)
+    handle = step_in_backward(model, opt) if in_backward else None
+    # registered after step_in_backward's hooks, so a mark sees the gradient already freed
+    hooks = [p.register_post_accumulate_grad_hook(lambda _p: marks("backward"))
+             for p in model.parameters() if p.requires_grad]
+    try:
+        with MemoryMeter(device, trace=True) as meter:
+            for i, (x, y) in enumerate(batches, start=1):
+                marks.step = i
+                marks("forward")
+                loss = _loss(model, x.to(device), y.to(device), fmt)
+                marks("backward")
+                loss.backward()
+                del loss
+                if handle is None:
+                    marks("step")
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                marks("end")
+    finally:
+        for h in hooks:
+            h.remove()
+        if handle is not None:
+            handle.remove()
+    return meter, marks
+
+
+def _timeline(meter: MemoryMeter, marks: _Marks, param_bytes: int) -> pd.DataFrame:
+    trace = meter.trace.copy()
+    index = (trace["op"] == _MARK_OP).cumsum() - 1  # which mark each event follows
+    idx = index.clip(lower=0).to_numpy()
+    trace["phase"] = [marks.labels[i].split()[0] if k >= 0 else "forward"
+                      for i, k in zip(idx, index, strict=True)]
+    trace["step"] = [int(marks.labels[i].split()[1]) for i in idx]
+    trace["parameters"] = param_bytes
+    trace["gradients"] = [marks.grads[i] for i in idx]
+    trace["optimizer_state"] = [marks.state[i] for i in idx]
+    trace["total"] = trace["bytes"] + param_bytes
+    # NOTE: activations and temporaries are what is live besides parameters, gradients and state
+    # at the last mark. AMP's 16-bit weight copies land here (the paper's profiler also counts
+    # them as activations); state being created inside a step shows here until the step's end.
+    # Frees between two marks that take the total below the known categories are gradients
+    # being released (zero_grad, or the step in backward), so they come off the gradients.
+    other = trace["total"] - trace["parameters"] - trace["gradients"] - trace["optimizer_state"]
+    trace["gradients"] = (trace["gradients"] + other.clip(upper=0)).clip(lower=0)
+    trace["activations_temporaries"] = other.clip(lower=0)
+    return trace.drop(columns="bytes")
+
+
 def measure_peak(
     model_fn: Callable[[], nn.Module], fmt: Format, batches: list[tuple[torch.Tensor, torch.Tensor]],
     *, in_backward: bool, optimizer: str = "sgd", lr: float = 0.01, device: torch.device | str = "cpu",
-) -> dict:
+    return_timeline: bool = False,
+) -> dict | tuple[dict, pd.DataFrame]:
     """Peak tensor bytes of a few training steps: parameters + everything allocated in the steps.
 
-    Parameters exist before the meter opens and are added from their sizes; gradients, optimizer
-    state (created at the first step), activations and temporaries are measured.
+    A fresh optimizer per run, so its state (created at the first step) is inside the metered
+    region. Parameters exist before the meter opens and are added from their sizes; gradients,
+    optimizer state, activations and temporaries are measured. The record says where the peak
+    falls (``peak_phase``: forward / backward / step / end, ``peak_step``, ``peak_op``) and splits
+    the peak by category. ``return_timeline`` also returns memory over the steps by category.
     """
     device = torch.device(device)
     model = make_model(model_fn, fmt, device)
     opt = make_optimizer(model.parameters(), fmt, optimizer=optimizer, lr=lr)
-    handle = step_in_backward(model, opt) if in_backward else None
     params = sum(p.numel() for p in model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    with MemoryMeter(device) as meter:
-        for x, y in batches:
-            _loss(model, x.to(device), y.to(device), fmt).backward()
-            if handle is None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-    if handle is not None:
-        handle.remove()
+    meter, marks = _run_metered(model, opt, fmt, batches, in_backward=in_backward, device=device)
+    timeline = _timeline(meter, marks, param_bytes)
     peak = param_bytes + meter.peak_bytes
-    return {
+    at = timeline.loc[timeline["total"].idxmax()]
+    record = {
         "format": fmt.name, "step_in_backward": in_backward, "params": params,
         "peak_bytes": peak, "peak_bytes_per_param": peak / params,
         "analytic_bytes_per_param": analytic_bytes_per_param(fmt, optimizer=optimizer,
                                                              in_backward=in_backward),
-        "steps": len(batches),
+        "steps": len(batches), "peak_phase": at["phase"], "peak_step": int(at["step"]), "peak_op": at["op"],
+        "peak_gradients": int(at["gradients"]), "peak_optimizer_state": int(at["optimizer_state"]),
+        "peak_activations_temporaries": int(at["activations_temporaries"]),
     }
+    if return_timeline:
+        timeline.insert(0, "format", fmt.name)
+        timeline.insert(1, "step_in_backward", in_backward)
+        return record, timeline
+    return record
+
+
+def step_timeline(
+    model_fn: Callable[[], nn.Module], batches: list[tuple[torch.Tensor, torch.Tensor]], *,
+    formats: Iterable[tuple[str, bool]] = (("amp", False), ("fp16+8", True)), optimizer: str = "sgd",
+    device: torch.device | str = "cpu",
+) -> pd.DataFrame:
+    """Fig 2's timeline panels: live memory over the steps by category, one block per
+    (format, step in backward) pair; columns as :func:`measure_peak`'s timeline."""
+    frames = [measure_peak(model_fn, parse_format(name), batches, in_backward=sib, optimizer=optimizer,
+                           device=device, return_timeline=True)[1] for name, sib in formats]
+    return pd.concat(frames, ignore_index=True)
 
 
 def peak_vs_amp(
@@ -180,15 +303,16 @@ def peak_vs_amp(
 def memory_by_format(
     model_fn: Callable[[], nn.Module], batches: list[tuple[torch.Tensor, torch.Tensor]], *,
     formats: Iterable[str | Format] = tuple(f.name for f in FORMATS), optimizer: str = "sgd",
-    device: torch.device | str = "cpu", progress: bool = True,
+    in_backward: Iterable[bool] = (False, True), lr: float = 0.01, device: torch.device | str = "cpu",
+    progress: bool = True,
 ) -> pd.DataFrame:
-    """Fig 2: peak memory per format, with and without the step inside backward.
+    """Fig 2 / Table 3: peak memory per format, with and/or without the step inside backward.
 
     Adds ``ratio_vs_amp``: peak / peak of AMP (without step in backward) when AMP is listed.
     """
     fmts = [f if isinstance(f, Format) else parse_format(f) for f in formats]
-    runs = [(f, sib) for f in fmts for sib in (False, True)]
-    rows = [measure_peak(model_fn, f, batches, in_backward=sib, optimizer=optimizer, device=device)
+    runs = [(f, sib) for f in fmts for sib in in_backward]
+    rows = [measure_peak(model_fn, f, batches, in_backward=sib, optimizer=optimizer, lr=lr, device=device)
             for f, sib in tqdm(runs, desc="memory", disable=not progress)]
     df = pd.DataFrame(rows)
     amp = df[(df["format"] == "amp") & ~df["step_in_backward"]]["peak_bytes"]
@@ -196,63 +320,68 @@ def memory_by_format(
     return df
 
 
-def _time_training_step(model_fn, fmt, batch, *, in_backward, optimizer, lr, repeats, device):
+def paired_ratio(times: dict[Hashable, list[float]], name: Hashable, base: Hashable) -> tuple[float, float, float]:
+    """(median ratio, lowest, highest) of base time / ``name`` time over interleaved rounds.
+
+    The median ratio is of the two medians; the spread pairs the rounds (round r of ``name``
+    against round r of ``base``), so load that hit one round hits both sides of its ratio.
+    """
+    a, b = times[name], times[base]
+    per_round = [tb / ta for ta, tb in zip(a, b, strict=True)]
+    return statistics.median(b) / statistics.median(a), min(per_round), max(per_round)
+
+
+def _training_step(model_fn, fmt, batch, *, in_backward, optimizer, lr, device, fused=False, compile=False):
     model = make_model(model_fn, fmt, device)
-    opt = make_optimizer(model.parameters(), fmt, optimizer=optimizer, lr=lr)
+    opt = make_optimizer(model.parameters(), fmt, optimizer=optimizer, lr=lr, fused=fused and fmt.packed,
+                         compile=compile and fmt.packed)
     handle = step_in_backward(model, opt) if in_backward else None
     x, y = batch[0].to(device), batch[1].to(device)
 
-    def step():
+    def step() -> None:
         _loss(model, x, y, fmt).backward()
         if handle is None:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    t = time_callable(step, warmup=1, repeats=repeats, device=device)
-    if handle is not None:
-        handle.remove()
-    return t
+    return step, handle
 
 
 def step_time_by_format(
     model_fn: Callable[[], nn.Module], batch: tuple[torch.Tensor, torch.Tensor], *,
     formats: Iterable[str], optimizer: str = "sgd", lr: float = 0.01, repeats: int = 10,
-    compiled: bool = False, device: torch.device | str = "cpu",
+    fused: bool = False, compile: bool = False, baseline: str = "amp", device: torch.device | str = "cpu",
+    progress: bool = True,
 ) -> pd.DataFrame:
-    """Time of one training step (forward, backward, optimizer step) per format.
+    """Time of one training step (forward, backward, optimizer step) per format, interleaved.
 
-    Packed formats run their eager per-parameter step; with ``compiled`` each packed format is
-    also timed with the fused ``torch.compile``d step (row ``<format> fused compiled``). The steps
-    are interleaved repeat by repeat (load from other processes hits all of them alike);
-    ``speedup_vs_amp`` compares best steps, ``speedup_median_vs_amp`` medians.
+    Packed formats run their per-parameter step (row ``<format>``) and, with ``fused``, also the
+    flat fused step (row ``<format> fused``); ``compile`` is passed to both, so the pair differs
+    in fusion only. Rounds alternate the variants (load from other processes hits all alike).
+    ``speedup_vs_<baseline>`` = median baseline time / median time, with ``*_lo``/``*_hi`` the
+    lowest and highest paired per-round ratio.
     """
     device = torch.device(device)
-    variants = []
+    suffix = " compiled" if compile else ""
+    steps: dict[str, Callable[[], None]] = {}
     for name in formats:
         fmt = parse_format(name)
-        variants.append((name, fmt, False))
-        if compiled and fmt.packed:
-            variants.append((f"{name} fused compiled", fmt, True))
-    steps: dict[str, Callable[[], None]] = {}
-    for name, fmt, fused in variants:
-        model = make_model(model_fn, fmt, device)
-        opt = make_optimizer(model.parameters(), fmt, optimizer=optimizer, lr=lr, fused=fused,
-                             compile=fused)
-        x, y = batch[0].to(device), batch[1].to(device)
-
-        def step(model=model, opt=opt, x=x, y=y, fmt=fmt):
-            _loss(model, x, y, fmt).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        steps[name] = step
-    times = time_interleaved(steps, warmup=1, repeats=repeats, device=device)
-    df = pd.DataFrame([{"format": n, "min_s": min(t), "median_s": float(pd.Series(t).median())}
-                       for n, t in times.items()])
-    if "amp" in set(df["format"]):
-        amp = df.set_index("format").loc["amp"]
-        df["speedup_vs_amp"] = amp["min_s"] / df["min_s"]
-        df["speedup_median_vs_amp"] = amp["median_s"] / df["median_s"]
+        steps[name] = _training_step(model_fn, fmt, batch, in_backward=False, optimizer=optimizer,
+                                     lr=lr, device=device, compile=compile)[0]
+        if fused and fmt.packed:
+            steps[f"{name} fused{suffix}"] = _training_step(
+                model_fn, fmt, batch, in_backward=False, optimizer=optimizer, lr=lr, device=device,
+                fused=True, compile=compile)[0]
+    times = time_interleaved(steps, warmup=2 if compile else 1, repeats=repeats, device=device,
+                             progress=progress, desc="training steps")
+    rows = [{"format": n, "median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "rounds": len(t)}
+            for n, t in times.items()]
+    df = pd.DataFrame(rows)
+    if baseline in times:
+        ratios = [paired_ratio(times, n, baseline) for n in times]
+        col = f"speedup_vs_{baseline}"
+        df[col], df[f"{col}_lo"], df[f"{col}_hi"] = zip(*ratios, strict=True)
+    df.attrs["times"] = times
     return df
 
 
@@ -275,8 +404,17 @@ def fused_backward(
     *, d_model: int = 256, layers: int = 4, vocab: int = 1000, batch: int = 8, seq: int = 64,
     steps: int = 2, repeats: int = 3, optimizer: str = "adamw", lr: float = 2e-5,
     formats: Iterable[str] = ("fp32",), device: torch.device | str = "cpu", seed: int = 0,
+    progress: bool = True,
 ) -> pd.DataFrame:
-    """Table 2 analogue: peak memory and step time of a transformer with/without step in backward."""
+    """Table 2 analogue: peak memory and step time of a transformer with/without step in backward.
+
+    Memory: ``steps`` metered steps each (fresh optimizer, state included), with the phase where
+    the peak falls. Time: the two configurations' training steps interleaved round by round;
+    ``time_ratio`` = median in-backward / median ordinary, ``time_ratio_lo``/``_hi`` the paired
+    per-round extremes.
+    """
+    if batch < 1 or seq < 1 or d_model < 1 or layers < 1:
+        raise ValueError(f"need batch, seq, d_model, layers >= 1, got {batch}, {seq}, {d_model}, {layers}")
     device = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
     batches = [(torch.randint(vocab, (batch, seq), generator=gen), torch.randint(2, (batch,), generator=gen))
@@ -286,17 +424,32 @@ def fused_backward(
         torch.manual_seed(seed)
         return TokenClassifier(vocab, d_model, max(1, d_model // 64), layers)
 
-    rows = []
+    rows, fns, handles = [], {}, []
     for name in formats:
         fmt = parse_format(name)
         for sib in (False, True):
-            rec = measure_peak(model_fn, fmt, batches, in_backward=sib, optimizer=optimizer, lr=lr,
-                               device=device)
-            t = _time_training_step(model_fn, fmt, batches[0], in_backward=sib,
-                                    optimizer=optimizer, lr=lr, repeats=repeats, device=device)
-            rows.append({**rec, "step_s": t.median_s, "tokens": batch * seq})
+            rows.append(measure_peak(model_fn, fmt, batches, in_backward=sib, optimizer=optimizer, lr=lr,
+                                     device=device))
+            fns[(name, sib)], handle = _training_step(model_fn, fmt, batches[0], in_backward=sib,
+                                                      optimizer=optimizer, lr=lr, device=device)
+            handles.append(handle)
+    times = time_interleaved(fns, warmup=1, repeats=repeats, device=device, progress=progress,
+                             desc="fused backward")
+    for h in handles:
+        if h is not None:
+            h.remove()
     df = pd.DataFrame(rows)
+    df["step_s"] = [statistics.median(times[(f, s)]) for f, s in zip(df["format"], df["step_in_backward"],
+                                                                       strict=True)]
+    df["tokens"] = batch * seq
     base = df.groupby("format")["peak_bytes"].transform("first")
     df["peak_ratio"] = df["peak_bytes"] / base
-    df["time_ratio"] = df["step_s"] / df.groupby("format")["step_s"].transform("first")
+    ratio, lo, hi = [], [], []
+    for f, s in zip(df["format"], df["step_in_backward"], strict=True):
+        # arguments swapped on purpose: this gives in-backward time / ordinary time
+        r, a, b = paired_ratio(times, (f, False), (f, s))
+        ratio.append(r)
+        lo.append(a)
+        hi.append(b)
+    df["time_ratio"], df["time_ratio_lo"], df["time_ratio_hi"] = ratio, lo, hi
     return df
