@@ -1,0 +1,266 @@
+"""Per-layer profiles: time(i, b), in(i, b), out(i, b), ws(i, b) (Table I of the paper).
+
+From "Variable batch size across layers for efficient prediction on CNNs" (Choudhury et al.),
+Sections III and IV ("Implementation details"): the dynamic program takes, for every layer L_i
+and batch size b = 1..B, the per-sample time, the input and output activation memory and the
+temporary (workspace) memory. `profile` measures them on a real model: each layer group
+(a convolution with its BatchNorm and ReLU) is timed at every batch size (warm-up, median of
+repeats, divided by b) and its memory is read with `workbench.measure.MemoryMeter`:
+`in` = bytes of the input batch, `out` = bytes of the output, `ws` = peak bytes allocated
+while the layer runs minus its output (on CPU: tensors only; kernel-internal scratch is
+invisible; on CUDA: the caching allocator's peak).
+
+A branch group (special layer, see `workbench.vbs.graph`) gets a main-path row whose `in` and
+`out` are the group's input and merged output, whose `ws` is 0 (branches write into a
+pre-allocated output), and whose `time` is the merge overhead (measured group time minus the sum
+of its branch layers, at least 0); its branches are profiles of their own in `branches[i]`.
+Following the paper, a branch's first layer has `in = 0` (its input is the group's input,
+already reserved); unlike the paper, the last layer keeps its `out`, because in PyTorch that
+output is a tensor of its own until it is copied into the group's output.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from ..measure import MemoryMeter, time_callable
+from .graph import stages_of
+
+__all__ = ["Profile", "profile", "unit_for"]
+
+
+def _table(name: str, value, shape: tuple[int, ...] | None, *, integer: bool) -> np.ndarray:
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D table [layer, batch-1], got shape {arr.shape}")
+    if shape is not None and arr.shape != shape:
+        raise ValueError(f"{name} has shape {arr.shape}; all tables must have shape {shape}")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError(f"{name} must be finite and >= 0")
+    if integer:
+        if np.any(arr != np.round(arr)):
+            raise ValueError(f"{name} must hold whole memory units; use Profile.coarsen to change units")
+        return arr.astype(np.int64)
+    return arr
+
+
+@dataclass(eq=False)
+class Profile:
+    """Per-layer tables indexed `[layer, batch - 1]` for batch sizes 1..B.
+
+    `time` is seconds per sample; `inp`, `out`, `ws` are whole memory units of `unit_bytes`
+    bytes each. `branches` maps the index of a special (branch-group) layer to one Profile per
+    branch (a branch may have no layers: an identity shortcut). `merge` maps it to "cat"/"add".
+    """
+
+    time: np.ndarray
+    inp: np.ndarray
+    out: np.ndarray
+    ws: np.ndarray
+    names: list[str] | None = None
+    branches: dict[int, list[Profile]] = field(default_factory=dict)
+    unit_bytes: int = 1
+    merge: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.time = _table("time", self.time, None, integer=False)
+        shape = self.time.shape
+        self.inp = _table("inp", self.inp, shape, integer=True)
+        self.out = _table("out", self.out, shape, integer=True)
+        self.ws = _table("ws", self.ws, shape, integer=True)
+        if shape[1] < 1:
+            raise ValueError("tables need at least one batch size (B >= 1)")
+        n = shape[0]
+        self.names = list(self.names) if self.names is not None else [f"L{i + 1}" for i in range(n)]
+        if len(self.names) != n:
+            raise ValueError(f"{len(self.names)} names for {n} layers")
+        if not isinstance(self.unit_bytes, int) or self.unit_bytes < 1:
+            raise ValueError(f"unit_bytes must be an int >= 1, got {self.unit_bytes!r}")
+        for i, parts in self.branches.items():
+            if not 0 <= i < n:
+                raise ValueError(f"branch layer index {i} outside 0..{n - 1}")
+            for p in parts:
+                if p.max_batch != self.max_batch or p.unit_bytes != self.unit_bytes or p.branches:
+                    raise ValueError(f"branch of layer {i}: needs B={self.max_batch}, "
+                                     f"unit_bytes={self.unit_bytes} and no nested branches")
+
+    @property
+    def n_layers(self) -> int:
+        return self.time.shape[0]
+
+    @property
+    def max_batch(self) -> int:
+        return self.time.shape[1]
+
+    def is_special(self, i: int) -> bool:
+        return i in self.branches
+
+    def coarsen(self, unit_bytes: int) -> Profile:
+        """The same profile in units of `unit_bytes` bytes (memory rounded up, never down)."""
+        if not isinstance(unit_bytes, int) or unit_bytes < self.unit_bytes or unit_bytes % self.unit_bytes:
+            raise ValueError(f"unit_bytes must be an int multiple of the current {self.unit_bytes}, "
+                             f"got {unit_bytes!r}")
+        f = unit_bytes // self.unit_bytes
+
+        def up(a: np.ndarray) -> np.ndarray:
+            return -(-a // f)
+
+        return Profile(self.time, up(self.inp), up(self.out), up(self.ws), self.names,
+                       {i: [p.coarsen(unit_bytes) for p in ps] for i, ps in self.branches.items()},
+                       unit_bytes, dict(self.merge))
+
+    def uniform_time(self) -> np.ndarray:
+        """Per-sample time of the whole network when every layer runs at batch b (b = 1..B)."""
+        total = self.time.sum(axis=0)
+        for parts in self.branches.values():
+            for p in parts:
+                total = total + p.time.sum(axis=0)
+        return total
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (layer, batch): time per sample, in/out/ws in units and bytes."""
+        rows = []
+        for i, name in enumerate(self.names):
+            for b in range(1, self.max_batch + 1):
+                rows.append({"layer": i, "name": name, "special": self.is_special(i), "batch": b,
+                             "time_per_sample_s": self.time[i, b - 1], "in": self.inp[i, b - 1],
+                             "out": self.out[i, b - 1], "ws": self.ws[i, b - 1]})
+        frame = pd.DataFrame(rows)
+        for col in ("in", "out", "ws"):
+            frame[f"{col}_bytes"] = frame[col] * self.unit_bytes
+        return frame
+
+    def to_dict(self) -> dict:
+        return {"max_batch": self.max_batch, "time": self.time.tolist(), "inp": self.inp.tolist(),
+                "out": self.out.tolist(), "ws": self.ws.tolist(), "names": self.names, "unit_bytes": self.unit_bytes,
+                "merge": {str(k): v for k, v in self.merge.items()},
+                "branches": {str(k): [p.to_dict() for p in v] for k, v in self.branches.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Profile:
+        B = int(data["max_batch"])
+        tab = {k: np.asarray(data[k], dtype=np.float64).reshape(-1, B) for k in ("time", "inp", "out", "ws")}
+        return cls(tab["time"], tab["inp"], tab["out"], tab["ws"], data["names"],
+                   {int(k): [cls.from_dict(p) for p in v] for k, v in data.get("branches", {}).items()},
+                   int(data.get("unit_bytes", 1)), {int(k): v for k, v in data.get("merge", {}).items()})
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring a real model
+
+
+def _batch_list(batch_sizes: int | Sequence[int]) -> list[int]:
+    sizes = list(range(1, batch_sizes + 1)) if isinstance(batch_sizes, int) else [int(b) for b in batch_sizes]
+    if not sizes or sizes[0] != 1 or any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
+        raise ValueError(f"batch_sizes must be an int B >= 1 or an increasing list starting at 1, got {batch_sizes!r}")
+    return sizes
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class _Rows:
+    """Measured values per layer at the measured batch sizes, filled to 1..B by interpolation."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = {"time": [], "in": [], "out": [], "ws": []}
+
+    def add(self, time: float, inp: int, out: int, ws: int) -> None:
+        for k, v in zip(("time", "in", "out", "ws"), (time, inp, out, ws), strict=True):
+            self.values[k].append(v)
+
+
+def _measure(fn, x: torch.Tensor, device: torch.device, warmup: int, repeats: int,
+             statistic: str) -> tuple[float, int, int, torch.Tensor]:
+    """(seconds by `statistic`, ws bytes, out bytes, y) of y = fn(x)."""
+    timing = time_callable(lambda: fn(x), warmup=warmup, repeats=repeats, device=device)
+    seconds = timing.median_s if statistic == "median" else timing.min_s
+    with MemoryMeter(device) as meter:
+        y = fn(x)
+    out = _nbytes(y)
+    return seconds, max(meter.peak_bytes - out, 0), out, y
+
+
+def _fill(points: list[int], rows: dict[str, list[float]], B: int, integer: bool, key: str) -> np.ndarray:
+    grid = np.arange(1, B + 1)
+    vals = np.interp(grid, points, rows[key])
+    return np.ceil(vals).astype(np.int64) if integer else vals
+
+
+@torch.no_grad()
+def profile(
+    model: nn.Module, sample: torch.Tensor, batch_sizes: int | Sequence[int], *,
+    device: torch.device | str | None = None, warmup: int = 1, repeats: int = 3, statistic: str = "median",
+    progress: bool = False,
+) -> Profile:
+    """Measure the per-layer tables of `model` (eval mode, no grad) at batch sizes 1..B, in bytes.
+
+    `sample` is one input without the batch dimension (e.g. 3x224x224); a batch of b is b copies.
+    `batch_sizes` is B (measure every b = 1..B) or an increasing list starting at 1 whose largest
+    entry is B; batch sizes in between are linearly interpolated (per-sample time and bytes).
+    The model is moved to `device` (default: the sample's device) and put in eval mode.
+    `statistic` is "median" (the default) or "min" of the repeats: on a shared, loaded CPU the
+    minimum is the least disturbed estimate, and the DP would otherwise exploit noise.
+    """
+    from tqdm.auto import tqdm
+
+    if not isinstance(sample, torch.Tensor) or sample.dim() < 1:
+        raise TypeError("sample must be a tensor of one input without the batch dimension")
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"warmup must be >= 0 and repeats >= 1, got {warmup}, {repeats}")
+    if statistic not in ("median", "min"):
+        raise ValueError(f"statistic must be 'median' or 'min', got {statistic!r}")
+    sizes = _batch_list(batch_sizes)
+    device = torch.device(device) if device is not None else sample.device
+    model = model.to(device).eval()
+    stages = stages_of(model)
+    main = [_Rows() for _ in stages]
+    branch_rows = {i: [[_Rows() for _ in br] for br in s.branches] for i, s in enumerate(stages) if s.is_branch}
+    for b in tqdm(sizes, desc="profiling batch sizes", disable=not progress, leave=False):
+        x = sample.to(device).unsqueeze(0).expand(b, *sample.shape).contiguous()
+        for i, stage in enumerate(stages):
+            if not stage.is_branch:
+                t, ws, out, y = _measure(stage, x, device, warmup, repeats, statistic)
+                main[i].add(t / b, _nbytes(x), out, ws)
+                x = y
+                continue
+            branch_time = 0.0
+            for j, branch in enumerate(stage.branches):
+                y = x
+                for k, (_, layer) in enumerate(branch):
+                    t, ws, out, y_next = _measure(layer, y, device, warmup, repeats, statistic)
+                    branch_time += t / b
+                    branch_rows[i][j][k].add(t / b, 0 if k == 0 else _nbytes(y), out, ws)
+                    y = y_next
+            t_group, _, out, y = _measure(stage, x, device, warmup, repeats, statistic)
+            main[i].add(max(t_group / b - branch_time, 0.0), _nbytes(x), out, 0)
+            x = y
+    B = sizes[-1]
+
+    def build(rows: list[_Rows], names: list[str]) -> Profile:
+        tabs = {k: np.stack([_fill(sizes, r.values, B, k != "time", k) for r in rows]) if rows
+                else np.zeros((0, B)) for k in ("time", "in", "out", "ws")}
+        return Profile(tabs["time"], tabs["in"], tabs["out"], tabs["ws"], names)
+
+    result = build(main, [s.name for s in stages])
+    result.branches = {i: [build(rows, [n for n, _ in stages[i].branches[j]]) for j, rows in enumerate(brs)]
+                       for i, brs in branch_rows.items()}
+    result.merge = {i: stages[i].merge for i in branch_rows}
+    result.__post_init__()
+    return result
+
+
+def unit_for(bytes_value: float, units: int) -> int:
+    """The unit (bytes, a whole number of KiB) that makes `bytes_value` about `units` units."""
+    if units < 1 or bytes_value <= 0:
+        raise ValueError(f"need units >= 1 and bytes_value > 0, got {units}, {bytes_value}")
+    return max(1024, 1024 * math.ceil(bytes_value / units / 1024))
+
