@@ -1,0 +1,156 @@
+"""The allocation tracker behind CalcGraph's compiler (Section 3.2 of "CalcGraph: taming the
+high costs of deep learning using models (2022)").
+
+A training program runs under `torch._subclasses.FakeTensorMode` (no real memory) inside a
+dispatch mode that records each storage an aten op creates, when it is freed, and tags it
+with its zone (forward, gradient, optimizer, workspace), kind and name. `CompiledGraph` in
+`plan.py` turns two such traces into per-allocation sizes affine in the batch size.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+from torch._subclasses import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__: list[str] = []  # internal to workbench.calcgraph
+
+
+class _Tracker(TorchDispatchMode):
+    """Records each storage created by an aten op (an allocation) and when it is freed.
+
+    # NOTE: the same counting rule as `workbench.measure.MemoryMeter` (a view, in-place or out=
+    # result on an input's storage is not new memory; a weakref finalizer on the storage fires
+    # when it is freed), plus tags: zone, kind, name and the program phase of each allocation.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+        self.info: list[dict] = []
+        self.events: list[int] = []  # +id for an allocation, -id - 1 for a free
+        self.live: dict[int, int] = {}
+        self.marks: dict[str, int] = {}
+        self.names: dict[int, str] = {}
+        self.spec: dict = {}
+        self._finalizers: list[weakref.finalize] = []
+        self._handles: list = []
+        self._modules: list[str] = [""]
+        self._phase = "build"
+
+    # allocation timeline -------------------------------------------------------------------
+    def _free(self, key: int) -> None:
+        idx = self.live.pop(key, None)
+        if idx is not None:
+            self.events.append(-idx - 1)
+
+    def _alloc(self, key: int, nbytes: int, op: str) -> None:
+        idx = len(self.sizes)
+        self.sizes.append(nbytes)
+        self.info.append({"op": op, "module": self._modules[-1], "phase": self._phase,
+                          "zone": None, "kind": None, "name": None})
+        self.live[key] = idx
+        self.events.append(idx)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        inputs = {t.untyped_storage()._cdata for t in leaves}
+        out = func(*args, **kwargs)
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key, nbytes = storage._cdata, storage.nbytes()
+            idx = self.live.get(key)
+            if idx is None:
+                if key in inputs:
+                    continue
+                self._finalizers.append(weakref.finalize(storage, self._free, key))
+            elif self.sizes[idx] == nbytes:
+                continue
+            else:  # resized in place: a free and a new allocation
+                self._free(key)
+            self._alloc(key, nbytes, func.__name__)
+        return out
+
+    def close(self) -> None:
+        for fin in self._finalizers:
+            fin.detach()
+        self._finalizers.clear()
+
+    # tags ------------------------------------------------------------------------------------
+    def mark(self, phase: str) -> None:
+        self.marks[phase] = len(self.events)
+        self._phase = phase
+
+    def tag(self, tensor: torch.Tensor, zone: str, kind: str, name: str) -> None:
+        idx = self.live.get(tensor.untyped_storage()._cdata)
+        if idx is not None and self.info[idx]["zone"] is None:
+            self.info[idx].update(zone=zone, kind=kind, name=name)
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        module = self._modules[-1] or "model"
+        self.tag(tensor, "forward", "activation", f"{module}:{self.info[-1]['op'] if self.info else '?'}")
+        return tensor
+
+    def watch_model(self, model: nn.Module) -> None:
+        for name, p in model.named_parameters():
+            self.names[id(p)] = name
+            self.tag(p, "forward", "parameter", name)
+        for name, b in model.named_buffers():
+            self.tag(b, "forward", "buffer", name)
+        for name, module in model.named_modules():
+            label = name or type(module).__name__
+            self._handles.append(module.register_forward_pre_hook(lambda _m, _a, label=label: self._enter(label)))
+            self._handles.append(module.register_forward_hook(lambda *_: self._leave()))
+
+    def _enter(self, label: str) -> None:
+        self._modules.append(label)
+
+    def _leave(self) -> None:
+        self._modules.pop()
+
+    def unwatch(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def tag_grads(self, model: nn.Module) -> None:
+        for name, p in model.named_parameters():
+            if p.grad is not None:
+                self.tag(p.grad, "gradient", "gradient", name + ".grad")
+
+    def tag_state(self, opt: torch.optim.Optimizer) -> None:
+        for p, state in opt.state.items():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    self.tag(value, "optimizer", "state", f"{self.names.get(id(p), '?')}.{key}")
+
+
+@dataclass
+class _Trace:
+    sizes: np.ndarray
+    info: list[dict]
+    events: np.ndarray
+    marks: dict[str, int]
+    spec: dict
+    signature: tuple = field(repr=False, default=())
+
+
+def _trace(program: Callable[[_Tracker], None]) -> _Trace:
+    tracker = _Tracker()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        with tracker:
+            program(tracker)
+    tracker.close()
+    signature = tuple((e, tracker.info[e]["op"]) if e >= 0 else (e, "free") for e in tracker.events)
+    return _Trace(np.asarray(tracker.sizes, dtype=np.int64), tracker.info,
+                  np.asarray(tracker.events, dtype=np.int64), tracker.marks, tracker.spec, signature)
