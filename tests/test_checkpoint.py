@@ -17,7 +17,9 @@ from workbench.checkpoint import (
     plan_checkpoints,
     profile_layers,
     sc,
+    units_of,
 )
+from workbench.measure import MemoryMeter
 
 
 def small_net() -> nn.Sequential:
@@ -95,12 +97,14 @@ def test_profile_sizes() -> None:
     net = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 2))
     prof = profile_layers(net, torch.randn(3, 5))
     assert prof.out_bytes == [3 * 7 * 4, 3 * 7 * 4, 3 * 2 * 4]
-    # Linear saves its input (the sample: 3*5 floats), ReLU its output, Linear 2 its input
-    assert [prof.saved_bytes(i) for i in range(3)] == [60, 84, 84]
-    assert list(prof.to_frame().columns) == ["layer", "name", "time_s", "out_bytes",
-                                             "saved_bytes", "backward_bytes"]
+    # Linear 1 saves its input (the sample, never counted), ReLU its output, Linear 2 its input
+    assert [prof.saved_bytes(i) for i in range(3)] == [0, 84, 84]
+    assert list(prof.to_frame().columns) == ["unit", "name", "time_s", "out_bytes", "saved_bytes",
+                                             "forward_bytes", "backward_bytes", "grad_bytes"]
     # Linear 2's backward makes grad_input (3x7 floats) and its weight/bias grads (2x7 + 2)
     assert prof.backward_bytes[2] >= 3 * 7 * 4
+    assert prof.grad_bytes == [84, 84, 24] and prof.forward_bytes[0] >= 84
+    assert prof.loss_bytes >= 24  # the output gradient the loss's backward makes
     assert all(p.grad is None for p in net.parameters())  # profiling leaves no gradients
 
 
@@ -177,3 +181,90 @@ def test_sc_with_memory_budget_meets_it_and_matches() -> None:
     model = sc(copy.deepcopy(base), memory_budget=lo, strategy="optimal", sample=x)
     assert model.plan.predicted_peak_bytes <= lo and model.plan.memory_budget == lo
     _assert_same(base, model, x, steps=1)
+
+
+def _tiny_resnet():
+    from workbench.models import resnet18
+
+    torch.manual_seed(0)
+    return resnet18(num_classes=4, width=4)
+
+
+def test_units_open_residual_blocks() -> None:
+    net = _tiny_resnet()
+    assert len(units_of(net, split_blocks=False)) == len(net)
+    units = units_of(net)
+    # each BasicBlock becomes fork + 5 body layers + merge
+    assert len(units) == len(net) + 8 * 6
+    x = torch.randn(2, 3, 8, 8)
+    net.eval()
+    state = x
+    for u in units:
+        state = u(state)
+    torch.testing.assert_close(state, net(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_sc_inside_blocks_matches_baseline(strategy: str) -> None:
+    base = _tiny_resnet()
+    x = torch.randn(2, 3, 8, 8)
+    model = sc(copy.deepcopy(base), segments=9, strategy=strategy, sample=x)
+    # some checkpoint falls strictly inside a block (its kept state is the pair skip/activation)
+    inside = {i for i, u in enumerate(model.units) if type(u).__name__ in ("_Body", "_Fork")}
+    if strategy != "smallest":
+        assert inside & set(model.plan.kept)
+    assert model.state_dict().keys() == base.state_dict().keys()
+    _assert_same(base, model, x, steps=2)
+
+
+def _measured(net, plan, x, loss) -> int:
+    m = sc(net, 1)
+    m.plan = plan
+    for p in m.parameters():
+        p.grad = torch.zeros_like(p)
+    with MemoryMeter() as meter:
+        loss(m(x)).backward()
+    return meter.peak_bytes
+
+
+@pytest.mark.parametrize("make", [_tiny_resnet, small_net])
+def test_cost_model_never_under_predicts(make) -> None:
+    net = make()
+    x = torch.randn(2, 3, 8, 8)
+    y = torch.tensor([0, 1])
+
+    def loss(out):
+        return nn.functional.cross_entropy(out, y)
+    prof = profile_layers(net, x, loss_fn=loss, repeats=1)
+    lo = plan_checkpoints(prof, strategy="optimal").predicted_peak_bytes
+    hi = evaluate_plan(prof, [(0, len(prof), False)])[0]
+    plans = [plan_checkpoints(prof, segments=k, strategy=s) for s in STRATEGIES for k in (1, 2, 4)]
+    plans += [plan_checkpoints(prof, memory_budget=int(lo + f * (hi - lo)), strategy="optimal")
+              for f in (0.0, 0.3, 0.7)]
+    for plan in plans:
+        measured = _measured(net, plan, x, loss)
+        assert measured <= plan.predicted_peak_bytes, plan.segments
+        if plan.memory_budget is not None:
+            assert measured <= plan.memory_budget
+    # the baseline (no checkpoint) is predicted to the byte's neighbourhood
+    assert abs(_measured(net, plans[0], x, loss) - plans[0].predicted_peak_bytes) <= 64
+
+
+def test_hardened_arguments(profile) -> None:
+    with pytest.raises(TypeError, match=r"segments must be an int in \[1, \d+\], got 2.5"):
+        sc(small_net(), 2.5)
+    with pytest.raises(TypeError, match=r"segments must be an int in \[1, 13\], got '2'"):
+        plan_checkpoints(profile, segments="2")
+    with pytest.raises(TypeError, match="segments must be an int"):
+        sc(small_net(), True)
+    for bad in (float("nan"), float("inf"), -1, 0):
+        with pytest.raises(ValueError, match="memory_budget must be a finite number of bytes > 0"):
+            plan_checkpoints(profile, memory_budget=bad, strategy="optimal")
+    with pytest.raises(ValueError, match="memory_budget must be a finite"):
+        sc(small_net(), memory_budget=float("nan"))
+    with pytest.raises(TypeError, match="memory_budget must be a number"):
+        plan_checkpoints(profile, memory_budget="1e6")
+    with pytest.raises(ValueError, match="empty layer sequence"):
+        sc(nn.Sequential())
+    with pytest.raises(ValueError, match="empty layer sequence"):
+        plan_checkpoints(nn.Sequential(), torch.randn(1, 2))

@@ -123,3 +123,35 @@ def test_capacity_study_finds_the_limits() -> None:
     last_exact = df[df.exact].groupby("scheme").per_element.max().to_dict()
     assert last_exact == {"float32": 3, "float64": 6, "float64-7bit": 7, "int64": 8}
     assert not df[(df.scheme == "float64") & (df.per_element == 16)].exact.item()
+
+
+def test_int64_decode_allocates_only_the_float_batch() -> None:
+    from workbench.measure import MemoryMeter
+
+    x = torch.randint(0, 256, (13, 3, 8, 8), dtype=torch.uint8)  # not a multiple of 8: padded word
+    enc = encode(x, scheme="int64")
+    with MemoryMeter() as meter:
+        out = DecodeLayer()(enc)
+    assert meter.peak_bytes == out.nbytes == 4 * x.numel()  # no int64 planes, no stack
+    torch.testing.assert_close(out, normalize(x), rtol=0, atol=0)
+    assert out.is_contiguous()
+
+
+def test_int64_is_exactly_uint8_size() -> None:
+    x = torch.randint(0, 256, (64, 3, 4, 4), dtype=torch.uint8)
+    assert encode(x, scheme="int64").nbytes == x.nbytes
+
+
+@pytest.mark.parametrize("bad", [2.5, True, "2"])
+def test_per_element_must_be_an_int(bad) -> None:
+    x = torch.zeros(4, 1, 2, 2, dtype=torch.uint8)
+    with pytest.raises(TypeError, match=r"per_element must be an int in \[1, 64\].*got"):
+        encode(x, scheme="float64", per_element=bad)
+
+
+def test_to_copy_makes_a_new_buffer() -> None:
+    enc = encode(torch.zeros(8, 1, 2, 2, dtype=torch.uint8), scheme="int64")
+    assert enc.to("cpu").data is enc.data
+    moved = enc.to("cpu", copy=True)
+    assert moved.data.data_ptr() != enc.data.data_ptr()
+    torch.testing.assert_close(moved.data, enc.data)

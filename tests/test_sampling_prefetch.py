@@ -14,11 +14,15 @@ from torch.utils.data import DataLoader
 from workbench.data import ImageSet, make_loader
 from workbench.data.encode import decode
 from workbench.data.prefetch import PrefetchLoader, benchmark_loaders
+from workbench.data.encode import DecodeLayer
 from workbench.data.sampling import (
     ClassAugmenter,
+    ClassImageAugmenter,
     CutMix,
+    FlipCrop,
     MixUp,
     SelectiveBatchSampler,
+    beta_sample,
     class_counts,
 )
 
@@ -53,6 +57,58 @@ def test_sampler_batches_hold_requested_share() -> None:
     assert len(list(loader)) == 6
 
 
+def test_sampler_carries_remainders_so_epoch_shares_follow_weights() -> None:
+    labels = torch.arange(200) % 10
+    weights = [0.05] * 10
+    weights[3], weights[8] = 0.3, 0.3
+    sampler = SelectiveBatchSampler(labels, weights, 16, num_batches=20, seed=0)
+    counts = torch.zeros(10)
+    for b, batch in enumerate(sampler, start=1):
+        assert len(batch) == 16
+        counts += torch.bincount(labels[batch], minlength=10)
+        # every prefix of batches holds each class's share to within one example
+        assert ((counts - torch.tensor(weights) * 16 * b).abs() < 1 + 1e-9).all()
+    torch.testing.assert_close(counts / counts.sum(), torch.tensor(weights), rtol=0, atol=1e-6)
+    assert [sum(c) for c in sampler.batch_counts()] == [16] * 20
+
+
+@settings(max_examples=30, deadline=None)
+@given(weights=st.lists(st.floats(0, 10), min_size=1, max_size=8).filter(lambda w: sum(w) > 0.01),
+       batch=st.integers(1, 32), batches=st.integers(1, 12))
+def test_sampler_prefix_shares_within_one_example(weights, batch, batches) -> None:
+    labels = torch.arange(len(weights)).repeat(4)
+    sampler = SelectiveBatchSampler(labels, weights, batch, num_batches=batches)
+    total = sum(weights)
+    given = [0] * len(weights)
+    for b, counts in enumerate(sampler.batch_counts(), start=1):
+        assert sum(counts) == batch and min(counts) >= 0
+        given = [g + c for g, c in zip(given, counts, strict=True)]
+        assert all(g - w / total * batch * b > -1 for g, w in zip(given, weights, strict=True))
+        assert all(g - w / total * batch * b < len(weights) for g, w in zip(given, weights, strict=True))
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.4, 1.0, 16.0, 100.0, 1e4])
+def test_beta_sample_any_alpha(alpha) -> None:
+    g = torch.Generator().manual_seed(0)
+    draws = torch.tensor([beta_sample(alpha, g) for _ in range(400)], dtype=torch.float64)
+    assert ((draws >= 0) & (draws <= 1)).all()
+    var = 1 / (4 * (2 * alpha + 1))
+    assert abs(draws.mean().item() - 0.5) < 5 * (var / 400) ** 0.5 + 1e-9
+    assert 0.6 * var < draws.var().item() < 1.5 * var
+    mix = MixUp(alpha)  # used to hang for alpha >= 16
+    out, _ = mix(torch.zeros(1, 1, 2, 2), torch.tensor([[1.0, 0.0]]), torch.ones(1, 1, 2, 2),
+                 torch.tensor([[0.0, 1.0]]), torch.Generator().manual_seed(1))
+    assert out.shape == (1, 1, 2, 2)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True])
+def test_beta_and_mix_refuse_bad_alpha(bad) -> None:
+    with pytest.raises(ValueError, match="alpha must be a finite number > 0"):
+        MixUp(bad)
+    with pytest.raises(ValueError, match="alpha must be a finite number > 0"):
+        beta_sample(bad, torch.Generator())
+
+
 def test_sampler_is_deterministic_per_epoch() -> None:
     labels = torch.arange(50) % 5
     a = SelectiveBatchSampler(labels, [1] * 5, 10, seed=3)
@@ -66,6 +122,7 @@ def test_sampler_is_deterministic_per_epoch() -> None:
 @pytest.mark.parametrize("weights, match", [
     ([1, 1], "one weight per class"),
     ([-1, 1, 1], ">= 0"),
+    ([float("nan"), 1, 1], "finite"),
     ({5: 1.0}, r"keys must be in \[0, 3\)"),
 ])
 def test_sampler_refuses_bad_weights(weights, match) -> None:
@@ -190,8 +247,43 @@ def test_prefetch_with_selective_sampler() -> None:
 def test_prefetch_bad_arguments() -> None:
     with pytest.raises(ValueError, match="batch_size"):
         PrefetchLoader(imageset(), 0)
-    with pytest.raises(ValueError, match="cannot be combined"):
-        PrefetchLoader(imageset(), 4, scheme="int64", transform=lambda x, y: (x, y))
+    loader = PrefetchLoader(imageset(), 4, scheme="int64", transform=lambda x, y: (x.float(), y))
+    with pytest.raises(TypeError, match="uint8 images to encode"):
+        next(iter(loader))
+    loader.close()
+
+
+def test_sbs_with_encoding_matches_unencoded() -> None:
+    """The paper's pipeline: per-class uint8 augmentation, encode, decode, then MixUp/CutMix."""
+    data = imageset(n=48)
+
+    def run(scheme):
+        sampler = SelectiveBatchSampler(data.labels, [0.5, 0.25, 0.125, 0.125], 8, seed=2)
+        before = ClassImageAugmenter({1: FlipCrop(padding=1)}, 4, seed=3)
+        after = ClassAugmenter({2: MixUp(0.4), 3: CutMix(1.0)}, 4, seed=4)
+        out = []
+        with PrefetchLoader(data, 8, batch_sampler=sampler, transform=before, scheme=scheme) as loader:
+            for x, y in loader:
+                out.append(after(DecodeLayer()(x), y))
+        return out
+
+    encoded, plain = run("int64"), run(None)
+    assert len(encoded) == len(plain) == 6
+    for (x, t), (px, pt) in zip(encoded, plain, strict=True):
+        torch.testing.assert_close(x, px, rtol=0, atol=0)
+        torch.testing.assert_close(t, pt, rtol=0, atol=0)
+
+
+def test_class_image_augmenter_touches_only_its_class_and_keeps_uint8() -> None:
+    images = torch.randint(0, 256, (12, 3, 6, 6), dtype=torch.uint8)
+    labels = torch.arange(12) % 3
+    out, same = ClassImageAugmenter({1: FlipCrop(padding=2)}, 3, seed=0)(images, labels)
+    assert out.dtype == torch.uint8 and same is labels
+    torch.testing.assert_close(out[labels != 1], images[labels != 1], rtol=0, atol=0)
+    with pytest.raises(TypeError, match="uint8"):
+        ClassImageAugmenter({1: FlipCrop()}, 3)(images.float(), labels)
+    with pytest.raises(ValueError, match="padding"):
+        FlipCrop(padding=-1)
 
 
 def test_benchmark_loaders_rows() -> None:

@@ -1,10 +1,11 @@
-"""Sequential checkpoints with planned placement (OpTorch, Ahmed & Naveed).
+"""Sequential checkpoints with planned placement (OpTorch, Ahmed & Naveed, 2021).
 
 ``sequential``: ``sc()``, ``plan_checkpoints`` (uniform, smallest, optimal) and plan evaluation.
-``profile``: the per-layer profile (time, output bytes, bytes saved for backward) plans are made from.
+``profile``: the checkpoint units of a model (residual blocks opened) and the per-unit profile
+(time, storages out and saved, forward/backward bytes, the loss) plans are made from.
 """
 
-from workbench.checkpoint.profile import LayerProfile, layers_of, preserved_state, profile_layers
+from workbench.checkpoint.profile import LayerProfile, layers_of, preserved_state, profile_layers, units_of
 from workbench.checkpoint.sequential import (
     STRATEGIES,
     CheckpointedSequential,
@@ -25,4 +26,5 @@ __all__ = [
     "preserved_state",
     "profile_layers",
     "sc",
+    "units_of",
 ]

@@ -1,17 +1,23 @@
-"""Per-layer profile of a flat layer sequence, for checkpoint planning.
+"""Per-unit profile of a flat layer sequence, for checkpoint planning.
 
-Paper: Ahmed & Naveed, "OpTorch" (arXiv 2105.00619), Sec. II-B-2 and Sec. IV / Fig 11: where a
-sequential checkpoint should go depends on each layer's output size and on what it keeps for
-backward. This module measures those once on a sample batch (time, output bytes, storages saved
-for backward, backward working bytes) and holds the cost model ``workbench.checkpoint``'s
-planners share.
+Paper: Ahmed & Naveed, "OpTorch: optimized deep learning architectures for resource limited
+environments" (2021), Sec. II-B-2 and Sec. IV / Fig 11: where a sequential checkpoint should go
+depends on each layer's output size and on what it keeps for backward. This module cuts a model
+into checkpoint *units* and measures them once on a sample batch: time, the storages each unit
+outputs and saves for backward, the bytes its forward and its backward allocate, and the loss.
+
+Units are the model's children, except that a residual block (``workbench.models.resnet``'s
+``BasicBlock``/``Bottleneck``) is opened into ``fork``, one unit per layer of its body, and
+``merge`` (shortcut, add, ReLU): inside a block the state between units is the pair (skip input,
+body activation), so a checkpoint there keeps both. Checkpoints at block boundaries only leave
+a whole block's activations to be stored or recomputed at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -19,32 +25,101 @@ import torch
 from torch import nn
 
 from workbench.measure import MemoryMeter, time_callable
+from workbench.models.resnet import BasicBlock
 
-__all__ = ["LayerProfile", "layers_of", "preserved_state", "profile_layers"]
+__all__ = ["LayerProfile", "State", "layers_of", "preserved_state", "profile_layers", "units_of"]
+
+State = torch.Tensor | tuple[torch.Tensor, ...]
+Key = tuple[str, int]
 
 
 def layers_of(model: nn.Module | Sequence[nn.Module]) -> list[nn.Module]:
     """The flat layer sequence of an nn.Sequential, a model with ``.as_sequential()`` or a list."""
     if isinstance(model, nn.Sequential):
-        return list(model.children())
-    if hasattr(model, "as_sequential"):
-        return list(model.as_sequential().children())
-    if isinstance(model, Sequence) and all(isinstance(m, nn.Module) for m in model):
-        return list(model)
-    raise TypeError(
-        f"expected an nn.Sequential, a model with .as_sequential() or a list of modules, "
-        f"got {type(model).__name__}"
-    )
+        layers = list(model.children())
+    elif hasattr(model, "as_sequential"):
+        layers = list(model.as_sequential().children())
+    elif isinstance(model, Sequence) and not isinstance(model, (str, bytes)) and all(
+            isinstance(m, nn.Module) for m in model):
+        layers = list(model)
+    else:
+        raise TypeError(
+            f"expected an nn.Sequential, a model with .as_sequential() or a list of modules, "
+            f"got {type(model).__name__}")
+    if not layers:
+        raise ValueError("cannot checkpoint an empty layer sequence: the model has no children")
+    return layers
 
 
-def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+class _Fork(nn.Module):
+    """x -> (x, x): the skip input and the body's running activation."""
+
+    inplace = False
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x
+
+
+class _Body(nn.Module):
+    """(skip, h) -> (skip, layer(h)): one layer of a residual block's body."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+        self.inplace = bool(getattr(layer, "inplace", False))
+
+    def forward(self, state: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        skip, h = state
+        return skip, self.layer(h)
+
+
+class _Merge(nn.Module):
+    """(skip, h) -> relu(h + shortcut(skip)): the end of a residual block, as its forward."""
+
+    inplace = False
+
+    def __init__(self, block: BasicBlock) -> None:
+        super().__init__()
+        self.shortcut, self.relu = block.shortcut, block.relu
+
+    def forward(self, state: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        skip, h = state
+        return self.relu(h + self.shortcut(skip))
+
+
+def units_of(model: nn.Module | Sequence[nn.Module], *, split_blocks: bool = True) -> list[nn.Module]:
+    """The checkpoint units of a model: its layers, residual blocks opened when ``split_blocks``.
+
+    Units share the model's modules (nothing is copied); running them in order computes what the
+    model computes, operation for operation.
+    """
+    units: list[nn.Module] = []
+    for layer in layers_of(model):
+        # NOTE: only blocks whose forward is known (relu(body(x) + shortcut(x))) are opened; any
+        # other module stays one unit.
+        if split_blocks and isinstance(layer, BasicBlock) and isinstance(layer.body, nn.Sequential):
+            units += [_Fork(), *(_Body(m) for m in layer.body), _Merge(layer)]
+        else:
+            units.append(layer)
+    return units
+
+
+def _tensors(state: State) -> list[torch.Tensor]:
+    return [state] if isinstance(state, torch.Tensor) else [t for t in state if isinstance(t, torch.Tensor)]
+
+
+def _storage_key(t: torch.Tensor) -> Key:
     return (str(t.device), t.untyped_storage().data_ptr())
+
+
+def _keys(state: State) -> dict[Key, int]:
+    return {_storage_key(t): t.untyped_storage().nbytes() for t in _tensors(state)}
 
 
 @contextlib.contextmanager
 def preserved_state(layers: Sequence[nn.Module]) -> Iterator[None]:
     """Run code that must leave no trace: buffers (BatchNorm statistics) and the RNG restored."""
-    buffers = [b for m in layers for b in m.buffers()]
+    buffers = list({id(b): b for m in layers for b in m.buffers()}.values())
     saved = [b.detach().clone() for b in buffers]
     devices = sorted({b.device.index for b in buffers if b.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices):
@@ -58,68 +133,75 @@ def preserved_state(layers: Sequence[nn.Module]) -> Iterator[None]:
 
 @dataclass
 class LayerProfile:
-    """Per-layer costs measured once on a sample batch (training mode, autograd on)."""
+    """Per-unit costs measured once on a sample batch (training mode, autograd on).
+
+    ``out_keys[i]``/``saved[i]``: storages (key -> bytes) unit i outputs / saves for backward;
+    ``forward_bytes[i]``: peak bytes its forward allocates (outputs, saved tensors, scratch);
+    ``backward_bytes[i]``: peak bytes its backward allocates given its output gradients;
+    ``grad_bytes[i]``: bytes of the gradients of its outputs; ``loss_bytes``: peak of the loss's
+    forward and backward on the last output; ``loss_held_bytes``: the loss and its seed gradient,
+    which stay live through the backward. The sample batch itself is never counted.
+    """
 
     names: list[str]
     time_s: list[float]
-    out_bytes: list[int]
-    out_keys: list[tuple[str, int]]
-    saved: list[dict[tuple[str, int], int]] = field(repr=False)
+    out_keys: list[dict[Key, int]]
+    saved: list[dict[Key, int]] = field(repr=False)
     inplace: list[bool] = field(repr=False)
-    backward_bytes: list[int] = field(default_factory=list)
+    forward_bytes: list[int] = field(repr=False)
+    backward_bytes: list[int] = field(repr=False)
+    grad_bytes: list[int] = field(repr=False)
+    loss_bytes: int = 0
+    loss_held_bytes: int = 0  # the loss and its seed gradient, live through the whole backward
 
     def __len__(self) -> int:
         return len(self.names)
 
+    @property
+    def out_bytes(self) -> list[int]:
+        """Bytes a boundary after each unit keeps (its output storages)."""
+        return [sum(k.values()) for k in self.out_keys]
+
     def saved_bytes(self, i: int) -> int:
         return sum(self.saved[i].values())
 
+    def input_keys(self, i: int) -> dict[Key, int]:
+        """Storages of unit i's input (empty for the sample, which is not counted)."""
+        return self.out_keys[i - 1] if i > 0 else {}
+
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame({
-            "layer": range(len(self)), "name": self.names, "time_s": self.time_s,
+            "unit": range(len(self)), "name": self.names, "time_s": self.time_s,
             "out_bytes": self.out_bytes,
             "saved_bytes": [self.saved_bytes(i) for i in range(len(self))],
-            "backward_bytes": self.backward_bytes or [float("nan")] * len(self),
+            "forward_bytes": self.forward_bytes, "backward_bytes": self.backward_bytes,
+            "grad_bytes": self.grad_bytes,
         })
 
-    # --- cost model -------------------------------------------------------------------------
-    def inner_bytes(self, a: int, b: int) -> int:
-        """Bytes saved for backward by layers[a:b], excluding its input and output tensors."""
-        keys: dict[tuple[str, int], int] = {}
-        for i in range(a, b):
-            keys.update(self.saved[i])
-        keys.pop(self.out_keys[b - 1], None)
-        if a > 0:
-            keys.pop(self.out_keys[a - 1], None)
-        return sum(keys.values())
 
-    def backward_peak(self, a: int, b: int) -> int:
-        """Peak while back-propagating layers[a:b] with all their saved tensors live, input
-        excluded: max over layer i of saved(a..i) + grad of its output + its backward's own
-        allocations (layers after i have freed what they saved)."""
-        keys: dict[tuple[str, int], int] = {}
-        peak = 0
-        for i in range(a, b):
-            keys.update(self.saved[i])
-            if a > 0:
-                keys.pop(self.out_keys[a - 1], None)
-            work = self.backward_bytes[i] if self.backward_bytes else self.out_bytes[i]
-            peak = max(peak, sum(keys.values()) + self.out_bytes[i] + work)
-        return peak
+def _default_loss(out: torch.Tensor) -> torch.Tensor:
+    # NOTE: a loss whose backward materialises the output gradient, as cross-entropy does.
+    return out.float().square().mean()
 
 
 def profile_layers(
-    model: nn.Module | Sequence[nn.Module], sample: torch.Tensor, *, repeats: int = 3
+    model: nn.Module | Sequence[nn.Module], sample: torch.Tensor, *, repeats: int = 3,
+    split_blocks: bool = True, loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> LayerProfile:
-    """Measure per-layer forward time, output bytes and bytes saved for backward.
+    """Measure per-unit forward time, storages out and saved, forward/backward bytes, and the loss.
 
+    ``loss_fn(output) -> scalar`` is the training loss (default: mean square of the output).
     The model's buffers (BatchNorm statistics) and the RNG are restored afterwards.
     """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    layers = layers_of(model)
-    exclude = {_storage_key(p) for m in layers for p in list(m.parameters()) + list(m.buffers())}
-    saved: list[dict[tuple[str, int], int]] = [{} for _ in layers]
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    if not isinstance(sample, torch.Tensor):
+        raise TypeError(f"sample must be a torch.Tensor batch, got {type(sample).__name__}")
+    units = units_of(model, split_blocks=split_blocks)
+    loss_fn = loss_fn or _default_loss
+    exclude = {_storage_key(t) for m in units for t in list(m.parameters()) + list(m.buffers())}
+    exclude |= set(_keys(sample))
+    saved: list[dict[Key, int]] = [{} for _ in units]
     current = [0]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -128,51 +210,91 @@ def profile_layers(
             saved[current[0]][key] = t.untyped_storage().nbytes()
         return t
 
-    names = [type(m).__name__ for m in layers]
-    outs: list[torch.Tensor] = []
-    inputs: list[torch.Tensor] = []
+    names = [type(m).__name__ if not isinstance(m, _Body) else f"{type(m.layer).__name__} (in block)"
+             for m in units]
+    names = [n if not isinstance(m, (_Fork, _Merge)) else ("block fork" if isinstance(m, _Fork) else "block merge")
+             for n, m in zip(names, units, strict=True)]
+    outs: list[State] = []
+    inputs: list[State] = []
+    forward_bytes: list[int] = []
     device = sample.device
-    with preserved_state(layers), torch.enable_grad():
-        x = sample
+    with preserved_state(units), torch.enable_grad():
+        x: State = sample
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            for i, layer in enumerate(layers):
+            for i, unit in enumerate(units):
                 current[0] = i
-                inputs.append(x.detach())
-                x = layer(x)
+                inputs.append(x)
+                with MemoryMeter(device) as meter:
+                    x = unit(x)
+                forward_bytes.append(meter.peak_bytes)
                 outs.append(x)
-        for layer, inp in zip(layers, inputs, strict=True):  # warm-up: first calls pay one-off costs
-            layer(inp)
-        # each layer is timed on its own recorded input
-        times = [time_callable(functools.partial(layer, inp), warmup=1, repeats=repeats,
+        out_keys = [{k: v for k, v in _keys(o).items() if k not in exclude} for o in outs]
+        final = x
+        detached = [_detach(inp) for inp in inputs]
+        for unit, inp in zip(units, detached, strict=True):  # warm-up: first calls pay one-off costs
+            unit(_clone_if_inplace(unit, inp))
+        # each unit is timed on its own recorded input
+        times = [time_callable(functools.partial(_call, unit, inp), warmup=1, repeats=repeats,
                                device=device).median_s
-                 for layer, inp in zip(layers, inputs, strict=True)]
-        backward = [_backward_bytes(layer, inp, needs_input_grad=i > 0 or sample.requires_grad)
-                    for i, (layer, inp) in enumerate(zip(layers, inputs, strict=True))]
+                 for unit, inp in zip(units, detached, strict=True)]
+        backward, grads = [], []
+        for i, (unit, inp) in enumerate(zip(units, detached, strict=True)):
+            b, g = _backward_bytes(unit, inp, needs_input_grad=i > 0 or sample.requires_grad)
+            backward.append(b)
+            grads.append(g)
+        leaf = _detach(final)
+        if not isinstance(leaf, torch.Tensor):
+            raise TypeError("the model's last unit must return a tensor")
+        leaf.requires_grad_(True)
+        with MemoryMeter(device) as meter:
+            loss = loss_fn(leaf)
+            loss.backward()
+        loss_bytes = meter.peak_bytes
+        loss_held = 2 * loss.untyped_storage().nbytes()
     return LayerProfile(
-        names=names, time_s=times,
-        out_bytes=[o.untyped_storage().nbytes() for o in outs],
-        out_keys=[_storage_key(o) for o in outs], saved=saved,
-        inplace=[bool(getattr(m, "inplace", False)) for m in layers], backward_bytes=backward,
+        names=names, time_s=times, out_keys=out_keys, saved=saved,
+        inplace=[bool(getattr(m, "inplace", False)) for m in units], forward_bytes=forward_bytes,
+        backward_bytes=backward, grad_bytes=grads, loss_bytes=loss_bytes, loss_held_bytes=loss_held,
     )
 
 
-def _backward_bytes(layer: nn.Module, inp: torch.Tensor, *, needs_input_grad: bool) -> int:
-    """Peak bytes a layer's backward allocates (gradients preallocated, as in training after
-    the first step), measured with workbench.measure.MemoryMeter."""
-    params = [p for p in layer.parameters() if p.requires_grad]
+def _detach(state: State) -> State:
+    if isinstance(state, torch.Tensor):
+        return state.detach()
+    return tuple(t.detach() for t in state)
+
+
+def _clone_if_inplace(unit: nn.Module, state: State) -> State:
+    if not getattr(unit, "inplace", False):
+        return state
+    return state.clone() if isinstance(state, torch.Tensor) else tuple(t.clone() for t in state)
+
+
+def _call(unit: nn.Module, state: State) -> State:
+    return unit(_clone_if_inplace(unit, state))
+
+
+def _backward_bytes(unit: nn.Module, inp: State, *, needs_input_grad: bool) -> tuple[int, int]:
+    """(peak bytes the unit's backward allocates, bytes of its output gradients), gradients
+    preallocated as in training after the first step, measured with MemoryMeter."""
+    params = [p for p in unit.parameters() if p.requires_grad]
     old = [p.grad for p in params]
     for p in params:
         p.grad = torch.zeros_like(p)
     try:
-        leaf = inp.detach().requires_grad_(needs_input_grad)
-        x = leaf.clone() if needs_input_grad else leaf  # in-place layers may not touch a leaf
-        out = layer(x)
-        if not out.requires_grad:
-            return 0
-        grad = torch.ones_like(out)
-        with MemoryMeter(inp.device) as meter:
-            torch.autograd.backward(out, grad)
-        return meter.peak_bytes
+        if isinstance(inp, torch.Tensor):
+            leaf: State = inp.detach().requires_grad_(needs_input_grad)
+            x: State = leaf.clone() if needs_input_grad else leaf  # in-place layers may not touch a leaf
+        else:
+            leaf = tuple(t.detach().requires_grad_(needs_input_grad) for t in inp)
+            x = tuple(t.clone() for t in leaf) if needs_input_grad else leaf
+        outs = [o for o in _tensors(unit(x)) if o.requires_grad]
+        if not outs:
+            return 0, 0
+        grads = [torch.ones_like(o) for o in outs]
+        with MemoryMeter(_tensors(inp)[0].device) as meter:
+            torch.autograd.backward(outs, grads)
+        return meter.peak_bytes, sum(g.untyped_storage().nbytes() for g in grads)
     finally:
         for p, g in zip(params, old, strict=True):
             p.grad = g

@@ -1,27 +1,32 @@
 """Sequential checkpoints (S-C) with planned placement.
 
 Paper: Ahmed & Naveed, "OpTorch: optimized deep learning architectures for resource limited
-environments" (arXiv 2105.00619), Sec. II-B-2 (sequential-checkpoint training, the one-call
+environments" (2021), Sec. II-B-2 (sequential-checkpoint training, the one-call
 ``scmodel = sc(model)`` API of Sec. III) and Sec. IV / Fig 11 (the best checkpoint sits at the
 smallest layer).
 
-``sc(model)`` runs a flat layer sequence (an ``nn.Sequential`` or the ResNets of
-``workbench.models``) in segments; every segment but the last keeps only its input and is
-recomputed in the backward pass by ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``.
-Where the boundaries go is chosen by :func:`plan_checkpoints` from a per-layer profile measured
-once (time, output bytes, bytes saved for backward):
+``sc(model)`` runs a model's checkpoint units (its children, residual blocks opened into their
+layers: ``workbench.checkpoint.profile.units_of``) in segments; every segment but the last keeps
+only its input and is recomputed in the backward pass by
+``torch.utils.checkpoint.checkpoint(use_reentrant=False)``. Where the boundaries go is chosen by
+:func:`plan_checkpoints` from a per-unit profile measured once:
 
 * ``uniform``: equal segments, as ``torch.utils.checkpoint.checkpoint_sequential``;
-* ``smallest``: boundaries at the smallest layer outputs (the paper's Fig 11 recommendation);
-* ``optimal``: an exact Pareto dynamic program over (stored bytes, peak, recompute time) that
+* ``smallest``: boundaries at the smallest unit outputs (the paper's Fig 11 recommendation);
+* ``optimal``: an exact Pareto dynamic program over (kept bytes, peak, recompute time) that
   minimises recompute time under a byte budget (the class of Chen et al. 2016 / rotor). Its
   search space contains every ``uniform`` and ``smallest`` plan and all three are scored by the
   same cost model, so at the same budget it is never slower than either.
 
-Two traps (../shared/papers/README.md): recomputing a segment that holds BatchNorm would update
-the running statistics twice, so the recomputation runs inside a context that restores them
-(``num_batches_tracked`` advances once); dropout stays identical because checkpoint stashes and
-restores the RNG state (``preserve_rng_state=True``).
+The cost model (:func:`evaluate_plan`) replays one training step over the profile: the forward
+(what each segment keeps, plus the running unit's input, output and scratch), the loss, and the
+backward segment by segment (the recomputation with the output gradient already live, then each
+unit's saved tensors, gradients and backward scratch). The sample batch is not counted.
+
+Two traps: recomputing a segment that holds BatchNorm would update the running statistics twice,
+so the recomputation runs inside a context that restores them (``num_batches_tracked`` advances
+once); dropout stays identical because checkpoint stashes and restores the RNG state
+(``preserve_rng_state=True``).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .profile import LayerProfile, layers_of, profile_layers
+from .profile import Key, LayerProfile, State, layers_of, profile_layers, units_of
 
 __all__ = [
     "STRATEGIES",
@@ -48,12 +53,12 @@ __all__ = [
 ]
 
 STRATEGIES = ("uniform", "smallest", "optimal")
-Segment = tuple[int, int, bool]  # (start, end, checkpointed): layers[start:end]
+Segment = tuple[int, int, bool]  # (start, end, checkpointed): units[start:end]
 
 
 @dataclass
 class CheckpointPlan:
-    """Which layer outputs are kept, and the predicted peak and recompute time."""
+    """Which unit outputs are kept, and the predicted peak and recompute time."""
 
     strategy: str
     segments: list[Segment]
@@ -63,7 +68,7 @@ class CheckpointPlan:
 
     @property
     def kept(self) -> list[int]:
-        """Indices of layers whose outputs are stored (the checkpoints)."""
+        """Indices of units whose outputs are stored (the checkpoints)."""
         return [end - 1 for _, end, _ in self.segments[:-1]]
 
     @property
@@ -71,21 +76,91 @@ class CheckpointPlan:
         return len(self.segments)
 
 
-def evaluate_plan(profile: LayerProfile, segments: Sequence[Segment]) -> tuple[int, float]:
-    """Predicted (peak bytes, recompute seconds) of a plan under the profile's cost model.
+def _bytes(keys: dict[Key, int], minus: frozenset[Key] = frozenset()) -> int:
+    return sum(v for k, v in keys.items() if k not in minus)
 
-    Backward through segment j holds everything stored before it (boundary outputs, saved
-    tensors of plain segments) plus its own saved tensors, recomputed or stored, and the
-    working gradients (``LayerProfile.backward_peak``).
-    """
-    stored, peak, recompute = 0, 0, 0.0
+
+@dataclass(frozen=True)
+class _SegmentCost:
+    forward: int  # peak during the segment's forward, above what earlier segments keep
+    backward: int  # peak during its recomputation and backward, above the same
+    kept: int  # bytes it adds to what is kept until the backward
+    kept_keys: frozenset[Key]
+    recompute_s: float
+
+
+class _CostModel:
+    """Segment costs under the profile, cached; see the module docstring for what is counted."""
+
+    def __init__(self, profile: LayerProfile) -> None:
+        self.p = profile
+        self.n = len(profile)
+        self._cache: dict[tuple[int, bool, frozenset[Key]], list[_SegmentCost]] = {}
+
+    def segment(self, a: int, b: int, ckpt: bool, carried: frozenset[Key]) -> _SegmentCost:
+        """Costs of units[a:b]; ``carried`` holds the input storages earlier segments keep."""
+        key = (a, ckpt, carried)
+        if key not in self._cache:
+            self._cache[key] = self._segments_from(a, ckpt, carried)
+        return self._cache[key][b - a - 1]
+
+    def _segments_from(self, a: int, ckpt: bool, carried: frozenset[Key]) -> list[_SegmentCost]:
+        """Costs of units[a:b] for every b > a, in one pass (each term depends on a prefix)."""
+        p = self.p
+        inp = p.input_keys(a)
+        inp_keys = frozenset(inp)
+        fwd = bwd = rec_prefix = 0
+        saved: dict[Key, int] = {}
+        recomputed = 0  # bytes of the fresh copies the recomputation saves
+        seconds = 0.0
+        out: list[_SegmentCost] = []
+        for i in range(a, self.n):
+            unit_in = p.input_keys(i)
+            if ckpt:
+                # first forward: the kept input and the running unit's input
+                fwd = max(fwd, _bytes({**inp, **unit_in}, carried) + p.forward_bytes[i])
+                # recomputation: fresh copies of what the segment saves, its input shared
+                fresh_in = _bytes(unit_in, inp_keys) if i > a else 0
+                rec_prefix = max(rec_prefix, recomputed + fresh_in + p.forward_bytes[i])
+                recomputed += _bytes({k: v for k, v in p.saved[i].items() if k not in saved}, inp_keys)
+            else:
+                fwd = max(fwd, _bytes({**saved, **unit_in}, carried) + p.forward_bytes[i])
+            saved.update(p.saved[i])
+            held = {**saved, **inp} if ckpt else saved
+            bwd = max(bwd, _bytes(held, carried) + p.grad_bytes[i] + p.backward_bytes[i] + p.loss_held_bytes)
+            seconds += p.time_s[i]
+            if ckpt:
+                b_cost = max(bwd, _bytes(inp, carried) + p.grad_bytes[i] + rec_prefix + p.loss_held_bytes)
+                out.append(_SegmentCost(fwd, b_cost, _bytes(inp, carried), inp_keys, seconds))
+            else:
+                keys = frozenset(saved)
+                out.append(_SegmentCost(fwd, bwd, _bytes(saved, carried), keys, 0.0))
+        return out
+
+    def carried_after(self, b: int, carried: frozenset[Key], kept_keys: frozenset[Key]) -> frozenset[Key]:
+        return frozenset(k for k in self.p.out_keys[b - 1] if k in carried or k in kept_keys)
+
+    def final(self, kept: int, carried: frozenset[Key]) -> int:
+        """Peak at the loss: everything kept, the output, the loss's own bytes."""
+        return kept + _bytes(self.p.out_keys[self.n - 1], carried) + self.p.loss_bytes
+
+
+def evaluate_plan(profile: LayerProfile, segments: Sequence[Segment]) -> tuple[int, float]:
+    """Predicted (peak bytes, recompute seconds) of a plan under the profile's cost model."""
+    _check_segments(len(profile), segments)
+    return _evaluate(_CostModel(profile), segments)
+
+
+def _evaluate(model: _CostModel, segments: Sequence[Segment]) -> tuple[int, float]:
+    kept, peak, recompute = 0, 0, 0.0
+    carried: frozenset[Key] = frozenset()
     for a, b, ckpt in segments:
-        inner = profile.inner_bytes(a, b)
-        peak = max(peak, stored + profile.backward_peak(a, b))
-        stored += profile.out_bytes[b - 1] + (0 if ckpt else inner)
-        if ckpt:
-            recompute += sum(profile.time_s[a:b])
-    return peak, recompute
+        cost = model.segment(a, b, bool(ckpt), carried)
+        peak = max(peak, kept + cost.forward, kept + cost.backward)
+        kept += cost.kept
+        recompute += cost.recompute_s
+        carried = model.carried_after(b, carried, cost.kept_keys)
+    return max(peak, model.final(kept, carried)), recompute
 
 
 def _check_segments(n: int, segments: Sequence[Segment]) -> None:
@@ -137,34 +212,85 @@ def _smallest(profile: LayerProfile, k: int) -> list[Segment]:
     return _from_boundaries(n, sorted(ends))
 
 
-def _pareto_dp(profile: LayerProfile, budget: float | None) -> list[tuple[int, int, float, list]]:
-    """All non-dominated (stored, peak, recompute, segments) plans covering every layer."""
-    n = len(profile)
-    states: list[list[tuple[int, int, float, list]]] = [[] for _ in range(n + 1)]
-    states[0] = [(0, 0, 0.0, [])]
+Plan = tuple[int, float, list]  # (kept bytes or peak, second objective, segments)
+
+
+def _dp(model: _CostModel, budget: float | None) -> list[tuple[int, float, list]]:
+    """Plans of every unit, as (peak, recompute seconds, segments).
+
+    With a budget: per (position, kept input storages), the front of (kept bytes, recompute)
+    over plans whose peak so far fits; without one, the front of (kept bytes, peak).
+    # NOTE: two objectives per state instead of three keep the fronts small (a three-way front
+    # over the units of a ResNet grows into the thousands); the budgeted search is exact for
+    # its budget, and the minimum peak is found first, then searched at that budget.
+    """
+    p, n = model.p, model.n
+    states: list[dict[frozenset[Key], list[tuple[int, int, float, list]]]] = [{} for _ in range(n + 1)]
+    states[0][frozenset()] = [(0, 0, 0.0, [])]  # (kept, peak, recompute, segments)
+    done: list[tuple[int, int, float, list]] = []
+    second = 2 if budget is not None else 1
     for a in range(n):
-        if not states[a] or (a > 0 and profile.inplace[a]):
+        if a > 0 and p.inplace[a]:
             continue
-        for b in range(a + 1, n + 1):
-            inner = profile.inner_bytes(a, b)
-            during_base = profile.backward_peak(a, b)
-            seg_time = sum(profile.time_s[a:b])
-            for stored, peak, rec, segs in states[a]:
-                during = stored + during_base
-                if budget is not None and during > budget:
-                    continue
+        for carried, plans in states[a].items():
+            for b in range(a + 1, n + 1):
                 for ckpt in ((True, False) if b < n else (False,)):
-                    new = (stored + profile.out_bytes[b - 1] + (0 if ckpt else inner),
-                           max(peak, during), rec + (seg_time if ckpt else 0.0),
-                           [*segs, (a, b, ckpt)])
-                    states[b].append(new)
-        for b in range(a + 1, n + 1):  # prune dominated states once per source position
-            front: list[tuple[int, int, float, list]] = []
-            for s in sorted(states[b], key=lambda s: (s[2], s[1], s[0])):
-                if not any(f[0] <= s[0] and f[1] <= s[1] and f[2] <= s[2] for f in front):
-                    front.append(s)
-            states[b] = front
-    return states[n]
+                    cost = model.segment(a, b, ckpt, carried)
+                    after = model.carried_after(b, carried, cost.kept_keys)
+                    for kept, peak, rec, segs in plans:
+                        new_peak = max(peak, kept + cost.forward, kept + cost.backward)
+                        new_kept = kept + cost.kept
+                        if b == n:
+                            new_peak = max(new_peak, model.final(new_kept, after))
+                        if budget is not None and new_peak > budget:
+                            continue
+                        state = (new_kept, new_peak, rec + cost.recompute_s, [*segs, (a, b, ckpt)])
+                        (done if b == n else states[b].setdefault(after, [])).append(state)
+        for b in range(a + 1, n):  # prune dominated states once per source position
+            for carried, plans in states[b].items():
+                states[b][carried] = _front(plans, second)
+        states[a] = {}
+    return [(peak, rec, segs) for _, peak, rec, segs in done]
+
+
+def _front(plans: list[tuple[int, int, float, list]], second: int) -> list[tuple[int, int, float, list]]:
+    """Plans not dominated in (kept, plans[second]); ties keep the lower other objective."""
+    other = 1 if second == 2 else 2
+    front: list[tuple[int, int, float, list]] = []
+    best = math.inf
+    for s in sorted(plans, key=lambda s: (s[0], s[second], s[other])):
+        if s[second] < best:
+            front.append(s)
+            best = s[second]
+    return front
+
+
+def _min_peak(model: _CostModel) -> int:
+    return min(peak for peak, _, _ in _dp(model, None))
+
+
+def _best_under(model: _CostModel, budget: float) -> tuple[int, float, list] | None:
+    plans = _dp(model, budget)
+    return min(plans, key=lambda s: (s[1], s[0])) if plans else None
+
+
+def _check_count(name: str, value: object, n: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int in [1, {n}], got {value!r}")
+    if not 1 <= value <= n:
+        raise ValueError(f"{name} must be in [1, {n}], got {value}")
+
+
+def _check_budget(value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"memory_budget must be a number of bytes > 0, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"memory_budget must be a finite number of bytes > 0, got {value!r}")
+
+
+def _check_strategy(strategy: object) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
 
 
 def plan_checkpoints(
@@ -174,46 +300,49 @@ def plan_checkpoints(
     memory_budget: int | None = None,
     segments: int | None = None,
     strategy: str = "uniform",
+    split_blocks: bool = True,
+    loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> CheckpointPlan:
-    """Choose checkpoint boundaries for a flat layer sequence.
+    """Choose checkpoint boundaries over a model's units (see :func:`units_of`).
 
     Give ``segments`` (a count) or ``memory_budget`` (bytes, peak of one training step under
-    the profile's cost model), not both. Without either: ``uniform``/``smallest`` use
-    round(sqrt(n)) segments and ``optimal`` returns the plan with the smallest peak. ``optimal``
-    with ``segments`` uses the budget of the ``uniform`` plan with that many segments.
-    A budget below the minimum achievable peak raises ValueError naming that minimum.
+    the profile's cost model, the sample batch excluded), not both. Without either:
+    ``uniform``/``smallest`` use round(sqrt(n)) segments and ``optimal`` returns the plan with
+    the smallest peak. ``optimal`` with ``segments`` uses the budget of the ``uniform`` plan with
+    that many segments. A budget below the minimum achievable peak raises ValueError naming it.
+    ``split_blocks`` and ``loss_fn`` go to :func:`profile_layers` when a model is given.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    _check_strategy(strategy)
     if segments is not None and memory_budget is not None:
         raise ValueError("give segments or memory_budget, not both")
+    if memory_budget is not None:
+        _check_budget(memory_budget)
     if isinstance(layers, LayerProfile):
         profile = layers
     else:
         if sample is None:
             raise ValueError("plan_checkpoints needs a sample batch to profile the layers")
-        profile = profile_layers(layers, sample)
+        profile = profile_layers(layers, sample, split_blocks=split_blocks, loss_fn=loss_fn)
     n = len(profile)
-    if segments is not None and not 1 <= segments <= n:
-        raise ValueError(f"segments must be in [1, {n}], got {segments}")
-    if memory_budget is not None and memory_budget <= 0:
-        raise ValueError(f"memory_budget must be > 0 bytes, got {memory_budget}")
+    if segments is not None:
+        _check_count("segments", segments, n)
+    model = _CostModel(profile)
 
     def done(segs: list[Segment], budget: int | None = memory_budget) -> CheckpointPlan:
         _check_segments(n, segs)
-        peak, rec = evaluate_plan(profile, segs)
+        peak, rec = _evaluate(model, segs)
         return CheckpointPlan(strategy, segs, peak, rec, budget)
 
     def min_peak() -> int:
-        return min(s[1] for s in _pareto_dp(profile, None))
+        return _min_peak(model)
 
     if strategy in ("uniform", "smallest"):
         build: Callable[[LayerProfile, int], list[Segment]] = (
             _uniform if strategy == "uniform" else _smallest)
         if memory_budget is None:
             return done(build(profile, segments or max(1, round(math.sqrt(n)))))
-        candidates = [build(profile, k) for k in range(1, n + 1)]
-        scored = [(evaluate_plan(profile, s), s) for s in candidates]
+        candidates = {tuple(build(profile, k)) for k in range(1, n + 1)}
+        scored = [(_evaluate(model, s), list(s)) for s in sorted(candidates)]
         feasible = [(rec, peak, s) for (peak, rec), s in scored if peak <= memory_budget]
         if not feasible:
             best = min(p for (p, _), _ in scored)
@@ -224,16 +353,12 @@ def plan_checkpoints(
 
     budget = memory_budget
     if segments is not None:
-        budget = evaluate_plan(profile, _uniform(profile, segments))[0]
-    front = _pareto_dp(profile, budget)
-    if not front:
+        budget = _evaluate(model, _uniform(profile, segments))[0]
+    best = _best_under(model, budget if budget is not None else min_peak())
+    if best is None:
         raise ValueError(
             f"memory_budget {budget} B is below the minimum achievable peak {min_peak()} B")
-    if budget is None:
-        best = min(front, key=lambda s: (s[1], s[2]))
-    else:
-        best = min(front, key=lambda s: (s[2], s[1]))
-    return done(best[3], budget)
+    return done(best[2], budget)
 
 
 @contextlib.contextmanager
@@ -249,10 +374,11 @@ def _restore_batchnorm(bns: Sequence[nn.Module]) -> Iterator[None]:
 
 
 class CheckpointedSequential(nn.Sequential):
-    """The same layers (shared, not copied) run in checkpointed segments.
+    """The same layers (shared, not copied) run in checkpointed segments of units.
 
-    Parameters and state_dict keys are those of the wrapped sequence, so training the result
-    trains the original model.
+    Children, parameters and state_dict keys are those of the wrapped model, so training the
+    result trains the original model; in training mode the forward runs ``units`` (the
+    children, residual blocks opened) segment by segment, in eval mode the children as they are.
     """
 
     def __init__(
@@ -262,20 +388,20 @@ class CheckpointedSequential(nn.Sequential):
         *,
         planner: Callable[[torch.Tensor], CheckpointPlan] | None = None,
         preserve_rng_state: bool = True,
+        units: Sequence[nn.Module] | None = None,
     ) -> None:
         super().__init__(layers)
         self.plan = plan
         self._planner = planner
         self.preserve_rng_state = preserve_rng_state
+        # NOTE: a plain list, not registered: the units wrap the children, and registering them
+        # would list every parameter twice in the state_dict.
+        self.units: list[nn.Module] = list(units) if units is not None else list(self.children())
 
-    def _run(self, a: int, b: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        mods = list(self.children())[a:b]
-
-        def run(x: torch.Tensor) -> torch.Tensor:
-            for m in mods:
-                x = m(x)
-            return x
-        return run
+    def _run(self, a: int, b: int, state: State) -> State:
+        for unit in self.units[a:b]:
+            state = unit(state)
+        return state
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if not (self.training and torch.is_grad_enabled()):
@@ -283,19 +409,26 @@ class CheckpointedSequential(nn.Sequential):
         if self.plan is None:
             assert self._planner is not None
             self.plan = self._planner(x.detach())
-        mods = list(self.children())
+        if self.plan.segments[-1][1] != len(self.units):
+            raise ValueError(f"the plan covers {self.plan.segments[-1][1]} units, the model has {len(self.units)}")
+        state: State = x
         for a, b, ckpt in self.plan.segments:
             if not ckpt:
-                x = self._run(a, b)(x)
+                state = self._run(a, b, state)
                 continue
-            bns = [m for layer in mods[a:b] for m in layer.modules()
+            bns = [m for unit in self.units[a:b] for m in unit.modules()
                    if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
 
             def contexts(bns=bns):
                 return contextlib.nullcontext(), _restore_batchnorm(bns)
-            x = checkpoint(self._run(a, b), x, use_reentrant=False, context_fn=contexts,
-                           preserve_rng_state=self.preserve_rng_state)
-        return x
+            single = isinstance(state, torch.Tensor)
+
+            def run(*args: torch.Tensor, a: int = a, b: int = b, single: bool = single) -> State:
+                return self._run(a, b, args[0] if single else tuple(args))
+            args = (state,) if single else tuple(state)
+            state = checkpoint(run, *args, use_reentrant=False, context_fn=contexts,
+                               preserve_rng_state=self.preserve_rng_state)
+        return state
 
 
 def sc(
@@ -306,18 +439,25 @@ def sc(
     strategy: str = "uniform",
     sample: torch.Tensor | None = None,
     preserve_rng_state: bool = True,
+    split_blocks: bool = True,
+    loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> CheckpointedSequential:
     """OpTorch's one-call sequential checkpoints: ``scmodel = sc(model)``.
 
     The result shares ``model``'s layers and gives the same outputs, gradients and BatchNorm
-    running statistics. ``uniform`` without a budget needs no profile; other choices profile the
-    layers on ``sample`` now, or on the first training batch when ``sample`` is None.
+    running statistics. Checkpoints may fall inside residual blocks (``split_blocks``; see
+    :func:`units_of`). ``uniform`` without a budget needs no profile; other choices profile the
+    units on ``sample`` now, or on the first training batch when ``sample`` is None.
     """
+    _check_strategy(strategy)
     layers = layers_of(model)
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    if segments is not None and not 1 <= segments <= len(layers):
-        raise ValueError(f"segments must be in [1, {len(layers)}], got {segments}")
+    units = units_of(layers, split_blocks=split_blocks)
+    if segments is not None:
+        _check_count("segments", segments, len(units))
+    if memory_budget is not None:
+        _check_budget(memory_budget)
+        if segments is not None:
+            raise ValueError("give segments or memory_budget, not both")
     named = (OrderedDict(model.named_children()) if isinstance(model, nn.Module)
              else OrderedDict((str(i), m) for i, m in enumerate(layers)))
     if isinstance(model, nn.Module) and len(named) != len(layers):
@@ -325,14 +465,14 @@ def sc(
 
     def planner(x: torch.Tensor) -> CheckpointPlan:
         return plan_checkpoints(layers, x, memory_budget=memory_budget, segments=segments,
-                                strategy=strategy)
+                                strategy=strategy, split_blocks=split_blocks, loss_fn=loss_fn)
 
     plan = None
     if sample is not None:
         plan = planner(sample)
     elif strategy == "uniform" and memory_budget is None:
-        k = segments or max(1, round(math.sqrt(len(layers))))
-        inplace = [bool(getattr(m, "inplace", False)) for m in layers]
+        k = segments or max(1, round(math.sqrt(len(units))))
+        inplace = [bool(getattr(m, "inplace", False)) for m in units]
         plan = CheckpointPlan("uniform", _uniform_ends(inplace, k), None, None)  # not profiled
-    return CheckpointedSequential(named, plan, planner=planner,
-                                  preserve_rng_state=preserve_rng_state)
+    return CheckpointedSequential(named, plan, planner=planner, preserve_rng_state=preserve_rng_state,
+                                  units=units)

@@ -9,12 +9,16 @@ Schemes (``SCHEMES``):
 
 * ``float64``: Algorithm 1 in float64. A float64 holds integers exactly only up to 2**53, so
   6 images (48 bits) are the most that round-trip; the paper's "16 images" cannot be exact
-  (../shared/papers/README.md). A 7th image raises ValueError unless ``allow_lossy=True``.
+  A 7th image raises ValueError unless ``allow_lossy=True``.
 * ``float64-7bit``: Algorithm 4 as written: ``A = sum_i (X_i div 2) * 128**i`` plus a boolean
   offset array ``X_i mod 2`` (one byte per pixel per image, as the paper's "Boolean array of
   size HxWxCxB"). Exact up to 7 images (49 bits), not the paper's 32.
-* ``int64``: exact packing of 8 uint8 planes per int64 word with shifts; 1 byte per pixel per
-  image for batches that are a multiple of 8 (zero-padded otherwise).
+* ``int64``: exact packing of 8 uint8 images per int64 word, byte ``i`` of each word holding
+  image ``i``. It is exactly the size of the uint8 batch (1 byte per pixel per image, for
+  batches that are a multiple of 8; zero-padded otherwise): E-D's memory saving over a float32
+  batch is the saving of shipping uint8, 4x, never the paper's 16x. Packing and unpacking are
+  byte views of one buffer (no per-image int64 planes), so decoding allocates only the float
+  batch it returns.
 * ``float32``: Algorithm 1 in float32, for the capacity study only (exact up to 3 images).
 
 The compact form is what crosses to the device; :class:`DecodeLayer` unpacks it there and
@@ -23,6 +27,7 @@ returns the normalised float batch ``(x/255 - 0.5)/0.5``.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -77,10 +82,12 @@ class EncodedBatch:
     def device(self) -> torch.device:
         return self.data.device
 
-    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> EncodedBatch:
-        offsets = (self.offsets.to(device, non_blocking=non_blocking)
+    def to(self, device: torch.device | str, *, non_blocking: bool = False, copy: bool = False) -> EncodedBatch:
+        """The batch on ``device``; ``copy=True`` copies even when it is already there (so a
+        measured region counts what crosses to the device, as it does for a float batch)."""
+        offsets = (self.offsets.to(device, non_blocking=non_blocking, copy=copy)
                    if self.offsets is not None else None)
-        return replace(self, data=self.data.to(device, non_blocking=non_blocking),
+        return replace(self, data=self.data.to(device, non_blocking=non_blocking, copy=copy),
                        offsets=offsets)
 
     def pin_memory(self) -> EncodedBatch:
@@ -115,6 +122,10 @@ def encode(
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
     _check_images(images)
     cap = CAPACITY[scheme]
+    if per_element is not None and (isinstance(per_element, bool) or not isinstance(per_element, int)):
+        raise TypeError(f"per_element must be an int in [1, 64] (int64: [1, 8]), got {per_element!r}")
+    if not isinstance(allow_lossy, bool):
+        raise TypeError(f"allow_lossy must be a bool, got {allow_lossy!r}")
     k = cap if per_element is None else per_element
     if scheme == "int64" and not 1 <= k <= 8:
         raise ValueError(f"int64 holds 1 to 8 uint8 images per word, got per_element={k}")
@@ -129,15 +140,15 @@ def encode(
             f"per_element <= {cap}, scheme='int64', or allow_lossy=True to measure the error")
     count = images.shape[0]
     groups = -(-count // k)
-    padded = torch.zeros((groups * k, *images.shape[1:]), dtype=torch.uint8, device=images.device)
-    padded[:count] = images
+    if groups * k == count:
+        padded = images.contiguous()
+    else:
+        padded = torch.zeros((groups * k, *images.shape[1:]), dtype=torch.uint8, device=images.device)
+        padded[:count] = images
     planes = padded.view(groups, k, *images.shape[1:])
     offsets = None
     if scheme == "int64":
-        words = torch.zeros((groups, *images.shape[1:]), dtype=torch.int64, device=images.device)
-        for i in range(k):
-            words |= planes[:, i].to(torch.int64) << (8 * i)
-        return EncodedBatch(words, scheme, count, k)
+        return EncodedBatch(_pack_bytes(planes), scheme, count, k)
     dtype = torch.float64 if scheme.startswith("float64") else torch.float32
     if scheme == "float64-7bit":
         base = 128.0
@@ -153,17 +164,50 @@ def encode(
     return EncodedBatch(acc, scheme, count, k, offsets)
 
 
+# NOTE: byte i of a little-endian int64 word is bits 8i..8i+7, the "shift by 8i" of the packing.
+# On a big-endian host the byte order within the word is reversed; index it accordingly.
+_BYTE = (lambda i: i) if sys.byteorder == "little" else (lambda i: 7 - i)
+
+
+def _pack_bytes(planes: torch.Tensor) -> torch.Tensor:
+    """``[groups, k, C, H, W]`` uint8 -> ``[groups, C, H, W]`` int64 words, byte i = image i."""
+    groups, k = planes.shape[:2]
+    word_bytes = torch.zeros((groups, *planes.shape[2:], 8), dtype=torch.uint8, device=planes.device)
+    for i in range(k):
+        word_bytes[..., _BYTE(i)] = planes[:, i]
+    return word_bytes.view(torch.int64).squeeze(-1)
+
+
+def _word_bytes(words: torch.Tensor, k: int) -> torch.Tensor:
+    """The images held by int64 words as a zero-copy uint8 view ``[groups, k, C, H, W]``."""
+    as_bytes = words.contiguous().view(torch.uint8).unflatten(-1, (words.shape[-1], 8))
+    order = [_BYTE(i) for i in range(k)]
+    picked = as_bytes[..., :k] if order == list(range(k)) else as_bytes[..., order]
+    return picked.movedim(-1, 1)
+
+
+def _images_from_words(words: torch.Tensor, k: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[count, C, H, W]`` of ``dtype`` read from the words' bytes: one allocation, the result."""
+    view = _word_bytes(words, k)
+    out = torch.empty((count, *words.shape[1:]), dtype=dtype, device=words.device)
+    full = count // k
+    if full:
+        out[: full * k].view(full, k, *words.shape[1:]).copy_(view[:full])
+    if count > full * k:
+        out[full * k:].copy_(view[full, : count - full * k])
+    return out
+
+
 def _unpack(encoded: EncodedBatch) -> torch.Tensor:
-    """uint8 planes ``[groups * k, C, H, W]`` (Algorithm 3, or shifts for int64)."""
+    """uint8 images ``[count, C, H, W]`` (Algorithm 3; for int64 a byte view of the words)."""
     data, k = encoded.data, encoded.per_element
     if encoded.scheme == "int64":
-        planes = [((data >> (8 * i)) & 0xFF) for i in range(k)]
-    else:
-        base = 128.0 if encoded.scheme == "float64-7bit" else 256.0
-        planes, acc = [], data
-        for _ in range(k):
-            planes.append(torch.remainder(acc, base))
-            acc = torch.div(acc, base, rounding_mode="floor")
+        return _images_from_words(data, k, encoded.count, torch.uint8)
+    base = 128.0 if encoded.scheme == "float64-7bit" else 256.0
+    planes, acc = [], data
+    for _ in range(k):
+        planes.append(torch.remainder(acc, base))
+        acc = torch.div(acc, base, rounding_mode="floor")
     out = torch.stack(planes, dim=1).flatten(0, 1)[: encoded.count]
     if encoded.scheme == "float64-7bit":
         out = out * 2 + encoded.offsets.to(out.dtype)
@@ -192,8 +236,13 @@ class DecodeLayer(nn.Module):
     def forward(self, x: EncodedBatch | torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.Tensor):
             return x
-        images = _unpack(x)
-        return normalize(images, dtype=self.dtype)
+        if x.scheme == "int64":
+            # NOTE: the float batch is filled straight from a byte view of the words, then
+            # mapped to [-1, 1] in place with normalize's own two operations (a test holds the
+            # two equal bit for bit): decoding allocates the float batch and nothing else.
+            out = _images_from_words(x.data, x.per_element, x.count, self.dtype)
+            return out.div_(127.5).sub_(1.0)
+        return normalize(_unpack(x), dtype=self.dtype)
 
 
 def capacity_study(

@@ -1,11 +1,13 @@
 """Parallel encoding (E-D): a background thread prepares the next batches while training runs.
 
-Paper: Ahmed & Naveed, "OpTorch" (arXiv 2105.00619), Sec. II-A-4 and Fig 1: "while training an
-epoch a thread will shuffle images, encode batches and prepare input for the next epoch".
+Paper: Ahmed & Naveed, "OpTorch: optimized deep learning architectures for resource limited
+environments" (2021), Sec. II-A-4 and Fig 1: "while training an epoch a thread will shuffle
+images, encode batches and prepare input for the next epoch".
 
 :class:`PrefetchLoader` iterates like a DataLoader (one ``for`` loop per epoch) over an
-``ImageSet``. One producer thread shuffles (or asks a batch sampler), optionally augments and
-encodes each batch, and puts it in a bounded queue; it runs ahead across the epoch boundary,
+``ImageSet``. One producer thread shuffles (or asks a batch sampler), optionally augments
+(uint8 -> uint8, e.g. ``ClassImageAugmenter``) and encodes each batch, and puts it in a
+bounded queue; it runs ahead across the epoch boundary,
 so the next epoch's batches are ready when the current one ends. The order depends only on
 (seed, epoch), never on thread timing. An exception in the producer is re-raised in the
 training thread; ``close()`` (or leaving a ``with`` block) stops and joins the thread.
@@ -78,9 +80,12 @@ class PrefetchLoader:
 
     Yields ``(inputs, labels)``: inputs are an ``EncodedBatch`` when ``scheme`` is given (decode
     on the device with ``DecodeLayer``), else normalised float images. ``transform(images,
-    labels) -> (images, targets)`` runs in the thread before encoding (e.g. a ClassAugmenter;
-    it needs ``scheme=None`` as it makes float images). ``max_prefetch`` bounds the queue in
-    batches (default: one epoch plus one, so a whole next epoch can be ready).
+    labels) -> (images, targets)`` runs in the thread on the uint8 batch: with a ``scheme`` it
+    must return uint8 images (a ``ClassImageAugmenter``), which are then encoded; without one it
+    may return uint8 (then normalised) or float images (a ``ClassAugmenter``, used as they are).
+    MixUp/CutMix on an encoded pipeline belong after decoding, on the device.
+    ``max_prefetch`` bounds the queue in batches (default: one epoch plus one, so a whole next
+    epoch can be ready).
     """
 
     def __init__(
@@ -89,10 +94,8 @@ class PrefetchLoader:
         transform: Callable[[torch.Tensor, torch.Tensor], tuple[Any, torch.Tensor]] | None = None,
         drop_last: bool = False, max_prefetch: int | None = None, pin_memory: bool = False,
     ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if transform is not None and scheme is not None:
-            raise ValueError("transform makes float images; it cannot be combined with a scheme")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         self.images, self.labels = data.images, data.labels
         self.scheme, self.transform, self.pin_memory = scheme, transform, pin_memory
         self.batch_sampler = batch_sampler or ShuffledBatchSampler(
@@ -119,11 +122,18 @@ class PrefetchLoader:
         idx = torch.as_tensor(idx)
         images, labels = self.images[idx], self.labels[idx]
         if self.transform is not None:
-            inputs, labels = self.transform(images, labels)
-        elif self.scheme is not None:
+            images, labels = self.transform(images, labels)
+        if self.scheme is not None:
+            if not (isinstance(images, torch.Tensor) and images.dtype == torch.uint8):
+                raise TypeError(
+                    "with a scheme the transform must return uint8 images to encode (augment "
+                    "before encoding, mix after decoding), got "
+                    f"{getattr(images, 'dtype', type(images).__name__)}")
             inputs = encode(images, scheme=self.scheme)
-        else:
+        elif images.dtype == torch.uint8:
             inputs = normalize(images)
+        else:
+            inputs = images
         if self.pin_memory:
             inputs, labels = inputs.pin_memory(), labels.pin_memory()
         return inputs, labels

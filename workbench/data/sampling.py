@@ -1,38 +1,54 @@
-"""Selective batch sampling (SBS) and per-class augmentation hooks (MixUp, CutMix).
+"""Selective batch sampling (SBS) and per-class augmentation (flip/crop, MixUp, CutMix).
 
-Paper: Ahmed & Naveed, "OpTorch" (arXiv 2105.00619), Sec. II-A-1 and Algorithm 2
-(selective-batch-sampling: each batch holds ``W[c] * batch_size`` examples of class ``c``,
-pre-processed per class) with MixUp (Zhang et al. 2017) and CutMix (Yun et al. 2019) applied to
-chosen classes only.
+Paper: Ahmed & Naveed, "OpTorch: optimized deep learning architectures for resource limited
+environments" (2021), Sec. II-A-1 and Algorithm 2 (selective-batch-sampling: each batch holds
+``W[c] * batch_size`` examples of class ``c``, pre-processed per class) with MixUp (Zhang et al.
+2017) and CutMix (Yun et al. 2019) applied to chosen classes only.
 
 :class:`SelectiveBatchSampler` is a ``torch.utils.data.Sampler`` of index lists, so it plugs
-into ``DataLoader(batch_sampler=...)`` as well as the prefetching loader. :class:`ClassAugmenter`
-turns integer labels into soft targets and applies a hook to the rows of its class only;
-``torch.nn.functional.cross_entropy`` accepts the soft targets directly.
+into ``DataLoader(batch_sampler=...)`` as well as the prefetching loader. ``W[c] * batch_size``
+is rarely whole: the fractional part is carried from batch to batch, so over an epoch every
+class gets its share to within one example (rounding each batch alike would give a class asked
+for 0.30 of 16 only 5/16 = 0.31, or 4/16 = 0.25, in every batch).
+
+The paper's pipeline augments per class before encoding and mixes after decoding, and both
+halves are here: :class:`ClassImageAugmenter` applies uint8 -> uint8 hooks (:class:`FlipCrop`)
+to the rows of chosen classes, so its output can still be encoded; :class:`ClassAugmenter`
+(MixUp, CutMix) works on the decoded float batch, turns integer labels into soft targets and
+mixes the rows of its class only; ``torch.nn.functional.cross_entropy`` accepts soft targets.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["ClassAugmenter", "CutMix", "MixUp", "SelectiveBatchSampler", "class_counts"]
+__all__ = [
+    "ClassAugmenter", "ClassImageAugmenter", "CutMix", "FlipCrop", "MixUp", "SelectiveBatchSampler",
+    "beta_sample", "class_counts",
+]
 
 # hook(rows, row_targets, partners, partner_targets, generator) -> (rows, row_targets)
 Hook = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator],
                 tuple[torch.Tensor, torch.Tensor]]
 
 
-def class_counts(class_weights: Sequence[float], batch_size: int) -> list[int]:
-    """Examples per class in a batch: ``weights * batch_size`` rounded by largest remainder
-    so the counts sum to ``batch_size`` exactly."""
+def _check_weights(class_weights: Sequence[float], batch_size: int) -> float:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     total = float(sum(class_weights))
-    if any(w < 0 for w in class_weights) or total <= 0:
-        raise ValueError(f"class_weights must be >= 0 with a positive sum, got {list(class_weights)}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if any(not math.isfinite(w) or w < 0 for w in class_weights) or not math.isfinite(total) or total <= 0:
+        raise ValueError(f"class_weights must be finite, >= 0, with a positive sum, got {list(class_weights)}")
+    return total
+
+
+def class_counts(class_weights: Sequence[float], batch_size: int) -> list[int]:
+    """Examples per class in one batch: ``weights * batch_size`` rounded by largest remainder
+    so the counts sum to ``batch_size`` exactly (the sampler carries the remainders instead)."""
+    total = _check_weights(class_weights, batch_size)
     exact = [w / total * batch_size for w in class_weights]
     counts = [int(e) for e in exact]
     order = sorted(range(len(exact)), key=lambda c: (-(exact[c] - counts[c]), c))
@@ -44,8 +60,10 @@ def class_counts(class_weights: Sequence[float], batch_size: int) -> list[int]:
 class SelectiveBatchSampler(Sampler[list[int]]):
     """Algorithm 2: every batch holds ``class_weights[c] * batch_size`` examples of class c.
 
-    Each class is drawn without replacement from its own shuffled pool, reshuffled when used
-    up. ``num_batches`` defaults to ``len(labels) // batch_size``. Batches are deterministic in
+    Where that is fractional the remainder is carried to the next batch (:meth:`batch_counts`),
+    so every prefix of batches holds each class's share to within one example. Each class is
+    drawn without replacement from its own shuffled pool, reshuffled when used up.
+    ``num_batches`` defaults to ``len(labels) // batch_size``. Batches are deterministic in
     (seed, epoch); call ``set_epoch`` (the prefetching loader does) for a new order.
     """
 
@@ -65,9 +83,10 @@ class SelectiveBatchSampler(Sampler[list[int]]):
         if len(class_weights) != num_classes:
             raise ValueError(
                 f"class_weights needs one weight per class ({num_classes}), got {len(class_weights)}")
-        self.counts = class_counts(class_weights, batch_size)
+        total = _check_weights(class_weights, batch_size)
+        self.shares = [w / total for w in class_weights]
         self.pools = [torch.nonzero(labels == c).flatten() for c in range(num_classes)]
-        empty = [c for c, n in enumerate(self.counts) if n and len(self.pools[c]) == 0]
+        empty = [c for c, w in enumerate(self.shares) if w > 0 and len(self.pools[c]) == 0]
         if empty:
             raise ValueError(f"classes {empty} have a positive weight but no examples")
         self.batch_size = batch_size
@@ -84,13 +103,38 @@ class SelectiveBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         return self.num_batches
 
+    @property
+    def counts(self) -> list[int]:
+        """Examples per class in the first batch."""
+        return self.batch_counts()[0]
+
+    def batch_counts(self) -> list[list[int]]:
+        """Examples per class in each batch of an epoch (the same every epoch).
+
+        # NOTE: slot by slot, each slot goes to the class furthest behind its exact share
+        # ``share * slots so far`` (ties to the lower class). A class's deficit never reaches
+        # -1, and the deficits sum to zero, so the epoch shares follow the weights instead of
+        # repeating one batch's rounding ``num_batches`` times.
+        """
+        deficit = [0.0] * len(self.shares)
+        out = []
+        for _ in range(self.num_batches):
+            counts = [0] * len(self.shares)
+            for _ in range(self.batch_size):
+                deficit = [d + w for d, w in zip(deficit, self.shares, strict=True)]
+                c = max(range(len(deficit)), key=lambda i: (deficit[i], -i))
+                deficit[c] -= 1.0
+                counts[c] += 1
+            out.append(counts)
+        return out
+
     def __iter__(self) -> Iterator[list[int]]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         queues: list[torch.Tensor] = [p[torch.randperm(len(p), generator=g)] for p in self.pools]
         cursor = [0] * len(self.pools)
-        for _ in range(self.num_batches):
+        for counts in self.batch_counts():
             batch = []
-            for c, n in enumerate(self.counts):
+            for c, n in enumerate(counts):
                 taken: list[torch.Tensor] = []
                 while n > 0:
                     if cursor[c] == len(queues[c]):  # pool used up: reshuffle
@@ -108,28 +152,58 @@ class SelectiveBatchSampler(Sampler[list[int]]):
             yield idx.tolist()
 
 
-def _beta(alpha: float, g: torch.Generator) -> float:
-    # NOTE: torch.distributions.Beta has no generator argument; Beta(a, a) = X / (X + Y) with
-    # X, Y ~ Gamma(a), and torch._standard_gamma follows the global RNG, so sample through
-    # uniform draws from `g` with the inverse-free Johnk-style ratio of powered uniforms.
+def _gamma(alpha: float, g: torch.Generator) -> float:
+    """One Gamma(alpha, 1) draw from ``g`` (Marsaglia & Tsang 2000; for alpha < 1 the boost
+    Gamma(alpha + 1) * U**(1/alpha)). Accepts with probability > 0.95 for every alpha."""
+    boost = 1.0
+    if alpha < 1.0:
+        boost = float(torch.rand((), generator=g, dtype=torch.float64)) ** (1.0 / alpha)
+        alpha += 1.0
+    d = alpha - 1.0 / 3.0
+    c = 1.0 / math.sqrt(9.0 * d)
     while True:
-        u, v = torch.rand(2, generator=g, dtype=torch.float64).tolist()
-        x, y = u ** (1.0 / alpha), v ** (1.0 / alpha)
-        if 0 < x + y <= 1.0:
-            return x / (x + y)
+        x = float(torch.randn((), generator=g, dtype=torch.float64))
+        v = (1.0 + c * x) ** 3
+        if v <= 0:
+            continue
+        u = float(torch.rand((), generator=g, dtype=torch.float64))
+        if u > 0 and math.log(u) < 0.5 * x * x + d - d * v + d * math.log(v):
+            return d * v * boost
+
+
+def beta_sample(alpha: float, g: torch.Generator, *, beta: float | None = None) -> float:
+    """One Beta(alpha, beta) draw (beta defaults to alpha) from the generator ``g``.
+
+    # NOTE: torch.distributions.Beta takes no generator, so draws would follow the global RNG
+    # and a seeded augmenter would not be reproducible. X / (X + Y) with X ~ Gamma(alpha),
+    # Y ~ Gamma(beta) works for any shape; the ratio-of-powered-uniforms method used before
+    # accepts with a probability that vanishes as alpha grows (it never returned at 16).
+    """
+    b = alpha if beta is None else beta
+    for name, v in (("alpha", alpha), ("beta", b)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+    x, y = _gamma(float(alpha), g), _gamma(float(b), g)
+    if x + y == 0.0:  # both underflowed (tiny shapes): the limit is a fair coin
+        return float(torch.rand((), generator=g) < 0.5)
+    return x / (x + y)
+
+
+def _check_alpha(alpha: float) -> float:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+        raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+    return float(alpha)
 
 
 class MixUp:
     """MixUp: ``lam * x + (1 - lam) * partner``, targets mixed with the same ``lam``."""
 
     def __init__(self, alpha: float = 0.4) -> None:
-        if alpha <= 0:
-            raise ValueError(f"alpha must be > 0, got {alpha}")
-        self.alpha = alpha
+        self.alpha = _check_alpha(alpha)
 
     def __call__(self, x: torch.Tensor, t: torch.Tensor, px: torch.Tensor, pt: torch.Tensor,
                  g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        lam = _beta(self.alpha, g)
+        lam = beta_sample(self.alpha, g)
         return lam * x + (1 - lam) * px, lam * t + (1 - lam) * pt
 
 
@@ -137,14 +211,12 @@ class CutMix:
     """CutMix: a box of the partner is pasted in; targets mixed by the pasted area."""
 
     def __init__(self, alpha: float = 1.0) -> None:
-        if alpha <= 0:
-            raise ValueError(f"alpha must be > 0, got {alpha}")
-        self.alpha = alpha
+        self.alpha = _check_alpha(alpha)
 
     def __call__(self, x: torch.Tensor, t: torch.Tensor, px: torch.Tensor, pt: torch.Tensor,
                  g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         h, w = x.shape[-2:]
-        lam = _beta(self.alpha, g)
+        lam = beta_sample(self.alpha, g)
         ch, cw = round(h * (1 - lam) ** 0.5), round(w * (1 - lam) ** 0.5)
         top = int(torch.randint(0, h - ch + 1, (1,), generator=g))
         left = int(torch.randint(0, w - cw + 1, (1,), generator=g))
@@ -182,3 +254,63 @@ class ClassAugmenter:
                                                source[partners], source_targets[partners],
                                                self.generator)
         return images, targets
+
+
+# image_hook(rows uint8 [n, C, H, W], generator) -> rows uint8 of the same shape
+ImageHook = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+
+
+class FlipCrop:
+    """Random horizontal flip and random crop with zero padding, on uint8 images, per row.
+
+    The usual CIFAR augmentation; it keeps dtype and shape, so its output can be encoded.
+    """
+
+    def __init__(self, *, padding: int = 2, flip: bool = True) -> None:
+        if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
+            raise ValueError(f"padding must be an int >= 0, got {padding!r}")
+        self.padding, self.flip = padding, bool(flip)
+
+    def __call__(self, rows: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        n, _, h, w = rows.shape
+        p = self.padding
+        out = rows.clone()
+        if self.flip:
+            flips = torch.rand(n, generator=g) < 0.5
+            out[flips] = out[flips].flip(-1)
+        if p:
+            padded = torch.nn.functional.pad(out, (p, p, p, p))
+            tops = torch.randint(0, 2 * p + 1, (n,), generator=g).tolist()
+            lefts = torch.randint(0, 2 * p + 1, (n,), generator=g).tolist()
+            for i, (t, left) in enumerate(zip(tops, lefts, strict=True)):
+                out[i] = padded[i, :, t: t + h, left: left + w]
+        return out
+
+
+class ClassImageAugmenter:
+    """Apply ``hooks[c]`` (uint8 -> uint8) to the images of class c only, before encoding.
+
+    Returns ``(images, labels)`` with the images still uint8, so a prefetching loader can encode
+    them afterwards; ``hooks`` may hold the key ``None`` for a hook applied to every class
+    (after the per-class ones). Deterministic given the seed and the call order.
+    """
+
+    def __init__(self, hooks: Mapping[int | None, ImageHook], num_classes: int, *, seed: int = 0) -> None:
+        bad = [c for c in hooks if c is not None and not (isinstance(c, int) and 0 <= c < num_classes)]
+        if bad:
+            raise ValueError(f"hook classes must be None or ints in [0, {num_classes}), got {bad}")
+        self.hooks = dict(hooks)
+        self.num_classes = num_classes
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if images.dtype != torch.uint8:
+            raise TypeError(f"ClassImageAugmenter works on uint8 images (before encoding), got {images.dtype}")
+        out = images.clone()
+        for c, hook in sorted(((c, h) for c, h in self.hooks.items() if c is not None), key=lambda kv: kv[0]):
+            rows = torch.nonzero(labels == c).flatten()
+            if len(rows):
+                out[rows] = hook(out[rows], self.generator)
+        if None in self.hooks:
+            out = self.hooks[None](out, self.generator)
+        return out, labels

@@ -1,22 +1,25 @@
 """OpTorch pipelines: switches ``encode``, ``mixed_precision`` and ``checkpoint`` on a baseline.
 
-Paper: Ahmed & Naveed, "OpTorch" (arXiv 2105.00619), Sec. III: pipelines B (baseline), E-D
-(parallel encoding-decoding, Sec. II-A-4), M-P (mixed precision, Sec. II-B-1), S-C (sequential
-checkpoints, Sec. II-B-2) and the combinations E-D+S-C and E-D+M-P+S-C; Fig 8 (memory over one
-ResNet-18 iteration), Fig 9 (time vs accuracy), Fig 10 (memory per pipeline per model),
-Fig 11 (best checkpoint at the smallest layer). Plots live in ``workbench.experiments.optorch``.
+Paper: Ahmed & Naveed, "OpTorch: optimized deep learning architectures for resource limited
+environments" (2021), Sec. III: pipelines B (baseline), E-D (parallel encoding-decoding,
+Sec. II-A-4), M-P (mixed precision, Sec. II-B-1), S-C (sequential checkpoints, Sec. II-B-2) and
+the combinations E-D+S-C, M-P+S-C and E-D+M-P+S-C; Fig 8 (memory over one ResNet-18
+iteration), Fig 9 (time vs accuracy), Fig 10 (memory per pipeline per model), Fig 11 (best
+checkpoint at the smallest layer), selective batch sampling (Algorithm 2) with encoding. The
+checkpoint-planning experiments (Figs 8 and 11, the planner front, the unit floor) live in
+``workbench.experiments.optorch.planning``, the peer comparison with torch's own
+activation-memory budget in ``...peer``, the plots in ``...plots``.
 
 Every experiment function returns a pandas DataFrame measured in the same run as its baseline.
 Memory is ``workbench.measure.MemoryMeter`` peak bytes of one training step (forward, loss,
-backward) with parameter gradients preallocated before the region, so the figure is the
-activation peak (plus the input batch and transient per-layer weight gradients).
+backward) with parameter gradients preallocated before the region. The batch crosses to the
+device inside the region for every pipeline (float32 for B, encoded for E-D), so the input is
+counted alike: the figure is activations plus the input batch plus transient weight gradients.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,15 +27,17 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 from tqdm.auto import tqdm
 
-from workbench.checkpoint import CheckpointPlan, evaluate_plan, plan_checkpoints, profile_layers, sc
+from workbench.checkpoint import sc
 from workbench.data import ImageSet, make_loader, normalize
-from workbench.data.encode import DecodeLayer, encode
+from workbench.data.encode import DecodeLayer, EncodedBatch, encode
 from workbench.data.prefetch import PrefetchLoader, ShuffledBatchSampler
+from workbench.data.sampling import (
+    ClassAugmenter, ClassImageAugmenter, CutMix, FlipCrop, MixUp, SelectiveBatchSampler,
+)
 from workbench.devices import seed_everything
-from workbench.measure import MemoryMeter, time_interleaved
+from workbench.measure import MemoryMeter
 from workbench.models.resnet import RESNETS, ResNet
 from workbench.train import train
 
@@ -41,10 +46,8 @@ __all__ = [
     "Pipeline",
     "autoencoder",
     "build_model",
-    "experiment_checkpoint_position",
     "experiment_pipeline_memory",
-    "experiment_planner_pareto",
-    "experiment_sc_resnet",
+    "experiment_sbs",
     "experiment_time_accuracy",
     "measure_step",
     "prepare",
@@ -68,7 +71,8 @@ class Pipeline:
 
 PIPELINES = {p.name: p for p in (
     Pipeline(), Pipeline(encode=True), Pipeline(mixed_precision=True), Pipeline(checkpoint=True),
-    Pipeline(encode=True, checkpoint=True), Pipeline(True, True, True),
+    Pipeline(encode=True, checkpoint=True), Pipeline(mixed_precision=True, checkpoint=True),
+    Pipeline(True, True, True),
 )}
 
 def build_model(name: str, *, num_classes: int = 10, in_channels: int = 3, width: int = 64,
@@ -124,8 +128,14 @@ def measure_step(
     device: torch.device | str, trace: bool = False, scheme: str = "int64",
 ) -> tuple[int, pd.DataFrame | None]:
     """Peak bytes of one training step of an already prepared model, from the host uint8
-    batch: inside the region the batch crosses to the device (float32 for B, encoded for
-    E-D, encoded on the host beforehand as the prefetch thread does) and trains one step."""
+    batch. The host prepares the batch before the region (float32 for B, as a DataLoader does;
+    encoded for E-D, as the prefetch thread does); inside the region the batch crosses to the
+    device and one step trains.
+
+    # NOTE: the crossing is a real copy on every device (``copy=True``), so the batch the device
+    # holds is counted for B and E-D alike. Without it a CPU run counted E-D's decoded float
+    # batch but never B's, and E-D looked smaller by exactly one float batch.
+    """
     device = torch.device(device)
     dtype = _autocast_dtype(device) if pipeline.mixed_precision else None
     host = encode(images, scheme=scheme) if pipeline.encode else normalize(images)
@@ -134,8 +144,10 @@ def measure_step(
         if p.requires_grad and p.grad is None:
             p.grad = torch.zeros_like(p)
     with MemoryMeter(device, trace=trace) as meter:
+        x = host.to(device, copy=True)
         with _autocast(device, dtype):
-            loss = nn.functional.cross_entropy(model(host.to(device)), labels)
+            loss = nn.functional.cross_entropy(model(x), labels)
+        del x
         loss.backward()
         del loss
     return meter.peak_bytes, meter.trace
@@ -147,57 +159,6 @@ def _batch(batch: int, image_size: int, *, channels: int = 3, classes: int = 10,
     images = torch.randint(0, 256, (batch, channels, image_size, image_size), dtype=torch.uint8,
                            generator=g)
     return images, torch.randint(0, classes, (batch,), generator=g)
-
-
-def experiment_sc_resnet(
-    *, model: str = "resnet18", batch: int = 16, image_size: int = 32, width: int = 64,
-    device: torch.device | str = "cpu", repeats: int = 3, seed: int = 0,
-    strategies: Sequence[str] = ("uniform", "optimal"), stem: str = "cifar",
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Fig 8 and the S-C targets: baseline vs ``sc`` on one ResNet iteration.
-
-    Returns (summary, trace): summary has one row per variant (B, then S-C per strategy with
-    its default plan: uniform = round(sqrt(n)) segments, optimal = smallest peak) with
-    peak_bytes, median_s, peak_ratio and time_ratio against B measured in the same run; trace
-    is memory over time (columns variant, event, op, bytes, progress in [0, 1]).
-    """
-    device = torch.device(device)
-    seed_everything(seed)
-    net = build_model(model, width=width, stem=stem).to(device)
-    images, labels = _batch(batch, image_size, seed=seed)
-    sample = normalize(images).to(device)
-    variants: dict[str, tuple[nn.Module, CheckpointPlan | None]] = {"B": (net, None)}
-    for strategy in strategies:
-        wrapped = sc(net, strategy=strategy, sample=sample)
-        variants[f"S-C {strategy}"] = (wrapped, wrapped.plan)
-    rows, traces = [], []
-    for name, (m, plan) in variants.items():
-        pipeline = Pipeline(checkpoint=plan is not None)
-        peak, trace = measure_step(m, images, labels, pipeline, device=device, trace=True)
-        traces.append(trace.assign(variant=name, progress=trace.event / max(len(trace) - 1, 1)))
-        rows.append({"variant": name, "peak_bytes": peak,
-                     "segments": None if plan is None else plan.num_segments,
-                     "kept": None if plan is None else plan.kept,
-                     "predicted_peak_bytes": None if plan is None else plan.predicted_peak_bytes})
-
-    def step(m: nn.Module) -> Callable[[], None]:
-        def run() -> None:
-            m.zero_grad(set_to_none=False)
-            nn.functional.cross_entropy(m(sample), labels.to(device)).backward()
-        return run
-    times = time_interleaved({k: step(m) for k, (m, _) in variants.items()}, repeats=repeats,
-                               device=device)
-    df = pd.DataFrame(rows)
-    df["median_s"] = [statistics.median(times[v]) for v in df.variant]
-    df["min_s"] = [min(times[v]) for v in df.variant]
-    df["peak_ratio"] = df.peak_bytes / df.peak_bytes.iloc[0]
-    # NOTE: the ratio uses the minimum of interleaved repeats, the figure least disturbed by
-    # other processes on a shared machine; the median ratio is reported beside it.
-    df["time_ratio"] = df.min_s / df.min_s.iloc[0]
-    df["time_ratio_median"] = df.median_s / df.median_s.iloc[0]
-    df = df.assign(model=model, batch=batch, image_size=image_size, width=width, stem=stem,
-                   device=str(device))
-    return df, pd.concat(traces, ignore_index=True)
 
 
 def experiment_pipeline_memory(
@@ -224,24 +185,53 @@ def experiment_pipeline_memory(
     return df.assign(batch=batch, image_size=image_size, width=width, device=str(device))
 
 
+class _TrainingThreadBatches:
+    """Batches prepared in the training thread, one at a time: index, augment (uint8), normalise.
+
+    The baseline's loader: the same per-batch work E-D's thread does (there: augment, encode),
+    done where torch's DataLoader with ``num_workers=0`` does it, between training steps.
+    """
+
+    def __init__(self, data: ImageSet, sampler: ShuffledBatchSampler,
+                 transform: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None,
+                 pin_memory: bool = False) -> None:
+        self.data, self.sampler, self.transform, self.pin_memory = data, sampler, transform, pin_memory
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        for idx in self.sampler:
+            idx = torch.as_tensor(idx)
+            images, labels = self.data.images[idx], self.data.labels[idx]
+            if self.transform is not None:
+                images, labels = self.transform(images, labels)
+            x = normalize(images)
+            yield (x.pin_memory(), labels.pin_memory()) if self.pin_memory else (x, labels)
+
+
 def experiment_time_accuracy(
     train_set: ImageSet, test_set: ImageSet, *, model: str = "resnet18", width: int = 64,
     pipelines: Sequence[str] = tuple(PIPELINES), epochs: int = 2, batch_size: int = 16,
     lr: float = 0.05, seed: int = 0, device: torch.device | str = "cpu", scheme: str = "int64",
-    progress: bool = True,
+    augment: bool = True, progress: bool = True,
 ) -> pd.DataFrame:
-    """Fig 9: train each pipeline on the same data, seed and epochs; one row per epoch.
+    """Fig 9: train each pipeline on the same data, seed, batches and augmentation; one row per epoch.
 
-    B, M-P and S-C read a torch DataLoader of float batches; E-D pipelines read the
-    PrefetchLoader, whose thread shuffles and encodes the next batches while training runs.
-    Both draw the same batches. ``seconds``/``cum_seconds`` are wall-clock epoch times;
-    ``robust_cum_seconds`` is the median step time times the steps, which a shared machine's
-    load spikes distort less (the notebook plots it and states which it uses).
+    Every pipeline prepares each batch from the uint8 images: index, augment (random flip and
+    crop, ``augment``), then normalise (B, M-P, S-C: in the training thread, between steps) or
+    encode (E-D pipelines: in the PrefetchLoader's thread, ahead of training; decoded on the
+    device). The augmentation draws the same numbers in the same order for every pipeline, so
+    exact encoding and exact recomputation leave training unchanged. ``seconds``/``cum_seconds``
+    are wall-clock epoch times; ``robust_cum_seconds`` is the median step time times the steps,
+    which a shared machine's load spikes distort less (the notebook plots it and states which).
     """
     device = torch.device(device)
     c = train_set.images.shape[1]
     frames = []
     for name in tqdm(pipelines, desc="pipelines", disable=not progress, leave=False):
+        if name not in PIPELINES:
+            raise ValueError(f"pipeline must be one of {list(PIPELINES)}, got {name!r}")
         pipeline = PIPELINES[name]
         seed_everything(seed)
         net = build_model(model, num_classes=train_set.num_classes, in_channels=c, width=width)
@@ -250,13 +240,14 @@ def experiment_time_accuracy(
         test_loader = make_loader(test_set, 256, shuffle=False)
         # every pipeline sees the same batches in the same order (a function of seed, epoch)
         sampler = ShuffledBatchSampler(len(train_set), batch_size, seed=seed)
+        transform = (ClassImageAugmenter({None: FlipCrop()}, train_set.num_classes, seed=seed)
+                     if augment else None)
         if pipeline.encode:
             loader = PrefetchLoader(train_set, batch_size, batch_sampler=sampler, scheme=scheme,
-                                    pin_memory=device.type == "cuda")
+                                    transform=transform, pin_memory=device.type == "cuda")
             test_loader = PrefetchLoader(test_set, 256, shuffle=False, scheme=scheme)
         else:
-            loader = DataLoader(TensorDataset(normalize(train_set.images), train_set.labels),
-                                batch_sampler=sampler, pin_memory=device.type == "cuda")
+            loader = _TrainingThreadBatches(train_set, sampler, transform, pin_memory=device.type == "cuda")
         stamps: list[float] = []
 
         def stamp(step: int, loss: float, stamps: list[float] = stamps) -> None:
@@ -274,112 +265,58 @@ def experiment_time_accuracy(
         median_step = float(steps.median())
         frames.append(df.assign(pipeline=name, cum_seconds=df.seconds.cumsum(),
                                 median_step_s=median_step,
+                                min_step_s=float(steps.min()),
                                 robust_cum_seconds=median_step * per_epoch * df.epoch))
     out = pd.concat(frames, ignore_index=True)
     return out.assign(model=model, width=width, batch_size=batch_size, device=str(device),
-                      train_images=len(train_set))
+                      train_images=len(train_set), augment=augment)
 
 
-def _measured_peak(model: nn.Module, plan: CheckpointPlan | None, x: torch.Tensor,
-                   target: Callable[[torch.Tensor], torch.Tensor], device: torch.device) -> int:
-    m = sc(model, 1)  # one plain segment: the baseline
-    if plan is not None:
-        m.plan = plan
-    for p in m.parameters():
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    with MemoryMeter(device) as meter:
-        target(m(x)).backward()
-    return meter.peak_bytes
+def experiment_sbs(
+    data: ImageSet, class_weights: Sequence[float], *, batch_size: int = 16, num_batches: int = 8,
+    flip_classes: Sequence[int] = (3,), mixup_class: int | None = 3, cutmix_class: int | None = 8,
+    scheme: str = "int64", seed: int = 0,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Selective batch sampling (Algorithm 2) through the encoded pipeline, as the paper runs it.
 
-
-def experiment_checkpoint_position(
-    *, widths: Sequence[int] = (256, 128, 64, 8, 64, 128, 256, 256), batch: int = 2048,
-    device: torch.device | str = "cpu", seed: int = 0,
-) -> pd.DataFrame:
-    """Fig 11: one checkpoint after each layer of the 7-layer autoencoder, measured.
-
-    Rows: boundary (checkpoint after layer ``boundary - 1``; 0 = no checkpoint), the output
-    bytes stored there, the measured and predicted peak, ``is_smallest`` for the bottleneck.
+    A SelectiveBatchSampler picks each batch by class weights; the PrefetchLoader's thread
+    augments the uint8 images of ``flip_classes`` (random flip and crop) and encodes the batch;
+    the consumer decodes it (``DecodeLayer``) and mixes rows of ``mixup_class`` (MixUp) and
+    ``cutmix_class`` (CutMix) with soft targets. The same run without encoding gives the
+    reference. Returns (batches, shares): per batch the class counts, the mixed rows and the
+    largest difference from the unencoded run; per class the asked and the delivered share.
     """
-    device = torch.device(device)
-    seed_everything(seed)
-    net = autoencoder(widths).to(device)
-    x = torch.randn(batch, widths[0], device=device)
-    prof = profile_layers(net, x)
-    n = len(prof)
-    smallest = min(range(n - 1), key=lambda i: prof.out_bytes[i]) + 1
+    k = data.num_classes
+    weights = list(class_weights)[:k]
+    hooks = {c: CutMix(1.0) for c in [cutmix_class] if c is not None and c < k}
+    hooks |= {c: MixUp(0.4) for c in [mixup_class] if c is not None and c < k}
+
+    def run(encoded: bool) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        sampler = SelectiveBatchSampler(data.labels, weights, batch_size, seed=seed, num_batches=num_batches)
+        before = ClassImageAugmenter({c: FlipCrop() for c in flip_classes if c < k}, k, seed=seed)
+        after = ClassAugmenter(hooks, k, seed=seed)
+        decode = DecodeLayer()
+        out = []
+        with PrefetchLoader(data, batch_size, batch_sampler=sampler, transform=before,
+                            scheme=scheme if encoded else None) as loader:
+            for inputs, labels in loader:
+                if isinstance(inputs, EncodedBatch):
+                    inputs = decode(inputs)
+                images, targets = after(inputs, labels)
+                out.append((images, targets, labels))
+        return out
+
+    encoded, plain = run(True), run(False)
     rows = []
-    for e in range(0, n):
-        segs = [(0, n, False)] if e == 0 else [(0, e, True), (e, n, False)]
-        peak, rec = evaluate_plan(prof, segs)
-        plan = CheckpointPlan("manual", segs, peak, rec)
-        rows.append({"boundary": e, "stored_bytes": prof.out_bytes[e - 1] if e else 0,
-                     "stored_width": widths[e] if e else None,
-                     "measured_peak_bytes": _measured_peak(net, plan, x, lambda y: y.square().mean(),
-                                                           device),
-                     "predicted_peak_bytes": peak, "is_smallest": e == smallest})
-    return pd.DataFrame(rows).assign(batch=batch, device=str(device))
-
-
-def experiment_planner_pareto(
-    *, model: str = "resnet18", batch: int = 16, image_size: int = 32, width: int = 64,
-    budgets: int = 6, device: torch.device | str = "cpu", repeats: int = 3, seed: int = 0,
-    progress: bool = True, stem: str = "cifar",
-) -> pd.DataFrame:
-    """Memory-time front of the three planning strategies on one ResNet at shared budgets.
-
-    Budgets are spaced between the minimum achievable and the baseline predicted peak; each
-    strategy plans under each budget (NaN where it has no plan), then every distinct plan is
-    measured: peak (MemoryMeter) and step time (interleaved medians).
-    """
-    device = torch.device(device)
-    seed_everything(seed)
-    net = build_model(model, width=width, stem=stem).to(device)
-    images, labels = _batch(batch, image_size, seed=seed)
-    x, y = normalize(images).to(device), labels.to(device)
-    prof = profile_layers(net, x)
-    n = len(prof)
-    lo = plan_checkpoints(prof, strategy="optimal").predicted_peak_bytes
-    hi = evaluate_plan(prof, [(0, n, False)])[0]
-    grid = [int(lo + (hi - lo) * i / max(budgets - 1, 1)) for i in range(budgets)]
-    rows, plans = [], {}
-    for budget in grid:
-        for strategy in ("uniform", "smallest", "optimal"):
-            try:
-                plan = plan_checkpoints(prof, memory_budget=budget, strategy=strategy)
-            except ValueError:
-                rows.append({"budget_bytes": budget, "strategy": strategy, "plan": None})
-                continue
-            key = tuple(plan.segments)
-            plans[key] = plan
-            rows.append({"budget_bytes": budget, "strategy": strategy, "plan": key,
-                         "predicted_peak_bytes": plan.predicted_peak_bytes,
-                         "predicted_recompute_s": plan.predicted_recompute_s,
-                         "segments": plan.num_segments})
-    measured: dict[tuple, dict] = {}
-
-    def loss(out: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(out, y)
-
-    for key, plan in tqdm(plans.items(), desc="plans", disable=not progress, leave=False):
-        measured[key] = {"measured_peak_bytes": _measured_peak(net, plan, x, loss, device)}
-    wrapped = {}
-    for key, plan in plans.items():
-        w = sc(net, 1)
-        w.plan = plan
-        wrapped[key] = w
-
-    def step(m: nn.Module) -> Callable[[], None]:
-        return lambda: loss(m(x)).backward()
-    times = time_interleaved({str(k): step(w) for k, w in wrapped.items()}, repeats=repeats,
-                               device=device)
-    for key in plans:
-        measured[key]["median_s"] = statistics.median(times[str(key)])
-        measured[key]["min_s"] = min(times[str(key)])
-    df = pd.DataFrame(rows)
-    for col in ("measured_peak_bytes", "median_s", "min_s"):
-        df[col] = [measured[k][col] if k is not None else math.nan for k in df.plan]
-    df["plan"] = df.plan.map(lambda k: None if k is None else [list(s) for s in k])
-    return df.assign(model=model, batch=batch, image_size=image_size, width=width,
-                     device=str(device))
+    for i, ((x, t, y), (px, _, _)) in enumerate(zip(encoded, plain, strict=True)):
+        counts = torch.bincount(y, minlength=k).tolist()
+        rows.append({"batch": i, **{f"class {c}": n for c, n in enumerate(counts)},
+                     "mixed_rows": int((t.max(1).values < 1).sum()),
+                     "max_diff_vs_unencoded": float((x - px).abs().max())})
+    batches = pd.DataFrame(rows)
+    total = float(sum(weights))
+    delivered = torch.bincount(torch.cat([y for _, _, y in encoded]), minlength=k).double()
+    shares = pd.DataFrame({"class": range(k), "asked_share": [w / total for w in weights],
+                           "epoch_share": (delivered / delivered.sum()).tolist()})
+    shares["abs_error"] = (shares.epoch_share - shares.asked_share).abs()
+    return batches, shares.assign(batch_size=batch_size, num_batches=num_batches, scheme=scheme)

@@ -1,7 +1,9 @@
 """Pure plot functions for the OpTorch notebook: DataFrame in, matplotlib Figure out.
 
-Paper: Ahmed & Naveed, "OpTorch" (arXiv 2105.00619), Figs 8-11; the encoding capacity plot
-tests Sec. II-A-3's "16 images" / "32 images" per float64.
+Paper: Ahmed & Naveed, "OpTorch: optimized deep learning architectures for resource limited
+environments" (2021), Figs 8-11; the encoding capacity plot tests Sec. II-A-3's "16 images" /
+"32 images" per float64; the planner plots show predicted against measured peaks, the floor a
+single unit sets, and torch's own activation-memory budget beside our planner.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ __all__ = [
     "plot_loader_throughput",
     "plot_memory_over_iteration",
     "plot_pareto",
+    "plot_peer",
     "plot_pipeline_memory",
+    "plot_prediction",
     "plot_time_accuracy",
+    "plot_unit_floor",
 ]
 
 _MIB = 2**20
@@ -144,5 +149,69 @@ def plot_loader_throughput(df: pd.DataFrame) -> Figure:
     ax.set_xlabel("images per second (start-up included)")
     ax.set_title("Loader throughput")
     ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    return fig
+
+
+def plot_prediction(frames: dict[str, pd.DataFrame]) -> Figure:
+    """Predicted against measured peak (MiB) of every plan, one marker set per experiment.
+
+    Each frame needs ``predicted_peak_bytes`` and ``measured_peak_bytes`` (or ``peak_bytes``).
+    Points above the diagonal are over-predictions (a budget is kept with room to spare), points
+    below it under-predictions (a budget can be exceeded).
+    """
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    top = 0.0
+    for label, frame in frames.items():
+        measured = frame["measured_peak_bytes"] if "measured_peak_bytes" in frame else frame["peak_bytes"]
+        ok = measured.notna() & frame["predicted_peak_bytes"].notna()
+        ax.scatter(measured[ok] / _MIB, frame.loc[ok, "predicted_peak_bytes"] / _MIB, s=30, alpha=0.7,
+                   label=label)
+        if ok.any():
+            top = max(top, float(measured[ok].max()), float(frame.loc[ok, "predicted_peak_bytes"].max()))
+    ax.plot([0, top / _MIB], [0, top / _MIB], color="grey", lw=0.8, ls="--", label="exact")
+    ax.set_xlabel("measured peak of one step (MiB)")
+    ax.set_ylabel("planner's predicted peak (MiB)")
+    ax.set_title("Cost model: predicted vs measured peak per plan")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_unit_floor(floors: pd.DataFrame) -> Figure:
+    """The least peak each unit allows (ratio to the baseline's peak), one line per stem."""
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    for stem, frame in floors.groupby("stem", sort=False):
+        ax.plot(frame.unit, frame.floor_ratio, "o-", ms=3, lw=1, label=f"{stem} stem")
+        worst = frame.loc[frame.floor_ratio.idxmax()]
+        ax.annotate(f"{worst['name']}: {worst.floor_ratio:.2f}x", (worst.unit, worst.floor_ratio),
+                    textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_xlabel("checkpoint unit (stem, then blocks opened into their layers)")
+    ax.set_ylabel("floor / baseline peak")
+    ax.set_title("No plan goes below the largest single-unit floor")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_peer(df: pd.DataFrame) -> Figure:
+    """Retained bytes and step time against the budget fraction: our planner and torch's."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for method, frame in df.dropna(subset=["retained_ratio"]).groupby("method", sort=False):
+        ax.plot(frame.fraction, frame.retained_ratio, "o-", label=method)
+        err = [frame.time_ratio - frame.time_ratio_lo, frame.time_ratio_hi - frame.time_ratio]
+        bx.errorbar(frame.fraction, frame.time_ratio, yerr=[e.clip(lower=0) for e in err], fmt="o-",
+                    capsize=3, label=method)
+    ax.set_xlabel("budget fraction")
+    ax.set_ylabel("retained bytes / eager baseline")
+    ax.set_title("Memory kept for backward")
+    bx.set_xlabel("budget fraction")
+    bx.set_ylabel("step time / eager baseline")
+    bx.set_title("Step time (bars: spread over rounds)")
+    for a in (ax, bx):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
     fig.tight_layout()
     return fig
