@@ -169,8 +169,8 @@ def one_thread():
 
 
 def test_memory_near_linear_for_efficient_forms(one_thread) -> None:
-    df = memory_vs_depth([16, 28, 40, 58], batch_size=2, image_size=16, device="cpu",
-                         progress=False)
+    df = memory_vs_depth([16, 28, 40, 58], forms=("naive", "checkpoint", "shared"), batch_size=2,
+                         image_size=16, device="cpu", progress=False)
     fits = fit_growth_exponents(df).set_index("form")
     for form in ("checkpoint", "shared"):
         assert fits.loc[form, "exponent"] < 1.2, fits
@@ -199,9 +199,12 @@ def test_fit_growth_exponents_recovers_known_powers() -> None:
 def test_time_per_minibatch_reports_paired_ratios(one_thread) -> None:
     df = time_per_minibatch(10, batch_size=2, image_size=8, rounds=2, warmup=0, device="cpu",
                             progress=False).set_index("form")
-    assert set(df.index) == set(FORMS)
+    assert set(df.index) == {"naive", "checkpoint", "shared"}
     assert df.loc["naive", "ratio_to_naive"] == 1.0
     assert (df["median_s"] > 0).all() and (df["min_s"] <= df["max_s"]).all()
+    for ref in ("naive", "checkpoint"):
+        lo, mid, hi = (df[f"ratio_to_{ref}{s}"] for s in ("_min", "", "_max"))
+        assert ((lo <= mid) & (mid <= hi)).all()
 
 
 def test_no_grad_inference_matches() -> None:
@@ -257,7 +260,8 @@ def test_plots_label_axes() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    df = memory_vs_depth([10, 16], batch_size=1, image_size=8, device="cpu", progress=False)
+    df = memory_vs_depth([10, 16], forms=("naive", "shared"), batch_size=1, image_size=8, device="cpu",
+                         progress=False)
     fig = plot_memory_vs_depth(df, fit_growth_exponents(df))
     assert all(ax.get_xlabel() and "MiB" in ax.get_ylabel() for ax in fig.axes)
 
@@ -279,7 +283,7 @@ def test_forms_match_naive_on_cuda() -> None:
 
 
 def test_out_of_memory_is_recorded_and_deeper_models_skipped(monkeypatch) -> None:
-    import workbench.experiments.efficient_densenet as bench
+    import workbench.experiments.efficient_densenet.memory as bench
 
     real = bench.MemoryMeter
 

@@ -1,13 +1,21 @@
-"""DenseNet-BC in three memory forms: naive, checkpointed and shared-storage.
+"""DenseNet-BC in four memory forms: two naive baselines, checkpointed and shared-storage.
 
 Paper: Pleiss, Chen, Huang, Li, van der Maaten, Weinberger, "Memory-Efficient Implementation of
-DenseNets" (2017), `shared/papers/001_9d34d97afa37b4c2.txt`.
+DenseNets" (2017).
 
 - Section 2: a dense layer is H_l([x_1, ..., x_{l-1}]) = Conv(ReLU(BN(concat))), pre-activation;
   DenseNet-BC (Huang et al.) adds a 1x1 bottleneck to `bn_size * k` channels and halves the
   channels in each transition (compression 0.5).
 - Section 3, ``memory="naive"``: every layer allocates its own concatenation and its own BN output;
-  autograd keeps both for backward, so feature-map memory grows quadratically with depth.
+  autograd keeps both for backward, so feature-map memory grows quadratically with depth. This is
+  PyTorch's naive form: autograd frees each intermediate gradient once used, which is the paper's
+  "shared gradient" implementation (Section 5: "PyTorch automatically performs this optimization").
+- Sections 3 and 5, ``memory="luatorch"``: the paper's own naive baseline, modelled on the original
+  LuaTorch code, where every module owns its output and gradient buffers for the whole step. Each
+  layer's concatenation and BN output are held until the step's graph is freed, and so are their
+  gradients (the concatenated-feature gradient and the BN-output gradient): the "four operations
+  with quadratic memory growth". Only these quadratic buffers are held; LuaTorch's linear-size
+  buffers (bottleneck BN, convolution outputs' gradients) are not reproduced.
 - ``memory="checkpoint"``: the segment concat + BN + ReLU + first conv is run under
   :func:`torch.utils.checkpoint.checkpoint` (what torchvision and the authors' current code do);
   backward recomputes concat + BN + ReLU (torch stops once the conv's saved input is rebuilt).
@@ -16,36 +24,61 @@ DenseNets" (2017), `shared/papers/001_9d34d97afa37b4c2.txt`.
   output of whichever layer runs; a custom :class:`torch.autograd.Function` saves only the layer's
   inputs (kept anyway) and re-populates the storages in backward before computing gradients.
   Gradient storage is not shared by hand: as the paper notes, PyTorch frees (and its allocator
-  reuses) gradient buffers on its own.
+  reuses) gradient buffers on its own. ``shared_buffer="max"`` is the paper's design, one pair of
+  buffers of the largest size any layer needs, kept for the whole step; ``"per_block"`` (default)
+  resizes the pair on entry to each dense block, so the deeper, narrower blocks hold less.
 
-All three forms hold the same modules, so their state dicts are interchangeable, and they compute
-the same outputs, gradients and BatchNorm running statistics (the recomputation never advances
-the running statistics a second time). Dropout is not implemented (DenseNet-BC on augmented
-CIFAR/ImageNet uses none).
+All forms hold the same modules, so their state dicts are interchangeable, and they compute the
+same outputs, gradients and BatchNorm running statistics (the recomputation never advances the
+running statistics a second time). Double backward (``create_graph=True``, e.g. a gradient
+penalty) works in every form: the shared form's hand-written backward then falls back to
+recomputing its segment with ordinary autograd ops, like the checkpoint form, and so holds that
+segment's intermediates for the higher-order graph. Dropout is not implemented (DenseNet-BC on
+augmented CIFAR/ImageNet uses none).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["FORMS", "IMAGENET_BLOCKS", "DenseNet", "densenet_bc", "bc_depths"]
+__all__ = ["FORMS", "SHARED_BUFFERS", "IMAGENET_BLOCKS", "DenseNet", "densenet_bc", "bc_depths"]
 
-FORMS = ("naive", "checkpoint", "shared")
-# Huang et al., Table 1 (ImageNet DenseNet-BC, k=32). The paper's footnote 10 lists (6, 32, 64, 48)
-# for its own 264-layer model; we keep the standard published configuration.
-IMAGENET_BLOCKS = {121: (6, 12, 24, 16), 169: (6, 12, 32, 32), 201: (6, 12, 48, 32),
-                   264: (6, 12, 64, 48)}
+FORMS = ("naive", "luatorch", "checkpoint", "shared")
+SHARED_BUFFERS = ("per_block", "max")
+# Huang et al., Table 1 (ImageNet DenseNet-BC) plus the two deeper models of this paper. 161 is
+# the k=48 model (28.7M parameters), 232 and 264 the models of Section 5 (k=32 or 48).
+# NOTE: the paper's footnote 10 gives (6, 32, 64, 48) for 264 layers and (6, 32, 48, 48) for 232;
+# those configurations have 305 and 273 layers and 41.3M / 90.5M / 71.5M parameters, far from the
+# 33M, 73M and 55M it states. (6, 12, ...) matches both the depths and the parameter counts, so
+# the "32" reads as a typo for "12".
+IMAGENET_BLOCKS = {121: (6, 12, 24, 16), 161: (6, 12, 36, 24), 169: (6, 12, 32, 32),
+                   201: (6, 12, 48, 32), 232: (6, 12, 48, 48), 264: (6, 12, 64, 48)}
+
+
+def _check_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}={value!r} is a {type(value).__name__}; need an int >= {minimum}")
+    if value < minimum:
+        raise ValueError(f"{name}={value}; must be >= {minimum}")
+    return int(value)
+
+
+def _check_choice(name: str, value, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name}={value!r} is a {type(value).__name__}; allowed: {allowed}")
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r}; allowed: {allowed}")
+    return value
 
 
 def _check_form(memory: str) -> str:
-    if memory not in FORMS:
-        raise ValueError(f"memory={memory!r}; allowed: {FORMS}")
-    return memory
+    return _check_choice("memory", memory, FORMS)
 
 
 def _bn_momentum(bn: nn.BatchNorm2d) -> float:
@@ -56,18 +89,40 @@ def _bn_momentum(bn: nn.BatchNorm2d) -> float:
     return 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
 
 
+class _HeldBuffers:
+    """The LuaTorch-style naive form's buffers: every layer's concatenation and BN output, and
+    their gradients, kept alive until the step's autograd graph is freed.
+
+    NOTE: one object per forward pass, referenced by the graph through tensor hooks, so it lives
+    exactly as long as LuaTorch's per-module ``output``/``gradInput`` buffers matter for one step.
+    Tensors are held detached (same storage, no autograd history) to avoid reference cycles
+    between the graph and the hooks.
+    """
+
+    def __init__(self) -> None:
+        self.tensors: list[Tensor] = []
+
+    def hold(self, *tensors: Tensor) -> None:
+        self.tensors.extend(t.detach() for t in tensors)
+
+    def hold_grad(self, grad: Tensor) -> None:
+        self.tensors.append(grad.detach())
+
+
 class _SharedStorage:
     """Shared Memory Storage 1 (concatenation) and 2 (BN + ReLU output) of Section 4.
 
     NOTE: one object per forward pass (not per model): it is freed with the autograd graph that
     references it, is counted by memory meters like any activation, and two graphs in flight
     never share a buffer. Backward re-populates it anyway, so sharing would also be correct.
-    Each dense block sizes it exactly for its widest layer on entry, so after the forward pass
-    it holds the last block's size (the first block's maps are 4-16x larger); backward grows it
-    again block by block. The paper keeps one allocation of the largest size throughout.
+    With ``per_block`` each dense block sizes it exactly for its widest layer on entry, so after
+    the forward pass it holds the last block's size (the first block's maps are 4-16x larger);
+    backward grows it again block by block. Otherwise (the paper's design) the model reserves
+    the largest size once before the first block and it is never resized.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, per_block: bool = True) -> None:
+        self.per_block = per_block
         self.concat: Tensor | None = None
         self.normed: Tensor | None = None
 
@@ -133,6 +188,9 @@ class _SharedConcatBNReLUConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         bn_weight, bn_bias, conv_weight, stat_a, stat_b, *features = ctx.saved_tensors
+        if torch.is_grad_enabled():  # backward(create_graph=True): a double backward will follow
+            return _SharedConcatBNReLUConv._recompute_backward(
+                ctx, grad_out, bn_weight, bn_bias, conv_weight, stat_a, stat_b, features)
         needs = ctx.needs_input_grad
         need_features = any(needs[10:])
         storage = ctx.storage
@@ -168,6 +226,45 @@ class _SharedConcatBNReLUConv(torch.autograd.Function):
         return (None, grad_bn_w, grad_bn_b, None, None, grad_conv,
                 None, None, None, None, *grad_features)
 
+    @staticmethod
+    def _recompute_backward(ctx, grad_out, bn_weight, bn_bias, conv_weight, stat_a, stat_b,
+                            features):
+        """The checkpoint form's backward: recompute the segment with autograd ops and
+        differentiate it with ``create_graph=True``, so higher-order gradients exist.
+
+        NOTE: the hand-written backward above is not itself differentiable (it writes into the
+        shared storages in place). Under ``create_graph`` this path replaces it: same values
+        (the forward's batch statistics are recomputed from the same inputs; eval mode uses the
+        saved running statistics), and the recomputed intermediates are held by the
+        higher-order graph, as they would be by the checkpoint form.
+        """
+        needs = ctx.needs_input_grad
+        # NOTE: differentiate with respect to fresh aliases (views) of the inputs, not the inputs
+        # themselves: an earlier feature is also an ancestor of a later one, and autograd.grad
+        # would add that path (a total derivative). The aliases' only use is this segment, so the
+        # result is the partial derivative, and it stays differentiable back to the inputs.
+        inputs = [bn_weight, bn_bias, conv_weight, *features]
+        index = [1, 2, 5, *range(10, 10 + len(features))]
+        alias = [t.view_as(t) if needs[i] else t for i, t in zip(index, inputs, strict=True)]
+        bn_weight, bn_bias, conv_weight, *features = alias
+        wanted = [(i, t) for i, t in zip(index, alias, strict=True) if needs[i]]
+        result: list[Tensor | None] = [None] * (10 + len(features))
+        if not wanted:
+            return tuple(result)
+        with torch.autocast(grad_out.device.type, enabled=False):
+            concat = torch.cat([f.to(bn_weight.dtype) for f in features], dim=1)
+            if ctx.training:
+                normed = F.batch_norm(concat, None, None, bn_weight, bn_bias, True, 0.0, ctx.eps)
+            else:
+                normed = F.batch_norm(concat, stat_a, stat_b, bn_weight, bn_bias, False, 0.0,
+                                      ctx.eps)
+            out = F.conv2d(F.relu(normed), conv_weight, padding=ctx.padding)
+            grads = torch.autograd.grad(out, [t for _, t in wanted], grad_out, create_graph=True,
+                                        allow_unused=True)
+        for (i, _), g in zip(wanted, grads, strict=True):
+            result[i] = g
+        return tuple(result)
+
 
 def _batch_norm(bn: nn.BatchNorm2d, x: Tensor, *, update_stats: bool) -> Tensor:
     if update_stats or not bn.training:
@@ -193,21 +290,32 @@ class _DenseLayer(nn.Module):
             self.norm2 = nn.BatchNorm2d(first_out)
             self.conv2 = nn.Conv2d(first_out, growth_rate, 3, padding=1, bias=False)
 
-    def _segment(self, features: list[Tensor], calls: list[int] | None = None) -> Tensor:
+    def _segment(self, features: list[Tensor], calls: list[int] | None = None,
+                 held: _HeldBuffers | None = None) -> Tensor:
         """cat -> BN -> ReLU -> conv1, the part that grows with the number of inputs."""
         recompute = calls is not None and len(calls) > 0
         if calls is not None:
             calls.append(1)
-        x = _batch_norm(self.norm1, torch.cat(features, 1), update_stats=not recompute)
+        concat = torch.cat(features, 1)
+        x = _batch_norm(self.norm1, concat, update_stats=not recompute)
+        if held is not None:  # LuaTorch-style naive: both outputs and both gradients stay live
+            held.hold(concat, x)
+            for t in (concat, x):
+                if t.requires_grad:
+                    # NOTE: the hook on x fires with the gradient of the BN output (before the
+                    # in-place ReLU), the one on concat with the concatenated-feature gradient
+                    t.register_hook(held.hold_grad)
         return self.conv1(F.relu(x, inplace=True))
 
-    def forward(self, features: list[Tensor], storage: _SharedStorage | None = None) -> Tensor:
+    def forward(self, features: list[Tensor],
+                step: _SharedStorage | _HeldBuffers | None = None) -> Tensor:
+        """`step` is the per-forward state: the shared storages, or the LuaTorch-style buffers."""
         if self.memory == "shared":
             bn = self.norm1
+            storage = step if isinstance(step, _SharedStorage) else _SharedStorage()
             out = _SharedConcatBNReLUConv.apply(
-                storage if storage is not None else _SharedStorage(), bn.weight, bn.bias,
-                bn.running_mean, bn.running_var, self.conv1.weight, bn.training,
-                _bn_momentum(bn), bn.eps, self.conv1.padding[0], *features)
+                storage, bn.weight, bn.bias, bn.running_mean, bn.running_var, self.conv1.weight,
+                bn.training, _bn_momentum(bn), bn.eps, self.conv1.padding[0], *features)
         elif (self.memory == "checkpoint" and torch.is_grad_enabled()
               and any(f.requires_grad for f in features)):
             # NOTE: `calls` tells the first (real) forward from the recomputation, so BN running
@@ -215,6 +323,9 @@ class _DenseLayer(nn.Module):
             calls: list[int] = []
             out = checkpoint(lambda *fs: self._segment(list(fs), calls), *features,
                              use_reentrant=False, preserve_rng_state=False)
+        elif self.memory == "luatorch":
+            out = self._segment(features, held=step if isinstance(step, _HeldBuffers)
+                                else _HeldBuffers())
         else:
             out = self._segment(features)
         if self.bottleneck:
@@ -232,43 +343,58 @@ class _DenseBlock(nn.Module):
             _DenseLayer(in_channels + i * growth_rate, growth_rate, bottleneck=bottleneck,
                         bn_size=bn_size, memory=memory) for i in range(num_layers))
 
-    def forward(self, x: Tensor, storage: _SharedStorage | None = None) -> Tensor:
-        if storage is not None:  # the widest concatenation of this block, reserved up front
-            n, _, h, w = x.shape
-            widest = self.in_channels + (len(self.layers) - 1) * self.growth_rate
-            storage.reserve(n * widest * h * w, self.layers[0].norm1.weight, exact=True)
+    def widest_numel(self, x_shape: tuple[int, ...]) -> int:
+        """Elements of this block's widest concatenation for an input of shape `x_shape`."""
+        n, _, h, w = x_shape
+        return n * (self.in_channels + (len(self.layers) - 1) * self.growth_rate) * h * w
+
+    def forward(self, x: Tensor, step: _SharedStorage | _HeldBuffers | None = None) -> Tensor:
+        if isinstance(step, _SharedStorage) and step.per_block:
+            # the widest concatenation of this block, reserved up front
+            step.reserve(self.widest_numel(tuple(x.shape)), self.layers[0].norm1.weight,
+                         exact=True)
         features = [x]
         for layer in self.layers:
-            features.append(layer(features, storage))
+            features.append(layer(features, step))
         return torch.cat(features, 1)
 
 
 class DenseNet(nn.Module):
-    """DenseNet(-BC) whose dense layers run in one of three memory forms (see module docstring).
+    """DenseNet(-BC) whose dense layers run in one of four memory forms (see module docstring).
 
-    ``memory`` can be changed after construction (``model.memory = "shared"``); parameters and
-    buffers do not depend on it.
+    ``memory`` and ``shared_buffer`` can be changed after construction
+    (``model.memory = "shared"``); parameters and buffers do not depend on them.
     """
 
     def __init__(self, growth_rate: int = 12, block_config: tuple[int, ...] = (16, 16, 16), *,
                  bottleneck: bool = True, compression: float = 0.5, num_classes: int = 10,
                  small_inputs: bool = True, memory: str = "naive", bn_size: int = 4,
-                 num_init_features: int | None = None, in_channels: int = 3) -> None:
+                 num_init_features: int | None = None, in_channels: int = 3,
+                 shared_buffer: str = "per_block") -> None:
         super().__init__()
         _check_form(memory)
-        if growth_rate < 1:
-            raise ValueError(f"growth_rate={growth_rate}; must be >= 1")
-        if not block_config or any(int(n) < 1 for n in block_config):
+        _check_choice("shared_buffer", shared_buffer, SHARED_BUFFERS)
+        growth_rate = _check_int("growth_rate", growth_rate)
+        if isinstance(block_config, (str, bytes)) or not hasattr(block_config, "__iter__"):
+            raise TypeError(f"block_config={block_config!r}; need a sequence of ints >= 1")
+        if not block_config:
             raise ValueError(f"block_config={block_config!r}; need >= 1 block of >= 1 layer")
+        block_config = tuple(_check_int("block_config entry", n) for n in block_config)
+        if isinstance(compression, bool) or not isinstance(compression, numbers.Real):
+            raise TypeError(f"compression={compression!r}; need a number in (0, 1]")
         if not 0.0 < compression <= 1.0:
             raise ValueError(f"compression={compression}; must be in (0, 1]")
-        for name, value in (("num_classes", num_classes), ("bn_size", bn_size),
-                            ("in_channels", in_channels)):
-            if value < 1:
-                raise ValueError(f"{name}={value}; must be >= 1")
+        num_classes = _check_int("num_classes", num_classes)
+        bn_size = _check_int("bn_size", bn_size)
+        in_channels = _check_int("in_channels", in_channels)
+        for name, flag in (("bottleneck", bottleneck), ("small_inputs", small_inputs)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}={flag!r}; need True or False")
         if num_init_features is None:
             num_init_features = 2 * growth_rate if (bottleneck and compression < 1) else 16
-        self.growth_rate, self.block_config = growth_rate, tuple(int(n) for n in block_config)
+        num_init_features = _check_int("num_init_features", num_init_features)
+        self.growth_rate, self.block_config = growth_rate, block_config
+        self.small_inputs = small_inputs
         if small_inputs:
             self.stem = nn.Sequential(
                 nn.Conv2d(in_channels, num_init_features, 3, padding=1, bias=False))
@@ -292,6 +418,7 @@ class DenseNet(nn.Module):
         self.norm_final = nn.BatchNorm2d(channels)
         self.classifier = nn.Linear(channels, num_classes)
         self._memory = memory
+        self._shared_buffer = shared_buffer
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight)
@@ -313,6 +440,15 @@ class DenseNet(nn.Module):
                 layer.memory = value
 
     @property
+    def shared_buffer(self) -> str:
+        """``"per_block"`` (resize per dense block) or ``"max"`` (one largest-size pair, Section 4)."""
+        return self._shared_buffer
+
+    @shared_buffer.setter
+    def shared_buffer(self, value: str) -> None:
+        self._shared_buffer = _check_choice("shared_buffer", value, SHARED_BUFFERS)
+
+    @property
     def depth(self) -> int:
         """Layers with weights: stem conv, dense-layer convs, transition convs, classifier.
 
@@ -321,38 +457,65 @@ class DenseNet(nn.Module):
         per_layer = 2 if self.blocks[0].layers[0].bottleneck else 1
         return 1 + per_layer * sum(self.block_config) + len(self.transitions) + 1
 
+    def _step_state(self, stem_out: Tensor) -> _SharedStorage | _HeldBuffers | None:
+        if self._memory == "luatorch":
+            return _HeldBuffers()
+        if self._memory != "shared":
+            return None
+        storage = _SharedStorage(per_block=self._shared_buffer == "per_block")
+        if not storage.per_block:
+            # NOTE: every transition halves the maps (2x2 average pooling, floor), so block i sees
+            # (h >> i, w >> i): the largest need over all blocks is known before the first one.
+            n, _, h, w = stem_out.shape
+            need = max(b.widest_numel((n, 0, h >> i, w >> i)) for i, b in enumerate(self.blocks))
+            storage.reserve(need, self.blocks[0].layers[0].norm1.weight)
+        return storage
+
     def forward(self, x: Tensor) -> Tensor:
-        storage = _SharedStorage() if self._memory == "shared" else None
         x = self.stem(x)
+        step = self._step_state(x)
         for i, block in enumerate(self.blocks):
-            x = block(x, storage)
+            x = block(x, step)
             if i < len(self.transitions):
                 x = self.transitions[i](x)
         x = F.relu(self.norm_final(x), inplace=True)
         return self.classifier(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
     def extra_repr(self) -> str:
-        return f"memory={self._memory!r}, depth={self.depth}, growth_rate={self.growth_rate}"
+        extra = f", shared_buffer={self._shared_buffer!r}" if self._memory == "shared" else ""
+        return f"memory={self._memory!r}{extra}, depth={self.depth}, growth_rate={self.growth_rate}"
 
 
 def bc_depths(max_depth: int, *, min_depth: int = 10) -> list[int]:
     """All CIFAR DenseNet-BC depths 6n+4 in [min_depth, max_depth]."""
+    max_depth = _check_int("max_depth", max_depth, 0)
+    min_depth = _check_int("min_depth", min_depth, 0)
     return [d for d in range(max(min_depth, 10), max_depth + 1) if (d - 4) % 6 == 0]
 
 
 def densenet_bc(depth: int, growth_rate: int = 12, num_classes: int = 10, *,
-                memory: str = "naive", **kwargs) -> DenseNet:
+                memory: str = "naive", imagenet: bool | None = None, **kwargs) -> DenseNet:
     """DenseNet-BC of a given depth.
 
     ``depth = 6n + 4`` (n >= 1) gives the 3-block CIFAR network with n bottleneck layers per
-    block (depth 100 -> (16, 16, 16)); depth 121, 169, 201 or 264 gives the 4-block ImageNet
-    network (7x7 stem; use growth_rate=32 for the published models). Other keywords go to
-    :class:`DenseNet`.
+    block (depth 100 -> (16, 16, 16)); an ImageNet depth (121, 161, 169, 201, 232, 264) gives
+    the 4-block ImageNet network with the 7x7 stem (the published models use growth_rate=32,
+    or 48 for 161 and the 232/264-layer models of Pleiss et al.). ``imagenet=None`` picks the
+    ImageNet network for those depths except 232, which is also a CIFAR depth (6 * 38 + 4):
+    pass ``imagenet=True`` for the ImageNet 232. Other keywords go to :class:`DenseNet`.
     """
-    if depth in IMAGENET_BLOCKS:
+    depth = _check_int("depth", depth, 1)
+    if imagenet is not None and not isinstance(imagenet, bool):
+        raise TypeError(f"imagenet={imagenet!r}; need True, False or None")
+    cifar = depth >= 10 and (depth - 4) % 6 == 0
+    if imagenet is None:
+        imagenet = depth in IMAGENET_BLOCKS and not cifar
+    if imagenet:
+        if depth not in IMAGENET_BLOCKS:
+            raise ValueError(f"depth={depth} with imagenet=True; allowed: {sorted(IMAGENET_BLOCKS)}")
         kwargs.setdefault("small_inputs", False)
         blocks = IMAGENET_BLOCKS[depth]
-    elif depth >= 10 and (depth - 4) % 6 == 0:
+    elif cifar:
         blocks = ((depth - 4) // 6,) * 3
     else:
         raise ValueError(f"depth={depth}; allowed: 6n+4 with n >= 1 (10, 16, ..., 100, ...) "
