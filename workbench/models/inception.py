@@ -18,6 +18,8 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from .widths import channel_scaler
+
 __all__ = ["GoogLeNet", "Inception", "googlenet", "INCEPTION_CONFIG"]
 
 # name: (1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool proj), the paper's Table 1
@@ -62,12 +64,7 @@ class GoogLeNet(nn.Sequential):
 
     def __init__(self, num_classes: int = 1000, *, in_channels: int = 3, width: float = 1.0,
                  dropout: float = 0.4) -> None:
-        if num_classes < 1 or in_channels < 1 or not 0 < width <= 4:
-            raise ValueError(f"need num_classes >= 1, in_channels >= 1, 0 < width <= 4; got {num_classes}, "
-                             f"{in_channels}, {width}")
-
-        def w(c: int) -> int:
-            return max(1, round(c * width))
+        w = channel_scaler(num_classes, in_channels, width)
 
         layers: OrderedDict[str, nn.Module] = OrderedDict()
         layers["conv1"] = _conv(in_channels, w(64), 7, stride=2)

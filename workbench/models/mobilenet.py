@@ -14,6 +14,8 @@ from collections import OrderedDict
 
 from torch import nn
 
+from .widths import channel_scaler
+
 __all__ = ["MobileNetV1", "mobilenet_v1", "MOBILENET_V1_BLOCKS"]
 
 # (output channels, stride) of the 13 depthwise-separable blocks
@@ -34,12 +36,7 @@ class MobileNetV1(nn.Sequential):
     """MobileNet-v1 whose children are the stem, 13 separable blocks, pooling and classifier."""
 
     def __init__(self, num_classes: int = 1000, *, in_channels: int = 3, width: float = 1.0) -> None:
-        if num_classes < 1 or in_channels < 1 or not 0 < width <= 4:
-            raise ValueError(f"need num_classes >= 1, in_channels >= 1, 0 < width <= 4; got {num_classes}, "
-                             f"{in_channels}, {width}")
-
-        def w(c: int) -> int:
-            return max(1, round(c * width))
+        w = channel_scaler(num_classes, in_channels, width)
 
         layers: OrderedDict[str, nn.Module] = OrderedDict()
         layers["conv1"] = _conv_bn(in_channels, w(32), 3, 2)

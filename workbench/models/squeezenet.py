@@ -16,6 +16,8 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from .widths import channel_scaler
+
 __all__ = ["Fire", "FireExpand", "SqueezeNet", "squeezenet1_0", "FIRE_CONFIG"]
 
 # name: (squeeze, expand 1x1, expand 3x3)
@@ -56,12 +58,7 @@ class SqueezeNet(nn.Sequential):
 
     def __init__(self, num_classes: int = 1000, *, in_channels: int = 3, width: float = 1.0,
                  dropout: float = 0.5) -> None:
-        if num_classes < 1 or in_channels < 1 or not 0 < width <= 4:
-            raise ValueError(f"need num_classes >= 1, in_channels >= 1, 0 < width <= 4; got {num_classes}, "
-                             f"{in_channels}, {width}")
-
-        def w(c: int) -> int:
-            return max(1, round(c * width))
+        w = channel_scaler(num_classes, in_channels, width)
 
         layers: OrderedDict[str, nn.Module] = OrderedDict()
         layers["conv1"] = nn.Sequential(nn.Conv2d(in_channels, w(96), 7, stride=2), nn.ReLU(inplace=True))
