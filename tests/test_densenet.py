@@ -24,7 +24,7 @@ def _run(model: DenseNet, x: torch.Tensor, *, steps: int = 1):
         model.zero_grad(set_to_none=True)
         xg = x.clone().requires_grad_(True)
         out = model(xg)
-        weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+        weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
         (out * weights).sum().backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
     return out.detach(), xg.grad, grads, {k: v.clone() for k, v in model.state_dict().items()}

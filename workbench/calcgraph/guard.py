@@ -128,6 +128,8 @@ def cuda_memory_budget(budget_bytes: float, device: torch.device | str = "cuda")
     if not budget_bytes > 0:
         raise ValueError(f"budget_bytes must be > 0, got {budget_bytes}")
     device = torch.device(device)
+    if device.index is None:  # set_per_process_memory_fraction needs an index: "cuda" is the current device
+        device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(device).total_memory

@@ -317,10 +317,10 @@ class PackedOptimizer(torch.optim.Optimizer):
                     stochastic_rounding=group["stochastic_rounding"],
                     master_rounding=group["master_rounding"], options=self._options(group, step))
 
-    def _compiled(self, group: dict, dtype: torch.dtype, *, dynamic: bool) -> Callable:
-        fmt = (dtype, group["extra_bits"], group["stochastic_rounding"], group["master_rounding"],
-               group["state_dtype"], type(self).__name__)
-        return compiled_update(dynamic=dynamic, key=fmt)
+    def _compiled(self, group: dict, step: int, dtype: torch.dtype, device: torch.device, *,
+                  dynamic: bool) -> Callable:
+        fmt = (dtype, group["state_dtype"], type(self).__name__)
+        return compiled_update(dynamic=dynamic, device_type=device.type, key=fmt, **self._kwargs(group, step))
 
     def _mark_stepped(self) -> None:
         # NOTE: LR schedulers check this flag (set by their wrapper of ``step``) to warn about a
@@ -338,15 +338,14 @@ class PackedOptimizer(torch.optim.Optimizer):
         key = _shift_key(mix_key(self.seed, gi, step), offset) if self._random(group) else None
         states = [st[k].view(-1) for k in self._state_keys(group)]
         extra = _extra_arg(st["extra"])
-        kw = self._kwargs(group, step)
         if self.compile:
             if key is not None:
                 key = torch.tensor(key, dtype=torch.int32, device=p.device)
-            self._compiled(group, p.dtype, dynamic=True)(p.view(-1), p.grad.reshape(-1), extra, states, coef, key,
-                                                         **kw)
+            update = self._compiled(group, step, p.dtype, p.device, dynamic=True)
+            update(p.view(-1), p.grad.reshape(-1), extra, states, coef, key)
         else:
             chunked_update(p.view(-1), p.grad.reshape(-1), extra, states, coef, key,
-                           bits=self._bits(group), **kw)
+                           bits=self._bits(group), **self._kwargs(group, step))
         st["step"] = step + 1
         self._mark_stepped()
 
@@ -380,7 +379,6 @@ class PackedOptimizer(torch.optim.Optimizer):
             flat = self._flat[gi] = _FlatGroup(group["params"], self.state, list(self._state_keys(group)),
                                                bits, group["state_dtype"])
         grad = flat.gather_grads()
-        kw = self._kwargs(group, step)
         coef = self._coef(group, step + 1, flat.half.device)
         key = mix_key(self.seed, gi, step) if self._random(group) else None
         states = [flat.states[k] for k in flat.keys]
@@ -390,9 +388,10 @@ class PackedOptimizer(torch.optim.Optimizer):
                 key = torch.tensor(key, dtype=torch.int32, device=flat.half.device)
             # byte planes: dynamic shapes (one kernel per format); dense words: static (see update.py)
             dynamic = flat.extra.dtype == torch.uint8
-            self._compiled(group, flat.half.dtype, dynamic=dynamic)(flat.half, grad, extra, states, coef, key, **kw)
+            update = self._compiled(group, step, flat.half.dtype, flat.half.device, dynamic=dynamic)
+            update(flat.half, grad, extra, states, coef, key)
         else:
-            chunked_update(flat.half, grad, extra, states, coef, key, bits=bits, **kw)
+            chunked_update(flat.half, grad, extra, states, coef, key, bits=bits, **self._kwargs(group, step))
         for p in group["params"]:
             self.state[p]["step"] += 1
 

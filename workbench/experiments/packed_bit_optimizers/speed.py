@@ -191,9 +191,12 @@ def throughput_table(
 ) -> pd.DataFrame:
     """:func:`step_throughput` for every (threads, size); one copy bandwidth per thread count."""
     frames = []
-    for th in threads:
+    device = torch.device(device)
+    # NOTE: intra-op threads drive CPU kernels only; on CUDA one pass at torch's default suffices.
+    for th in threads if device.type == "cpu" else [None]:
         saved = torch.get_num_threads()
-        torch.set_num_threads(th)
+        if th:
+            torch.set_num_threads(th)
         try:
             bw = copy_bandwidth(COPY_NUMEL, device=device)
         finally:
@@ -215,6 +218,7 @@ def _mlp(width: int, depth: int, dtype: torch.dtype) -> nn.Module:
 def backward_step_ratio(
     *, width: int = 1024, depth: int = 4, batch: int = 32, extra_bits: int = 8, repeats: int = 7,
     threads: int | None = None, compile: bool = True, progress: bool = True,
+    device: torch.device | str = "cpu",
 ) -> pd.DataFrame:
     """A bf16 MLP training step with the step inside backward vs the same step with a fused step.
 
@@ -223,13 +227,16 @@ def backward_step_ratio(
     :func:`step_in_backward` (per-parameter steps, compiled with dynamic shapes). Interleaved
     rounds; ``ratio`` is the in-backward time / normal time (median over paired rounds, min/max).
     """
+    device = torch.device(device)
     saved = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
         torch.manual_seed(0)
-        x, y = torch.randn(batch, width).bfloat16(), torch.randint(0, 10, (batch,))
-        normal, inside = _mlp(width, depth, torch.bfloat16), _mlp(width, depth, torch.bfloat16)
+        x = torch.randn(batch, width, device=device).bfloat16()
+        y = torch.randint(0, 10, (batch,), device=device)
+        normal = _mlp(width, depth, torch.bfloat16).to(device)
+        inside = _mlp(width, depth, torch.bfloat16).to(device)
         opt_n = PackedAdamW(normal.parameters(), extra_bits=extra_bits, fused=True, compile=compile)
         opt_i = PackedAdamW(inside.parameters(), extra_bits=extra_bits, compile=compile)
         handle = step_in_backward(inside, opt_i)
@@ -246,7 +253,7 @@ def backward_step_ratio(
             for _ in range(3):
                 f()
         ts = time_interleaved({"normal": step_normal, "in_backward": step_inside}, warmup=0,
-                              repeats=repeats, progress=progress, desc="backward step")
+                              repeats=repeats, device=device, progress=progress, desc="backward step")
         handle.remove()
         paired = [i / n for n, i in zip(ts["normal"], ts["in_backward"], strict=True)]
         params = sum(p.numel() for p in normal.parameters())
@@ -256,7 +263,7 @@ def backward_step_ratio(
             "normal_median_s": statistics.median(ts["normal"]),
             "in_backward_median_s": statistics.median(ts["in_backward"]),
             "ratio": statistics.median(paired), "ratio_lo": min(paired), "ratio_hi": max(paired),
-            "threads": torch.get_num_threads(), "repeats": repeats,
+            "threads": torch.get_num_threads(), "repeats": repeats, "device": str(device),
         }])
     finally:
         torch.set_num_threads(saved)
@@ -265,22 +272,37 @@ def backward_step_ratio(
 def main(argv: list[str] | None = None) -> None:
     """Print the throughput table (and the step-in-backward ratio) for a quiet machine."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (on CUDA --threads is ignored)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1 << 21, 1 << 24])
+    ap.add_argument("--tensors", type=int, default=8, help="the parameter count is split into this many tensors")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--peers", action="store_true", help="add torchao / optimi / bitsandbytes rows")
     ap.add_argument("--no-backward", action="store_true", help="skip the step-in-backward timing")
+    ap.add_argument("--width", type=int, default=1024, help="MLP width of the step-in-backward timing")
+    ap.add_argument("--batch", type=int, default=32, help="batch of the step-in-backward timing")
+    ap.add_argument("--csv", help="also write the tables to this path (and .backward.csv beside it)")
     args = ap.parse_args(argv)
-    df = throughput_table(sizes=args.sizes, threads=args.threads, repeats=args.repeats, peers=args.peers)
+    device = torch.device(args.device)
+    df = throughput_table(sizes=args.sizes, threads=args.threads, repeats=args.repeats, peers=args.peers,
+                          n_tensors=args.tensors, device=device)
     cols = ["threads", "numel", "method", "median_s", "ratio_paired", "ratio_lo", "ratio_hi",
             "ratio_vs_torch_fused", "bytes_per_param", "bandwidth_fraction"]
+    fmt = lambda v: f"{v:.4g}"  # noqa: E731
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 48):
-        print(f"torch {torch.__version__}, device cpu, copy bandwidth (GB/s) by threads:",
+        print(f"torch {torch.__version__}, device {device}, copy bandwidth (GB/s) by threads:",
               df.groupby("threads")["copy_bandwidth"].first().div(1e9).round(2).to_dict())
-        print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print(df[cols].to_string(index=False, float_format=fmt))
+        if args.csv:
+            df.to_csv(args.csv, index=False)
         if not args.no_backward:
-            rows = [backward_step_ratio(threads=t, repeats=args.repeats, progress=False) for t in args.threads]
-            print(pd.concat(rows, ignore_index=True).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+            threads = args.threads if device.type == "cpu" else [None]
+            back = pd.concat([backward_step_ratio(threads=t, repeats=args.repeats, progress=False, device=device,
+                                                  width=args.width, batch=args.batch) for t in threads],
+                             ignore_index=True)
+            print(back.to_string(index=False, float_format=fmt))
+            if args.csv:
+                back.to_csv(args.csv.removesuffix(".csv") + ".backward.csv", index=False)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,92 @@
+"""The packed optimizers on CUDA (Lewandowski & Kosson, 3.1, 3.2): the Triton-compiled steps against
+the eager CPU steps bit for bit, and parity with torch's fused CUDA AdamW. Skipped without a GPU."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import requires_cuda
+from workbench.optim import PackedAdamW, step_in_backward
+
+pytestmark = requires_cuda
+
+BF16, FP16 = torch.bfloat16, torch.float16
+SHAPES = [(37, 5), (64,), (3, 3, 3), (1,), (4099,)]
+
+
+def _params(dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [nn.Parameter(torch.randn(s, generator=g).to(dtype).to(device)) for s in SHAPES]
+
+
+def _grads(dtype, steps, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn(s, generator=g).to(dtype) for s in SHAPES] for _ in range(steps)]
+
+
+def _run(opt, params, grads):
+    for gs in grads:
+        for p, g in zip(params, gs, strict=True):
+            p.grad = g.to(p.device, p.dtype)
+        opt.step()
+        opt.zero_grad()
+
+
+# byte planes (8, 16 stored bits), dense words (9 bits: 8 + SR flag), every random option, bf16 moments
+FORMATS = [
+    (BF16, 8, dict()),
+    (BF16, 16, dict()),
+    (FP16, 8, dict(stochastic_rounding=True)),
+    (BF16, 7, dict(stochastic_rounding=True, master_rounding="stochastic", state_dtype=BF16)),
+]
+
+
+@pytest.mark.parametrize(("dtype", "k", "kw"), FORMATS)
+def test_triton_fused_step_equals_eager_cpu_step(dtype, k, kw):
+    grads = _grads(dtype, 3)
+    out = []
+    for device, compile_ in (("cpu", False), ("cuda", True)):
+        params = _params(dtype, device)
+        opt = PackedAdamW(params, lr=1e-2, weight_decay=0.1, extra_bits=k, fused=True, compile=compile_, seed=3,
+                          **kw)
+        _run(opt, params, grads)
+        out.append([(p.detach().cpu().view(torch.int16), {n: t.cpu() for n, t in opt.state[p].items()
+                                                           if torch.is_tensor(t)}) for p in params])
+    for (a, sa), (b, sb) in zip(*out, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+        for name in sa:
+            torch.testing.assert_close(sb[name], sa[name], rtol=0, atol=0)
+
+
+def test_bf16_plus_16_tracks_torch_fused_cuda_adamw():
+    params = _params(BF16, "cuda")
+    ref = [nn.Parameter(p.detach().float()) for p in params]
+    grads = _grads(BF16, 50)
+    opt = PackedAdamW(params, lr=1e-2, weight_decay=0.1, extra_bits=16, fused=True, compile=True)
+    _run(opt, params, grads)
+    _run(torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1, fused=True), ref, grads)
+    for p, r in zip(params, ref, strict=True):
+        torch.testing.assert_close(opt.master_weight(p), r.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_triton_step_in_backward_equals_fused_step():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 33), nn.ReLU(), nn.Linear(33, 3)).to(BF16).cuda()
+    other = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 12, generator=g).to(BF16).cuda(), torch.randint(0, 3, (8,), generator=g).cuda())
+               for _ in range(3)]
+    normal = PackedAdamW(model.parameters(), lr=1e-2, extra_bits=8, fused=True, compile=True, seed=2)
+    inside = PackedAdamW(other.parameters(), lr=1e-2, extra_bits=8, compile=True, seed=2)
+    handle = step_in_backward(other, inside)
+    for x, y in batches:
+        nn.functional.cross_entropy(model(x).float(), y).backward()
+        normal.step()
+        normal.zero_grad()
+        nn.functional.cross_entropy(other(x).float(), y).backward()
+    handle.remove()
+    for p, q in zip(model.parameters(), other.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=0, atol=0)
+        torch.testing.assert_close(inside.master_weight(q), normal.master_weight(p), rtol=0, atol=0)
