@@ -47,6 +47,12 @@ def test_every_shell_command_exists():
                 report._plan(args.names, args.profile, dict(args.param), ROOT / "notebooks")
         elif words[0] == "jupyter":
             assert (ROOT / words[-1]).is_dir(), command
+        elif words[:2] == ["python", "-m"]:  # the module runs, and its --help names every option used
+            shown = subprocess.run([sys.executable, "-m", words[2], "--help"], cwd=ROOT, capture_output=True,
+                                   text=True, timeout=120)
+            assert shown.returncode == 0, shown.stderr[-2000:]
+            for flag in (w for w in words[3:] if w.startswith("--")):
+                assert flag in shown.stdout, f"{command}: {flag} is not an option of {words[2]}"
         else:
             assert command == "source .venv/bin/activate", f"untested command in README: {command}"
 

@@ -4,7 +4,8 @@ Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", sect
 ``packed_update`` reconstructs the fp32 master value from the 16-bit parameter and its extra bits
 (dense int32 words, or uint8 byte planes for 8- and 16-bit widths), applies torch.optim.SGD's or
 Adam(W)'s update in fp32 and splits the result back. It runs eagerly (in chunks, per parameter or
-over a fused flat stream) or ``torch.compile``d into one loop; both paths give the same bits.
+over a fused flat stream) or ``torch.compile``d into one loop (C++ on CPU, Triton on CUDA); all
+paths give the same bits.
 
 Randomness (stochastic rounding of the 16-bit value, stochastic master rounding) comes from
 ``bits.hash_noise``: a counter-based hash of (key, index) computed next to each value, so neither
