@@ -44,12 +44,12 @@ from .plots import (
     plot_throughput,
     plot_timeline,
 )
-from .speed import copy_bandwidth, step_throughput
+from .speed import memory_bandwidth, step_throughput
 
 __all__ = [
     "FORMATS", "Format", "PEER_METHODS", "PeerUnavailable", "TokenClassifier", "accuracy_by_format",
-    "accuracy_summary", "addition_error", "analytic_bytes_per_param", "copy_bandwidth", "fp8_extra_bits",
-    "fused_backward", "load_task", "make_model", "make_optimizer", "make_peer", "measure_peak", "memory_by_format",
+    "accuracy_summary", "addition_error", "analytic_bytes_per_param", "fp8_extra_bits", "fused_backward",
+    "load_task", "make_model", "make_optimizer", "make_peer", "measure_peak", "memory_bandwidth", "memory_by_format",
     "packed_option_available", "paired_gap", "paired_ratio", "parse_format", "peak_vs_amp", "peer_methods",
     "peer_table", "plot_accuracy", "plot_addition_error", "plot_fused_backward", "plot_memory", "plot_peers",
     "plot_throughput", "plot_timeline", "step_throughput", "step_time_by_format", "step_timeline",

@@ -73,13 +73,13 @@ def plot_timeline(df: pd.DataFrame) -> Figure:
 
 
 def plot_throughput(df: pd.DataFrame) -> Figure:
-    """Fig 3: update throughput as % of measured copy bandwidth, per method / extra bits."""
+    """Fig 3: update throughput as % of the measured in-place update bandwidth, per method."""
     fig, ax = plt.subplots(figsize=(8, 3.5))
     pct = 100 * df["bandwidth_fraction"]
     ax.barh(df["method"], pct, color=["grey"] + ["C0"] * (len(df) - 1))
     for y, (p, r) in enumerate(zip(pct, df["ratio_vs_torch_fused"], strict=True)):
         ax.text(p, y, f" {p:.0f}%  ({r:.2f}x torch steps/s)", va="center", fontsize=8)
-    ax.set_xlabel("bytes moved per second (% of measured copy bandwidth)")
+    ax.set_xlabel("bytes moved per second (% of measured in-place update bandwidth)")
     ax.set_title(f"AdamW step, {df['numel'].iloc[0] / 1e6:.1f}M params on {df['device'].iloc[0]}")
     ax.set_xlim(0, max(100.0, float(pct.max()) * 1.4))
     fig.tight_layout()
