@@ -1,7 +1,7 @@
 """The packed-bit notebook's measurements at the paper's scale on a CUDA GPU, one CSV per part.
 
 Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers": Fig 2 (peak memory of
-a 0.5e9-parameter dummy MLP, here 8192 x 8 layers), Table 3's memory rows (ResNet-18 at width 64,
+a dummy MLP, here 8192 x 8 layers (0.47e9 parameters)), Table 3's memory rows (ResNet-18 at width 64,
 batch 256), Fig 3 (AdamW step throughput at 1e8 parameters, the compiled Triton step against
 ``torch.optim.AdamW(fused=True)``), Table 2 (a 24-layer d=1024 encoder with the step inside
 backward). ``meter`` checks :class:`~workbench.measure.MemoryMeter` on CUDA: the allocator's peak
