@@ -2,14 +2,17 @@
 
 Each test compiles once (C++ codegen on CPU, seconds): the fused flat step with every option that
 changes the kernel (byte planes, stochastic rounding and master rounding from the in-kernel hash,
-bf16 moments), and the per-parameter step with dynamic shapes that ``step_in_backward`` runs.
+bf16 moments), and the per-parameter step with dynamic shapes that ``step_in_backward`` runs (also
+with Triton on CUDA where a GPU is present).
 """
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
+from tests.conftest import requires_cuda
 from workbench.optim import PackedAdamW, step_in_backward
 
 BF16 = torch.bfloat16
@@ -51,12 +54,14 @@ def test_compiled_fused_step_with_every_option_equals_eager():
             torch.testing.assert_close(sa[k], sb[k], rtol=0, atol=0)
 
 
-def test_compiled_step_in_backward_equals_eager_normal_step():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_compiled_step_in_backward_equals_eager_normal_step(device):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(12, 33), nn.ReLU(), nn.Linear(33, 3)).to(BF16)
+    model = nn.Sequential(nn.Linear(12, 33), nn.ReLU(), nn.Linear(33, 3)).to(device, BF16)
     other = copy.deepcopy(model)
     g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(8, 12, generator=g).to(BF16), torch.randint(0, 3, (8,), generator=g)) for _ in range(3)]
+    batches = [(torch.randn(8, 12, generator=g).to(device, BF16), torch.randint(0, 3, (8,), generator=g).to(device))
+               for _ in range(3)]
     normal = PackedAdamW(model.parameters(), lr=1e-2, extra_bits=16, master_rounding="stochastic", seed=2)
     inside = PackedAdamW(other.parameters(), lr=1e-2, extra_bits=16, master_rounding="stochastic", seed=2,
                          compile=True)
