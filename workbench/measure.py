@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 __all__ = [
-    "MemoryMeter", "Timing", "time_callable", "format_bytes", "measure_training_step",
+    "LiveStorageMode", "MemoryMeter", "Timing", "time_callable", "format_bytes", "measure_training_step",
     "plot_memory_trace", "state_bytes", "time_interleaved",
 ]
 
@@ -40,64 +40,86 @@ def _storages(tree) -> list[torch.UntypedStorage]:
     ]
 
 
-class _StorageTracker(TorchDispatchMode):
-    """Counts bytes of storages created by aten ops while active, until they are freed.
+class LiveStorageMode(TorchDispatchMode):
+    """A dispatch mode that follows every storage aten ops create while it is active until it is freed.
+
+    The counting rule of :class:`MemoryMeter` on CPU (and of CalcGraph's tracker and budget guard):
+    a view, in-place or ``out=`` result on a storage an op received is not new memory; a storage
+    resized in place counts again. Subclasses get ``_allocated(key, nbytes, old_nbytes, op)``
+    (``old_nbytes`` None for a new storage) and ``_released(key, nbytes)``.
 
     # NOTE: written by hand rather than torch's MemTracker, which is private to
-    # torch.distributed._tools and attributes memory to modules; here only the live-byte
-    # count over time is needed. A storage's Python object is preserved for its lifetime,
-    # so a weakref finalizer on it fires exactly when the storage is freed.
+    # torch.distributed._tools and attributes memory to modules; here only live storages are
+    # needed. A storage's Python object is preserved for its lifetime, so a weakref finalizer on
+    # it fires exactly when the storage is freed.
     """
 
-    def __init__(self, *, trace: bool) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.current = 0
-        self.peak = 0
-        self.live: dict[int, int] = {}
-        self.events: list[tuple[int, str, int]] | None = [] if trace else None
+        self._nbytes: dict[int, int] = {}
         self._finalizers: list[weakref.finalize] = []
-        self._op = "start"
 
-    def _record(self) -> None:
-        if self.events is not None:
-            self.events.append((len(self.events), self._op, self.current))
+    def _watching(self) -> bool:
+        """False lets ops run unobserved while the mode stays on the stack (frees are still followed)."""
+        return True
 
-    def _free(self, key: int) -> None:
-        nbytes = self.live.pop(key, None)
+    def _allocated(self, key: int, nbytes: int, old_nbytes: int | None, op: str) -> None:
+        raise NotImplementedError
+
+    def _released(self, key: int, nbytes: int) -> None:
+        raise NotImplementedError
+
+    def _forget(self, key: int) -> None:
+        nbytes = self._nbytes.pop(key, None)
         if nbytes is not None:
-            self.current -= nbytes
-            self._op = "free"
-            self._record()
-
-    def _track(self, storage: torch.UntypedStorage, inputs: set[int]) -> None:
-        key = storage._cdata
-        nbytes = storage.nbytes()
-        old = self.live.get(key)
-        if old is None:
-            if key in inputs:  # a view, in-place or out= result on a storage made before entry
-                return
-            self._finalizers.append(weakref.finalize(storage, self._free, key))
-            old = 0
-        elif old == nbytes:
-            return
-        self.live[key] = nbytes  # new storage, or an existing one resized in place
-        self.current += nbytes - old
-        self.peak = max(self.peak, self.current)
-        self._record()
+            self._released(key, nbytes)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         inputs = {s._cdata for s in _storages((args, kwargs))}
         out = func(*args, **kwargs)
-        self._op = func.__name__
-        for storage in _storages(out):
-            self._track(storage, inputs)
+        if self._watching():
+            for storage in _storages(out):
+                key, nbytes = storage._cdata, storage.nbytes()
+                old = self._nbytes.get(key)
+                if old is None:
+                    if key in inputs:
+                        continue
+                    self._finalizers.append(weakref.finalize(storage, self._forget, key))
+                elif old == nbytes:
+                    continue
+                self._nbytes[key] = nbytes
+                self._allocated(key, nbytes, old, func.__name__)
         return out
 
     def close(self) -> None:
+        """Stop following frees (once the observed job is over)."""
         for fin in self._finalizers:
             fin.detach()
         self._finalizers.clear()
+
+
+class _StorageTracker(LiveStorageMode):
+    """Live bytes (current and peak) of the storages created while active, optionally over time."""
+
+    def __init__(self, *, trace: bool) -> None:
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self.events: list[tuple[int, str, int]] | None = [] if trace else None
+
+    def _record(self, op: str) -> None:
+        if self.events is not None:
+            self.events.append((len(self.events), op, self.current))
+
+    def _allocated(self, key: int, nbytes: int, old_nbytes: int | None, op: str) -> None:
+        self.current += nbytes - (old_nbytes or 0)
+        self.peak = max(self.peak, self.current)
+        self._record(op)
+
+    def _released(self, key: int, nbytes: int) -> None:
+        self.current -= nbytes
+        self._record("free")
 
 
 class MemoryMeter:

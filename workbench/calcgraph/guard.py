@@ -17,17 +17,16 @@ caps the caching allocator with `torch.cuda.set_per_process_memory_fraction`.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from workbench.measure import LiveStorageMode
 
 __all__ = ["BudgetGuard", "cuda_memory_budget"]
 
 
-class BudgetGuard(TorchDispatchMode):
+class BudgetGuard(LiveStorageMode):
     """Raise `torch.OutOfMemoryError` when live tensor bytes created inside exceed a budget.
 
     `baseline` counts bytes already resident that belong to the job (e.g. a model built before
@@ -57,8 +56,6 @@ class BudgetGuard(TorchDispatchMode):
         self.active = True
         self.pause_on_refusal = pause_on_refusal
         self._reserved = 0
-        self._live: dict[int, int] = {}
-        self._finalizers: list[weakref.finalize] = []
 
     def reserve(self, nbytes: int) -> None:
         """Count `nbytes` held outside the guard's sight (e.g. a batch collated before entry),
@@ -69,50 +66,25 @@ class BudgetGuard(TorchDispatchMode):
         self._reserved = int(nbytes)
         self.peak_bytes = max(self.peak_bytes, self.current)
 
-    def _free(self, key: int) -> None:
-        nbytes = self._live.pop(key, None)
-        if nbytes is not None:
-            self.current -= nbytes
+    def _watching(self) -> bool:
+        return self.active
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        inputs = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-        out = func(*args, **kwargs)
-        if not self.active:
-            return out
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
-                continue
-            storage = t.untyped_storage()
-            key, nbytes = storage._cdata, storage.nbytes()
-            old = self._live.get(key)
-            if old is None:
-                if key in inputs:
-                    continue
-                self._finalizers.append(weakref.finalize(storage, self._free, key))
-                old = 0
-            elif old == nbytes:
-                continue
-            self._live[key] = nbytes
-            self.current += nbytes - old
-            if self.current > self.budget_bytes:
-                self.refusals += 1
-                wanted = self.current
-                self._free(key)  # the refused tensor is about to be dropped
-                self.active = not self.pause_on_refusal
-                raise torch.OutOfMemoryError(
-                    f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {nbytes} bytes; "
-                    f"budget guard: live tensor bytes would be {wanted} > budget {self.budget_bytes:.0f} "
-                    f"(op {func.__name__})"
-                )
-            self.peak_bytes = max(self.peak_bytes, self.current)
-        return out
+    def _released(self, key: int, nbytes: int) -> None:
+        self.current -= nbytes
 
-    def close(self) -> None:
-        """Stop following frees (call once the guarded job is over)."""
-        for fin in self._finalizers:
-            fin.detach()
-        self._finalizers.clear()
+    def _allocated(self, key: int, nbytes: int, old_nbytes: int | None, op: str) -> None:
+        self.current += nbytes - (old_nbytes or 0)
+        if self.current > self.budget_bytes:
+            self.refusals += 1
+            wanted = self.current
+            self._forget(key)  # the refused tensor is about to be dropped
+            self.active = not self.pause_on_refusal
+            raise torch.OutOfMemoryError(
+                f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {nbytes} bytes; "
+                f"budget guard: live tensor bytes would be {wanted} > budget {self.budget_bytes:.0f} "
+                f"(op {op})"
+            )
+        self.peak_bytes = max(self.peak_bytes, self.current)
 
 
 @contextlib.contextmanager

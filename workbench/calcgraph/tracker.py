@@ -9,7 +9,6 @@ with its zone (forward, gradient, optimizer, workspace), kind and name. `Compile
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,18 +16,18 @@ import numpy as np
 import torch
 from torch import nn
 from torch._subclasses import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from workbench.measure import LiveStorageMode
 
 __all__: list[str] = []  # internal to workbench.calcgraph
 
 
-class _Tracker(TorchDispatchMode):
+class _Tracker(LiveStorageMode):
     """Records each storage created by an aten op (an allocation) and when it is freed.
 
-    # NOTE: the same counting rule as `workbench.measure.MemoryMeter` (a view, in-place or out=
-    # result on an input's storage is not new memory; a weakref finalizer on the storage fires
-    # when it is freed), plus tags: zone, kind, name and the program phase of each allocation.
+    The counting rule of `workbench.measure.MemoryMeter` (`LiveStorageMode`), plus tags: zone,
+    kind, name and the program phase of each allocation. A storage resized in place is a free
+    and a new allocation.
     """
 
     def __init__(self) -> None:
@@ -40,51 +39,25 @@ class _Tracker(TorchDispatchMode):
         self.marks: dict[str, int] = {}
         self.names: dict[int, str] = {}
         self.spec: dict = {}
-        self._finalizers: list[weakref.finalize] = []
         self._handles: list = []
         self._modules: list[str] = [""]
         self._phase = "build"
 
     # allocation timeline -------------------------------------------------------------------
-    def _free(self, key: int) -> None:
+    def _released(self, key: int, nbytes: int) -> None:
         idx = self.live.pop(key, None)
         if idx is not None:
             self.events.append(-idx - 1)
 
-    def _alloc(self, key: int, nbytes: int, op: str) -> None:
+    def _allocated(self, key: int, nbytes: int, old_nbytes: int | None, op: str) -> None:
+        if old_nbytes is not None:
+            self._released(key, old_nbytes)
         idx = len(self.sizes)
         self.sizes.append(nbytes)
         self.info.append({"op": op, "module": self._modules[-1], "phase": self._phase,
                           "zone": None, "kind": None, "name": None})
         self.live[key] = idx
         self.events.append(idx)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        inputs = {t.untyped_storage()._cdata for t in leaves}
-        out = func(*args, **kwargs)
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
-            storage = t.untyped_storage()
-            key, nbytes = storage._cdata, storage.nbytes()
-            idx = self.live.get(key)
-            if idx is None:
-                if key in inputs:
-                    continue
-                self._finalizers.append(weakref.finalize(storage, self._free, key))
-            elif self.sizes[idx] == nbytes:
-                continue
-            else:  # resized in place: a free and a new allocation
-                self._free(key)
-            self._alloc(key, nbytes, func.__name__)
-        return out
-
-    def close(self) -> None:
-        for fin in self._finalizers:
-            fin.detach()
-        self._finalizers.clear()
 
     # tags ------------------------------------------------------------------------------------
     def mark(self, phase: str) -> None:
