@@ -159,15 +159,6 @@ def test_bad_input_raises_with_value(call, match) -> None:
         call()
 
 
-@pytest.fixture
-def one_thread():
-    # NOTE: tiny convolutions on a shared 2-core machine run several times faster on one thread
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_memory_near_linear_for_efficient_forms(one_thread) -> None:
     df = memory_vs_depth([16, 28, 40, 58], forms=("naive", "checkpoint", "shared"), batch_size=2,
                          image_size=16, device="cpu", progress=False)

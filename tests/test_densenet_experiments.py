@@ -73,14 +73,6 @@ def test_contiguity_ratio_spread_is_the_median_taken_round_by_round() -> None:
     assert (lo, hi) == pytest.approx((np.median([1.1, 1.3]), np.median([1.6, 1.4])))
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_bn_time_share_times_a_model_without_batch_norm(one_thread, monkeypatch) -> None:
     seen = {}
     real = timing.time_interleaved

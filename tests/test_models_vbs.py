@@ -7,12 +7,7 @@ from workbench import vbs
 from workbench.models import googlenet, mobilenet_v1, resnet50, squeezenet1_0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("factory,params", [

@@ -11,13 +11,7 @@ from workbench import vbs
 from workbench.models import resnet18
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # NOTE: tiny tensors; one intra-op thread avoids spin-waiting on a shared, loaded CPU
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def worked_example() -> vbs.Profile:
