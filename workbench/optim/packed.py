@@ -319,8 +319,9 @@ class PackedOptimizer(torch.optim.Optimizer):
 
     def _compiled(self, group: dict, step: int, dtype: torch.dtype, device: torch.device, *,
                   dynamic: bool) -> Callable:
-        fmt = (dtype, group["state_dtype"], type(self).__name__)
-        return compiled_update(dynamic=dynamic, device_type=device.type, key=fmt, **self._kwargs(group, step))
+        # math_fn and options in the kwargs tell SGD, Adam and AdamW apart; the dtypes do the rest
+        return compiled_update(dynamic=dynamic, device_type=device.type, key=(dtype, group["state_dtype"]),
+                               **self._kwargs(group, step))
 
     def _mark_stepped(self) -> None:
         # NOTE: LR schedulers check this flag (set by their wrapper of ``step``) to warn about a

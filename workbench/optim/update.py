@@ -200,7 +200,7 @@ def compiled_update(*, dynamic: bool = False, device_type: str = "cpu", key: tup
         fn.__kwdefaults__ = packed_update.__kwdefaults__
         options = _cuda_eager_numerics() if device_type == "cuda" else None
         # NOTE: dynamic=True would also make the integer options symbolic; only lengths are marked.
-        compiled = torch.compile(fn, dynamic=False if not dynamic else None, options=options)
+        compiled = torch.compile(fn, dynamic=None if dynamic else False, options=options)
 
         def call(half, grad, extra, states, coef, rng_key):
             if dynamic:
