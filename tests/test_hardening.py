@@ -83,7 +83,7 @@ def fake(monkeypatch):
 
     executor = FakeExecutor()
     monkeypatch.setattr(papermill, "execute_notebook", executor)
-    monkeypatch.setattr(report, "_export_html", lambda nb: nb.with_suffix(".html").write_text("<html></html>"))
+    monkeypatch.setattr(report.runner, "_export_html", lambda nb: nb.with_suffix(".html").write_text("<html></html>"))
     return executor
 
 
@@ -372,14 +372,14 @@ def test_out_of_space_is_recorded_cleanly_and_the_previous_report_stays(notebook
     assert _cli(notebooks, out, "good", "--profile", "smoke") == 0
     before = {p.name: p.read_bytes() for p in (out / "smoke" / "good").iterdir()}
     index_before = (out / "index.html").read_text()
-    real_write = report._write_atomic
+    real_write = report.results._write_atomic
 
     def full_disk(path, text):
         if path.name == "run.json":
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(path, text)
 
-    monkeypatch.setattr(report, "_write_atomic", full_disk)
+    monkeypatch.setattr(report.runner, "_write_atomic", full_disk)
     assert _cli(notebooks, out, "good", "--profile", "smoke") == 1
     assert "could not write the report: No space left on device" in capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in (out / "smoke" / "good").iterdir()} == before
@@ -388,7 +388,8 @@ def test_out_of_space_is_recorded_cleanly_and_the_previous_report_stays(notebook
     def full_disk_everywhere(path, text):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(report, "_write_atomic", full_disk_everywhere)
+    for module in (report.runner, report.index, report.results):
+        monkeypatch.setattr(module, "_write_atomic", full_disk_everywhere)
     assert _cli(notebooks, out, "good", "--profile", "smoke") == 1
     assert "No space left on device" in capsys.readouterr().err
     assert (out / "index.html").read_text() == index_before

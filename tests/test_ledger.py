@@ -1,8 +1,13 @@
 """The claims ledger: two-sided rules, better than claimed, spread, sources, toy scales, checks."""
 
+import pandas as pd
 import pytest
+import torch
 
-from workbench.report import Ledger, _ledger_html, at_least, at_most, between, tally, within
+from workbench.report import (
+    CHECK, Claim, Ledger, Measured, at_least, at_most, between, device_class, format_value, judge, ledger_html, tally,
+    within,
+)
 
 
 def test_within_is_two_sided_and_names_a_better_result():
@@ -49,9 +54,95 @@ def test_sources_checks_and_toy_scales():
     assert tally(ledger.rows) == ledger.tally()
     with pytest.raises(ValueError, match="source"):
         ledger.add("x", paper=1, measured=1, rule=at_least(1), source="ours", **row)
-    page = _ledger_html(ledger.rows)
+    page = ledger_html(ledger.rows)
     assert page.index("Paper claims") < page.index("Our targets") < page.index("Checks")
 
     toy = Ledger(verdicts=False)
     toy.add("paper claim", paper=2, measured=0.1, rule=at_least(2), **row)
     assert toy.rows[0]["verdict"] == "not run at this scale"
+
+
+def test_a_gpu_claim_measured_on_a_cpu_reads_other_device_never_refuted():
+    row = dict(unit="x", scale="s", device="cpu")
+    cpu = Ledger(device_class="cpu")
+    cpu.add("AMP is 1.75x faster", paper=1.75, measured=0.4, rule=within(1.75, rel=0.1, refuted=1.0, better="higher"),
+            made_on="gpu", **row)
+    cpu.add("CPU-made claim", paper=1.0, measured=0.4, rule=at_least(1.0), made_on="cpu", **row)
+    cpu.add("GPU claim not measured", paper=1.0, measured=None, rule=at_least(1.0), made_on="gpu", **row)
+    assert [r["verdict"] for r in cpu.rows] == ["other device", "not reproduced", "not run at this scale"]
+    assert cpu.rows[0]["measured"] == 0.4 and "made on GPU" in cpu.rows[0]["rule"]
+    gpu = Ledger(device_class="gpu")
+    gpu.add("AMP is 1.75x faster", paper=1.75, measured=0.4, rule=within(1.75, rel=0.1, refuted=1.0, better="higher"),
+            made_on="gpu", **row)
+    assert gpu.rows[0]["verdict"] == "refuted"
+    toy = Ledger(verdicts=False, device_class="cpu")
+    toy.add("AMP", paper=1.75, measured=0.4, rule=at_least(1.0), made_on="gpu", **row)
+    assert toy.rows[0]["verdict"] == "not run at this scale"
+    with pytest.raises(ValueError, match="made_on"):
+        cpu.add("x", paper=1, measured=1, rule=at_least(1), made_on="tpu", **row)
+    with pytest.raises(ValueError, match="device_class"):
+        Ledger(device_class="cuda")
+    assert device_class("cuda:0") == device_class(torch.device("cuda")) == "gpu"
+    assert device_class("cpu") == device_class(torch.device("mps")) == "cpu"
+
+
+def _frames():
+    return {"speed": pd.DataFrame({"method": ["a", "b"], "ratio": [1.2, 0.7], "lo": [1.1, 0.6], "hi": [1.3, 0.8]})}
+
+
+def _ratio(method):
+    def measure(records, params):
+        if "speed" not in records:
+            return None
+        row = records["speed"].set_index("method").loc[method]
+        return Measured(row.ratio, spread=(row.lo, row.hi), scale=f"batch {params['batch']}")
+    return measure
+
+
+def test_judge_turns_claims_and_records_into_rows():
+    claims = [
+        Claim("a is faster", unit="x", paper=1.0, measure=_ratio("a"), rule=at_least(1.0), definition="t_b / t_a"),
+        Claim("b is faster on a GPU", unit="x", paper=1.0, measure=_ratio("b"), rule=at_least(1.0), made_on="gpu"),
+        Claim("our goal", unit="x", paper=1.0, measure=_ratio("b"), rule=at_least(0.5), source="target"),
+        Claim("same bits", unit="max diff", measure=lambda r, p: Measured(0.0), source="check", why="identical"),
+        Claim("TensorFlow figure", unit="MB", paper=193, not_run="TensorFlow is not installed"),
+    ]
+    ledger = judge(claims, _frames(), {"batch": 8}, device="this CPU", device_class="cpu", verdicts=True)
+    frame = ledger.to_frame()
+    assert list(frame.verdict) == ["reproduced", "other device", "reproduced", CHECK, "not run"]
+    assert frame.scale[0] == "batch 8" and frame.spread[0] == (1.1, 1.3) and frame.device[0] == "this CPU"
+    assert ledger.tally() == {"reproduced": 1, "other device": 1, "not run": 1}
+    # Nothing measured: every judged row reads "not run at this scale", and says it was not measured.
+    empty = judge(claims, {}, {"batch": 8}, device="cpu", device_class="cpu", verdicts=True).to_frame()
+    assert list(empty.verdict[:3]) == ["not run at this scale"] * 3
+    assert empty.scale[0] == "not measured in this run"
+
+
+def test_claims_are_checked_when_written():
+    with pytest.raises(ValueError, match="rule"):
+        Claim("no rule", unit="x", measure=_ratio("a"))
+    with pytest.raises(ValueError, match="measure"):
+        Claim("nothing", unit="x", rule=at_least(1))
+    with pytest.raises(ValueError, match="why"):
+        Claim("check", unit="x", measure=_ratio("a"), source="check")
+    with pytest.raises(ValueError, match="source"):
+        Claim("ours", unit="x", measure=_ratio("a"), rule=at_least(1), source="ours")
+    with pytest.raises(TypeError, match="Measured"):
+        judge([Claim("bad", unit="x", measure=lambda r, p: 1.0, rule=at_least(1))], {}, {}, device="cpu",
+              device_class="cpu", verdicts=True)
+
+
+def test_values_are_shown_in_readable_units():
+    assert format_value(83e6, "bytes (plan)") == "79.2 MiB"
+    assert format_value(3 * 2**30, "bytes") == "3 GiB"
+    assert format_value(0.543, "fraction of AMP peak saved") == "54.3%"
+    assert format_value(242.8, "% reduction") == "243"
+    assert format_value(1234567.0) == "1,234,567"
+    assert format_value(0.000123) == "0.000123"
+    assert format_value(None) == format_value(float("nan")) == "—"
+    assert format_value((0.9, 1.1), "x") == "[0.9, 1.1]"
+    page = ledger_html([{"claim": "c" * 300, "source": "paper", "paper": 83e6, "measured": float("nan"),
+                         "spread": None, "unit": "bytes", "scale": "s", "device": "cpu", "verdict": "other device",
+                         "rule": "r"}])
+    assert "c" * 300 in page and "79.2 MiB" in page and "None" not in page and "nan" not in page
+    assert "verdict-other-device" in page and "e+" not in page

@@ -1,6 +1,7 @@
 """The README's code blocks run as written, its commands exist, and what a user reads names no internal
 words or paths outside the repository."""
 
+import html
 import re
 import shlex
 import subprocess
@@ -44,7 +45,7 @@ def test_every_shell_command_exists():
         elif words[0] == "workbench":
             args = parser.parse_args(words[1:])
             if args.command == "report":  # names, profile and -p values are valid for the real notebooks
-                report._plan(args.names, args.profile, dict(args.param), ROOT / "notebooks")
+                report.runner._plan(args.names, args.profile, dict(args.param), ROOT / "notebooks")
         elif words[0] == "jupyter":
             assert (ROOT / words[-1]).is_dir(), command
         elif words[:2] == ["python", "-m"]:  # the module runs, and its --help names every option used
@@ -81,7 +82,7 @@ def test_index_names_papers_not_files(tmp_path):
     report.write_index(tmp_path)
     page = (tmp_path / "index.html").read_text()
     for name in report.PAPERS:
-        assert report.html.escape(report.paper_citation(name), quote=True) in page
+        assert html.escape(report.paper_citation(name), quote=True) in page
     assert "Pleiss et al., 2017" in page and "Choudhury et al." in page
     text = re.sub(r"<[^>]*>", " ", page + (tmp_path / "cpu" / "index.html").read_text())  # what a reader sees
     assert not INTERNAL.findall(text)

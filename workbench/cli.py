@@ -21,7 +21,8 @@ def _parse_override(text: str) -> tuple[str, str]:
 
 def _report(args: argparse.Namespace) -> int:
     from .devices import repo_root
-    from .report import FAILED_RUN, UsageError, build_reports
+    from .report import UsageError, build_reports
+    from .report.results import FAILED_RUN
 
     out = Path(args.out) if args.out else repo_root() / "reports"
     try:

@@ -1,0 +1,25 @@
+"""Reports: the claims ledger, `results.json`, the papermill runner and the index pages.
+
+A notebook measures, turns its records into a `Ledger` with its experiments package's `claims.py`
+(claims as data, verdicts computed by stated rules) and calls `save_results`. `build_reports`
+executes notebooks headlessly with papermill under the `workbench` kernel at a named profile, one
+folder per notebook under `reports/<profile>/`, and writes `reports/<profile>/index.html` from every
+folder's `run.json` and `results.json`, plus `reports/index.html` linking the profiles.
+"""
+
+from .index import write_index
+from .ledger import (
+    CHECK, DEVICE_CLASSES, SOURCES, VERDICTS, Claim, Ledger, Measured, Rule, at_least, at_most, between,
+    device_class, format_value, judge, ledger_html, tally, within,
+)
+from .results import (
+    KERNEL_NAME, PAPERS, PROFILES, RESERVED, Paper, UsageError, notebook_repository, paper_citation, save_results,
+)
+from .runner import available_notebooks, build_reports, load_profile
+
+__all__ = [
+    "PROFILES", "KERNEL_NAME", "RESERVED", "VERDICTS", "CHECK", "SOURCES", "DEVICE_CLASSES", "Rule", "at_least",
+    "at_most", "within", "between", "Ledger", "tally", "Claim", "Measured", "judge", "device_class",
+    "format_value", "ledger_html", "save_results", "UsageError", "available_notebooks", "load_profile",
+    "build_reports", "write_index", "Paper", "PAPERS", "paper_citation", "notebook_repository",
+]

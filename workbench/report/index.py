@@ -1,0 +1,173 @@
+"""The index pages: one per profile (every notebook's ledger, run details, figures) and one linking them."""
+
+from __future__ import annotations
+
+import html
+import json
+import urllib.parse
+from pathlib import Path
+
+from .ledger import ledger_html, tally
+from .results import FAILED_RUN, INTERACTIVE, NAME_PATTERN, PROFILES, _read_json, _write_atomic, paper_citation
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:4px 8px;font-size:14px}
+.ok{color:#176317}.failed{color:#b00020}.verdict-reproduced{background:#e3f6e3}
+.verdict-better-than-claimed{background:#dcecff}.verdict-partly,.verdict-inconclusive{background:#fff6d6}
+.verdict-not-reproduced,.verdict-refuted{background:#fde2e2}.verdict-other-device{background:#eeeeee}.note{color:#555;font-size:13px;margin:0}
+.paper{color:#333;font-style:italic}.rebuild{border:1px solid #b00020;padding:.3em .8em;background:#fff4f4}
+figure{display:inline-block;margin:6px;vertical-align:top}figcaption{font-size:12px;color:#555}
+img{width:480px;max-width:100%;border:1px solid #ddd}img.wide{width:960px}pre{white-space:pre-wrap;color:#b00020}
+"""
+
+
+def _e(value) -> str:
+    """Any value as text safe inside HTML elements and quoted attributes."""
+    return html.escape(str(value), quote=True)
+
+
+def _href(*parts: str) -> str:
+    return _e("/".join(urllib.parse.quote(p) for p in parts))
+
+
+def _png_size(path: Path) -> tuple[int, int] | None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(24)
+    except OSError:
+        return None
+    if len(head) < 24 or head[:8] != b"\x89PNG\r\n\x1a\n":
+        return None
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def _figures_html(folder: Path, prefix: str, figures) -> str:
+    parts = []
+    for f in figures if isinstance(figures, list) else []:
+        # only plain PNG files inside the report folder: a results.json cannot point the page elsewhere
+        if not isinstance(f, str) or "/" in f or "\\" in f or f.startswith(".") or not (folder / f).is_file():
+            continue
+        size = _png_size(folder / f)
+        wide = size is not None and size[0] >= 1.6 * size[1]  # two-panel figures get twice the width
+        css = ' class="wide"' if wide else ""
+        parts.append(f'<figure><a href="{_href(prefix, f)}"><img src="{_href(prefix, f)}" alt="{_e(f)}"{css}>'
+                     f"</a><figcaption>{_e(f)}</figcaption></figure>")
+    return "".join(parts)
+
+
+def _entries(folder: Path) -> list[dict]:
+    """The report folders of one profile (or of JupyterLab runs), by name; hidden/odd names skipped."""
+    entries = []
+    for sub in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if not sub.is_dir() or not NAME_PATTERN.fullmatch(sub.name):
+            continue
+        run, results = _read_json(sub / "run.json"), _read_json(sub / "results.json")
+        if not run and not results:
+            continue
+        if not run:  # saved from JupyterLab: results only
+            run = {"status": "ok", "profile": folder.name}
+        failed = _read_json(sub / FAILED_RUN / "run.json") if (sub / FAILED_RUN).is_dir() else {}
+        entries.append({"name": sub.name, "run": run, "results": results, "failed_run": failed, "folder": sub})
+    return entries
+
+
+def _tally_text(results: dict) -> str:
+    claims = results.get("claims") if isinstance(results.get("claims"), list) else []
+    counts = tally([c for c in claims if isinstance(c, dict)])
+    return ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "—"
+
+
+def _overrides_text(run: dict) -> str:
+    overrides = run.get("overrides")
+    if not isinstance(overrides, dict) or not overrides:
+        return "none"
+    return " ".join(f"-p {k}={json.dumps(v)}" for k, v in overrides.items())
+
+
+def _status(entry: dict) -> tuple[str, str]:
+    """(css class, text) of an entry's status."""
+    status = str(entry["run"].get("status", "?"))
+    if entry["failed_run"]:
+        return "failed", "rebuild failed; last good report shown"
+    return ("ok" if status == "ok" else "failed"), status
+
+
+def _section(entry: dict) -> str:
+    name, run, results = entry["name"], entry["run"], entry["results"]
+    cls, status = _status(entry)
+    env = results.get("environment") if isinstance(results.get("environment"), dict) else {}
+    links = [f'<a href="{_href(name, name + ".html")}">notebook (HTML)</a>',
+             f'<a href="{_href(name, name + ".ipynb")}">notebook (.ipynb)</a>']
+    if results:
+        links.append(f'<a href="{_href(name, "results.json")}">results.json</a>')
+    parts = [
+        f'<h2 id="{_e(name)}">{_e(name)} <span class="{cls}">({_e(status)})</span></h2>',
+        f'<p class="paper">{_e(paper_citation(name))}</p>',
+        f"<p>{' · '.join(links)}</p>",
+        f"<p>Profile {_e(run.get('profile'))}, run {_e(run.get('started', '—'))}, {_e(run.get('seconds', '—'))} s "
+        f"on {_e(env.get('device_name', 'unknown device'))}, torch {_e(env.get('torch', '?'))}. "
+        f"Overrides: <code>{_e(_overrides_text(run))}</code>.</p>",
+    ]
+    failed = entry["failed_run"]
+    if failed:
+        parts.append(
+            f'<div class="rebuild"><p>The rebuild of {_e(failed.get("started", "?"))} '
+            f"(overrides <code>{_e(_overrides_text(failed))}</code>) failed; the report below is the last good one. "
+            f'<a href="{_href(name, FAILED_RUN, name + ".html")}">failed run (HTML)</a> · '
+            f'<a href="{_href(name, FAILED_RUN, name + ".ipynb")}">failed run (.ipynb)</a></p>'
+            f"<pre>{_e(failed.get('error'))}</pre></div>")
+    if run.get("error"):
+        parts.append(f"<pre>{_e(run['error'])}</pre>")
+    claims = results.get("claims") if isinstance(results.get("claims"), list) else []
+    parts.append(ledger_html([c for c in claims if isinstance(c, dict)]))
+    parts.append(_figures_html(entry["folder"], name, results.get("figures")))
+    return "\n".join(parts)
+
+
+def _summary_rows(entries: list[dict], prefix: str) -> str:
+    rows = []
+    for entry in entries:
+        name, run = entry["name"], entry["run"]
+        cls, status = _status(entry)
+        target = (f"{prefix}/" if prefix else "") + "index.html"
+        rows.append(
+            f'<tr><td><a href="{_e(target)}#{_e(name)}">{_e(name)}</a></td><td>{_e(paper_citation(name))}</td>'
+            f'<td class="{cls}">{_e(status)}</td><td>{_e(run.get("seconds", "—"))}</td>'
+            f"<td><code>{_e(_overrides_text(run))}</code></td><td>{_e(_tally_text(entry['results']))}</td></tr>")
+    head = ("<tr><th>notebook</th><th>paper</th><th>status</th><th>seconds</th><th>overrides</th>"
+            "<th>paper claims</th></tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
+            f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>{body}</body></html>")
+
+
+_GROUP_NOTES = {
+    "smoke": "seconds-long runs that check the notebooks work; toy sizes, so no verdicts",
+    "cpu": "the default report, sized for a laptop-class CPU",
+    "paper": "the papers' own sizes (needs a GPU)",
+    INTERACTIVE: "results saved by notebooks run in JupyterLab with their own parameters",
+}
+
+
+def write_index(out_dir: str | Path) -> Path:
+    """Rebuild `<out_dir>/<profile>/index.html` for each profile present and the top `<out_dir>/index.html`
+    that links them. Every value from a report folder is escaped; only folders named like notebooks count."""
+    out = Path(out_dir)
+    groups = []
+    for group in (*PROFILES, INTERACTIVE):
+        entries = _entries(out / group)
+        if not entries:
+            continue
+        body = (f'<p><a href="../index.html">all profiles</a> · {_e(_GROUP_NOTES[group])}</p>'
+                + _summary_rows(entries, "") + "".join(_section(e) for e in entries))
+        _write_atomic(out / group / "index.html", _page(f"Workbench reports: {group}", body))
+        groups.append(f'<h2 id="{_e(group)}"><a href="{_href(group, "index.html")}">{_e(group)}</a></h2>'
+                      f'<p class="note">{_e(_GROUP_NOTES[group])}</p>{_summary_rows(entries, group)}')
+    body = "".join(groups) or "<p>No reports yet: run <code>make report</code>.</p>"
+    path = out / "index.html"
+    _write_atomic(path, _page("Workbench reports", body))
+    return path

@@ -1,0 +1,413 @@
+"""The claims ledger: rules that turn a measured value into a verdict, claims as data, and their table.
+
+A notebook's claims live in `workbench/experiments/<name>/claims.py` as a list of `Claim`s: the text, where
+it comes from (`paper`, our own `target`, or a `check` that cannot fail), the paper's value and its
+definition, the function that reads the measured value (and spread) from the notebook's records, the rule,
+and the kind of device the claim was made on. `judge` turns records into a `Ledger`; each verdict is
+computed, never typed, and a claim made on a GPU is judged only on a GPU (elsewhere: `other device`).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "VERDICTS", "CHECK", "SOURCES", "DEVICE_CLASSES", "Rule", "at_least", "at_most", "within", "between",
+    "Ledger", "tally", "Claim", "Measured", "judge", "device_class", "format_value", "ledger_html",
+]
+
+# Verdicts of paper claims and targets, best first; "inconclusive" when the spread straddles a threshold;
+# "other device" when a claim made on one kind of hardware (a GPU speed-up) was measured on another.
+VERDICTS = (
+    "better than claimed", "reproduced", "partly", "not reproduced", "refuted", "inconclusive",
+    "other device", "not run at this scale", "not run",
+)
+CHECK = "exact by construction"  # a row that cannot fail: shown, never tallied
+SOURCES = ("paper", "target", "check")
+DEVICE_CLASSES = ("any", "cpu", "gpu")  # the kind of hardware a claim was made on
+
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How a measured value becomes a verdict; `describe()` is printed beside every row.
+
+    One-sided (`at_least`, `at_most`) for claims the paper states as bounds; two-sided (`within` a
+    stated value, `between` a stated range) where the paper gives a number, so a result better than
+    claimed is its own verdict instead of passing silently.
+    """
+
+    kind: str  # "at_least", "at_most", "within" or "between"
+    target: float  # the bound, the stated value, or the low end of a range
+    upper: float | None = None  # the high end of a range (between)
+    partly: float | None = None  # one-sided: the weaker bound that still reads "partly"
+    refuted: float | None = None  # any kind: beyond this on the worse side reads "refuted"
+    rel: float | None = None  # within: relative tolerance for "reproduced"
+    partly_rel: float | None = None  # two-sided: relative distance on the worse side for "partly"
+    better: str | None = None  # two-sided: "higher" or "lower" is the better direction
+
+    def _worse_than(self, measured: float, bound: float) -> bool:
+        """True if `measured` lies beyond `bound` on the worse side."""
+        higher_is_better = self.kind == "at_least" or self.better == "higher"
+        return measured < bound if higher_is_better else measured > bound
+
+    def _two_sided(self, measured: float) -> str:
+        lo, hi = (self.target, self.upper) if self.kind == "between" else (self.target, self.target)
+        if self.kind == "within":
+            slack = self.rel * abs(self.target)
+            lo, hi = lo - slack, hi + slack
+        if lo <= measured <= hi:
+            return "reproduced"
+        above = measured > hi
+        if self.better is not None and above == (self.better == "higher"):
+            return "better than claimed"
+        edge = hi if above else lo
+        if self.partly_rel is not None and abs(measured - edge) <= self.partly_rel * abs(edge):
+            return "partly"
+        if self.refuted is not None and self.better is not None and self._worse_than(measured, self.refuted):
+            return "refuted"
+        return "not reproduced"
+
+    def _one_sided(self, measured: float) -> str:
+        if not self._worse_than(measured, self.target):
+            return "reproduced"
+        if self.partly is not None and not self._worse_than(measured, self.partly):
+            return "partly"
+        if self.refuted is not None and self._worse_than(measured, self.refuted):
+            return "refuted"
+        return "not reproduced"
+
+    def verdict(self, measured: float | None, spread: tuple[float, float] | None = None) -> str:
+        """The verdict for `measured`; with a `spread` (lo, hi) that changes it, "inconclusive"."""
+        if measured is None or math.isnan(measured):
+            return "not run at this scale"
+        judge = self._one_sided if self.kind in ("at_least", "at_most") else self._two_sided
+        verdict = judge(measured)
+        if spread is not None and any(judge(float(v)) != verdict for v in spread):
+            return "inconclusive"
+        return verdict
+
+    def describe(self) -> str:
+        if self.kind in ("at_least", "at_most"):
+            op, worse = (">=", "<") if self.kind == "at_least" else ("<=", ">")
+            text = f"reproduced if measured {op} {self.target:g}"
+            if self.partly is not None:
+                text += f"; partly if {op} {self.partly:g}"
+        else:
+            text = (f"reproduced if within {self.rel:.0%} of {self.target:g}" if self.kind == "within"
+                    else f"reproduced if in [{self.target:g}, {self.upper:g}]")
+            if self.better is not None:
+                text += f"; better than claimed if {self.better}"
+            if self.partly_rel is not None:
+                text += f"; partly if worse by at most {self.partly_rel:.0%}"
+            worse = "<" if self.better == "higher" else ">"
+        if self.refuted is not None:
+            text += f"; refuted if {worse} {self.refuted:g}"
+        return text
+
+
+def at_least(target: float, *, partly: float | None = None, refuted: float | None = None) -> Rule:
+    """A claim stated as a lower bound: reproduced at or above `target`, partly at or above `partly`,
+    refuted below `refuted`, otherwise not reproduced."""
+    if partly is not None and partly > target:
+        raise ValueError(f"partly ({partly}) must be <= target ({target}) for at_least")
+    return Rule("at_least", float(target), partly=partly, refuted=refuted)
+
+
+def at_most(target: float, *, partly: float | None = None, refuted: float | None = None) -> Rule:
+    """A claim stated as an upper bound: reproduced at or below `target`, partly at or below `partly`,
+    refuted above `refuted`, otherwise not reproduced."""
+    if partly is not None and partly < target:
+        raise ValueError(f"partly ({partly}) must be >= target ({target}) for at_most")
+    return Rule("at_most", float(target), partly=partly, refuted=refuted)
+
+
+def _check_better(better: str | None) -> None:
+    if better not in (None, "higher", "lower"):
+        raise ValueError(f"better must be 'higher', 'lower' or None, got {better!r}")
+
+
+def within(
+    target: float, *, rel: float, partly_rel: float | None = None, better: str | None = None,
+    refuted: float | None = None,
+) -> Rule:
+    """A value the paper states: reproduced within `rel` (relative) of `target`; outside it on the
+    `better` side "better than claimed"; on the worse side partly within a further `partly_rel` of
+    the band's edge, refuted beyond `refuted`."""
+    if rel <= 0 or (partly_rel is not None and partly_rel <= 0):
+        raise ValueError(f"need rel > 0 and partly_rel > 0, got rel={rel}, partly_rel={partly_rel}")
+    _check_better(better)
+    return Rule("within", float(target), rel=rel, partly_rel=partly_rel, better=better, refuted=refuted)
+
+
+def between(
+    low: float, high: float, *, better: str | None = None, partly_rel: float | None = None,
+    refuted: float | None = None,
+) -> Rule:
+    """A range the paper states: reproduced inside [low, high]; outside it on the `better` side
+    "better than claimed"; on the worse side partly within `partly_rel` of the nearer end."""
+    if not low <= high:
+        raise ValueError(f"need low <= high, got low={low}, high={high}")
+    _check_better(better)
+    return Rule("between", float(low), upper=float(high), better=better, partly_rel=partly_rel, refuted=refuted)
+
+
+def device_class(device) -> str:
+    """The kind of hardware a torch device (or its type string) is: "gpu" for CUDA, else "cpu"."""
+    kind = getattr(device, "type", None) or str(device).split(":")[0]
+    return "gpu" if kind == "cuda" else "cpu"
+
+
+def _check_source(source: str, allowed=("paper", "target")) -> None:
+    if source not in allowed:
+        raise ValueError(f"source must be one of {list(allowed)}, got {source!r}")
+
+
+def _check_made_on(made_on: str) -> None:
+    if made_on not in DEVICE_CLASSES:
+        raise ValueError(f"made_on must be one of {list(DEVICE_CLASSES)}, got {made_on!r}")
+
+
+class Ledger:
+    """Rows of claims checked by measurement: paper claims, our own targets, and checks.
+
+    `verdicts=False` (toy scales: the smoke profile, small interactive defaults) records every row
+    with the verdict "not run at this scale", so a toy run never reads as evidence. `device_class`
+    ("cpu" or "gpu") is the hardware the measurements ran on: a claim `made_on` other hardware is shown
+    with its measurement and the verdict "other device", never judged.
+    """
+
+    COLUMNS = ["claim", "source", "paper", "measured", "spread", "unit", "scale", "device", "verdict", "rule"]
+
+    def __init__(self, *, verdicts: bool = True, device_class: str = "cpu") -> None:
+        if device_class not in ("cpu", "gpu"):
+            raise ValueError(f"device_class must be 'cpu' or 'gpu', got {device_class!r}")
+        self.verdicts = bool(verdicts)
+        self.device_class = device_class
+        self.rows: list[dict] = []
+
+    def add(
+        self, claim: str, *, paper: float | str, measured: float | None, unit: str, scale: str,
+        device: str, rule: Rule, source: str = "paper", spread: tuple[float, float] | None = None,
+        made_on: str = "any",
+    ) -> None:
+        """A paper claim (`source="paper"`) or a goal of ours (`source="target"`), judged by `rule`."""
+        if not isinstance(rule, Rule):
+            raise TypeError(f"rule must come from at_least/at_most/within/between, got {rule!r}")
+        _check_source(source)
+        _check_made_on(made_on)
+        measured = None if measured is None else float(measured)
+        if spread is not None:
+            spread = (float(min(spread)), float(max(spread)))
+        text = rule.describe() + ("; inconclusive if the spread crosses a threshold" if spread else "")
+        if not self.verdicts:
+            verdict = "not run at this scale"
+        elif made_on not in ("any", self.device_class) and measured is not None:
+            verdict = "other device"
+            text = f"claim made on {made_on.upper()}, measured on {self.device_class.upper()}: not judged; {text}"
+        else:
+            verdict = rule.verdict(measured, spread)
+        self._append(claim, source, paper, measured, spread, unit, scale, device, verdict, text)
+
+    def check(self, claim: str, *, measured: float | str, unit: str, scale: str, device: str, why: str) -> None:
+        """A row that cannot fail (equal by construction): shown for completeness, never tallied."""
+        self._append(claim, "check", "—", measured, None, unit, scale, device, CHECK, why)
+
+    def not_run(self, claim: str, *, paper: float | str, reason: str, unit: str = "", scale: str = "",
+                device: str = "", source: str = "paper") -> None:
+        """A paper claim (or a target of ours) this notebook does not measure, with the reason."""
+        _check_source(source)
+        self._append(claim, source, paper, None, None, unit, scale, device, "not run", reason)
+
+    def _append(self, claim, source, paper, measured, spread, unit, scale, device, verdict, rule) -> None:
+        self.rows.append({
+            "claim": claim, "source": source, "paper": paper, "measured": measured, "spread": spread,
+            "unit": unit, "scale": scale, "device": str(device), "verdict": verdict, "rule": rule,
+        })
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=self.COLUMNS)
+
+    def tally(self) -> dict[str, int]:
+        """Verdict counts over paper claims only."""
+        return tally(self.rows)
+
+    def _repr_html_(self) -> str:
+        return ledger_html(self.rows)
+
+
+def tally(claims: list[dict]) -> dict[str, int]:
+    """Verdict counts of the paper rows in `claims` (targets and checks are shown apart)."""
+    counts: dict[str, int] = {}
+    for c in claims:
+        if c.get("source", "paper") == "paper":
+            counts[c.get("verdict")] = counts.get(c.get("verdict"), 0) + 1
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Claims as data
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a claim's `measure` read from the records: the value, its spread (lo, hi) and the scale."""
+
+    value: float | str | None
+    spread: tuple[float, float] | None = None
+    scale: str = ""
+
+
+Records = Mapping[str, pd.DataFrame]
+MeasureFn = Callable[[Records, Mapping], "Measured | None"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One row of a notebook's ledger, as data.
+
+    `measure(records, params)` reads the measured value from the notebook's records (DataFrames by
+    name) and parameters; it returns None when this run did not measure it ("not run at this scale").
+    `definition` is how the paper defines the quantity (the measured value must use it); `made_on` is
+    the hardware the claim was made on ("gpu" claims are judged only on a GPU). A claim this notebook
+    never measures gives `not_run` (the reason) instead of `measure`; a `check` (cannot fail by
+    construction) gives `why` instead of a rule.
+    """
+
+    text: str
+    unit: str
+    paper: float | str = "—"
+    measure: MeasureFn | None = None
+    rule: Rule | None = None
+    source: str = "paper"
+    definition: str = ""
+    made_on: str = "any"
+    not_run: str = ""
+    why: str = ""
+    tags: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        _check_source(self.source, SOURCES)
+        _check_made_on(self.made_on)
+        if self.not_run:
+            if self.source == "check":
+                raise ValueError(f"{self.text!r}: a check is always run; not_run is for paper claims and targets")
+            return
+        if self.measure is None:
+            raise ValueError(f"{self.text!r}: give measure (a function of records and params) or not_run")
+        if self.source == "check":
+            if not self.why or self.rule is not None:
+                raise ValueError(f"{self.text!r}: a check gives why (the reason it cannot fail) and no rule")
+        elif not isinstance(self.rule, Rule):
+            raise ValueError(f"{self.text!r}: a {self.source} claim needs a rule (at_least/at_most/within/between)")
+
+
+def judge(
+    claims: Sequence[Claim], records: Records, params: Mapping, *, device: str, device_class: str,
+    verdicts: bool, scale: str = "",
+) -> Ledger:
+    """The ledger of `claims` on `records`: each claim's measured value, judged by its rule.
+
+    `device` names the hardware for the rows; `device_class` ("cpu" or "gpu") decides which claims
+    are judged; `scale` is the default scale text where a measurement gives none.
+    """
+    ledger = Ledger(verdicts=verdicts, device_class=device_class)
+    for claim in claims:
+        if claim.not_run:
+            ledger.not_run(claim.text, paper=claim.paper, reason=claim.not_run, unit=claim.unit,
+                           source=claim.source)
+            continue
+        got = claim.measure(records, params)
+        if got is not None and not isinstance(got, Measured):
+            raise TypeError(f"{claim.text!r}: measure must return Measured or None, got {type(got).__name__}")
+        where = (got.scale if got is not None and got.scale else scale) or "not measured in this run"
+        if claim.source == "check":
+            value = None if got is None else got.value
+            ledger.check(claim.text, measured=value, unit=claim.unit, scale=where, device=device, why=claim.why)
+            continue
+        value = None if got is None or got.value is None else float(got.value)
+        ledger.add(claim.text, paper=claim.paper, measured=value, unit=claim.unit, scale=where, device=device,
+                   rule=claim.rule, source=claim.source, spread=None if got is None else got.spread,
+                   made_on=claim.made_on)
+    return ledger
+
+
+# ---------------------------------------------------------------------------------------------
+# Showing values and ledgers
+
+
+def _number(value: float) -> str:
+    """A float without scientific notation: thousands separated, three significant digits below that."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return np.format_float_positional(value, precision=3, fractional=False, trim="-")
+
+
+def format_value(value, unit: str = "") -> str:
+    """A ledger value as a reader wants it: bytes in KiB/MiB/GiB, fractions as %, no None/NaN/1e+06."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(format_value(v, unit) for v in value) + "]"
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return str(value)
+    value = float(value)
+    words = unit.lower()
+    if words.startswith("bytes") or words.startswith("peak bytes (") or words.startswith("byte"):
+        size = abs(value)
+        for div, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+            if size >= div:
+                return f"{value / div:.3g} {name}".replace("e+", "e")
+        return f"{value:.0f} B"
+    if words.startswith("fraction"):
+        return _number(100 * value) + "%"
+    return _number(value)
+
+
+_LEDGER_PARTS = (
+    ("paper", "Paper claims", "the tally counts these"),
+    ("target", "Our targets", "goals of ours, not claims of the paper"),
+    ("check", "Checks", "rows that cannot fail by construction, shown for completeness"),
+)
+_SHOWN = [c for c in Ledger.COLUMNS if c != "source"]
+
+
+def ledger_html(claims: list[dict]) -> str:
+    """One table each for paper claims, our targets and checks, verdicts coloured (CSS classes
+    `verdict-<verdict>`), values formatted by `format_value`."""
+    if not claims:
+        return "<p>No claims recorded.</p>"
+    parts = []
+    for source, title, note in _LEDGER_PARTS:
+        chosen = [c for c in claims if c.get("source", "paper") == source]
+        if not chosen:
+            continue
+        rows = []
+        for c in chosen:
+            cls = "verdict-" + str(c.get("verdict", "")).replace(" ", "-")
+            unit = str(c.get("unit") or "")
+            cells = []
+            for k in _SHOWN:
+                value = c.get(k)
+                text = format_value(value, unit) if k in ("paper", "measured", "spread") else format_value(value)
+                cells.append(f"<td>{html.escape(text)}</td>")
+            rows.append(f'<tr class="{html.escape(cls)}">{"".join(cells)}</tr>')
+        head = "".join(f"<th>{k}</th>" for k in _SHOWN)
+        parts.append(f"<h3>{title}</h3><p class='note'>{note}</p><table><tr>{head}</tr>{''.join(rows)}</table>")
+    return _LEDGER_CSS + "".join(parts)
+
+
+# Inline so the ledger reads the same in a notebook's own HTML as on the index page.
+_LEDGER_CSS = (
+    "<style>.verdict-reproduced{background:#e3f6e3}.verdict-better-than-claimed{background:#dcecff}"
+    ".verdict-partly,.verdict-inconclusive{background:#fff6d6}.verdict-not-reproduced,.verdict-refuted"
+    "{background:#fde2e2}.verdict-other-device{background:#eeeeee}</style>"
+)

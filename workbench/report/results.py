@@ -1,0 +1,152 @@
+"""A notebook's results: `results.json` beside its figures, and the names and folders reports share.
+
+`save_results` writes what a notebook measured (parameters, environment, records, claims ledger,
+figures); the runner and the index page read these files back and trust nothing in them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ..devices import environment, repo_root
+from .ledger import Ledger
+
+PROFILES = ("smoke", "cpu", "paper")
+KERNEL_NAME = "workbench"
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")  # notebook, figure and report folder names
+RESERVED = ("interactive", "output_dir")  # parameters the report runner sets itself
+INTERACTIVE = "interactive"  # reports/interactive/<name>: results saved from JupyterLab
+FAILED_RUN = "failed-run"  # reports/<profile>/<name>/failed-run: a failed rebuild beside the last good report
+# The kernel's own log lines (TCP transport warning, "KeyboardInterrupt caught in kernel" at shutdown) are not
+# the notebook's output and read like failures in a build log; cell errors still arrive as cell errors.
+KERNEL_QUIET = ["--IPKernelApp.log_level=CRITICAL"]
+
+
+@dataclass(frozen=True)
+class Paper:
+    """The paper a notebook reproduces, as the index page names it."""
+
+    title: str
+    authors: str = ""
+    year: int | None = None
+
+
+# NOTE: the index names papers, not file names; a notebook missing here is listed by its name alone.
+PAPERS = {
+    "tour": Paper("No paper: the workbench's conventions"),
+    "packed_bit_optimizers": Paper("Memory Efficient Mixed Precision Optimizers", "Lewandowski & Kosson"),
+    "optorch": Paper("OpTorch: optimized deep learning architectures for resource limited environments",
+                     "Ahmed & Naveed", 2021),
+    "efficient_densenet": Paper("Memory-Efficient Implementation of DenseNets", "Pleiss et al.", 2017),
+    "calcgraph": Paper("CalcGraph: taming the high costs of deep learning using models", "", 2022),
+    "variable_batch_size": Paper("Variable batch size across layers for efficient prediction on CNNs",
+                                 "Choudhury et al."),
+}
+
+
+class UsageError(ValueError):
+    """Bad input to the report runner (unknown notebook, profile or parameter, unusable output folder)."""
+
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        return _jsonable(value.item())
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename: a reader sees the old or the new file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # out of space or interrupted: leave no half-written file behind
+        raise
+
+
+def _check_name(name: str, what: str = "notebook name") -> str:
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise UsageError(f"{what} {name!r} is not allowed; names use only letters, digits, '_' and '-'")
+    return name
+
+
+def notebook_repository(start: str | Path | None = None) -> Path:
+    """The repository a notebook runs in: the nearest folder above `start` (default: the current folder,
+    which Jupyter sets to the notebook's folder) holding `.git` or `pyproject.toml`; else this checkout."""
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / ".git").exists() or (folder / "pyproject.toml").is_file():
+            return folder
+    return repo_root()
+
+
+def save_results(
+    name: str, *, output_dir: str | Path, parameters: dict, records: dict[str, pd.DataFrame],
+    ledger: Ledger, figures: dict | None = None, device=None,
+) -> Path:
+    """Write `results.json` (parameters, environment, records, claims) and figures as PNG.
+
+    `output_dir` "" (a notebook run in JupyterLab) means `reports/interactive/<name>` in the repository
+    the notebook is in. Returns the results.json path.
+    """
+    _check_name(name)
+    # NOTE: the kernel's current folder is the notebook's folder, so a run in JupyterLab saves beside
+    # the notebook's own repository, not beside the checkout the package happens to be installed from.
+    out = Path(output_dir) if output_dir else notebook_repository() / "reports" / INTERACTIVE / name
+    out.mkdir(parents=True, exist_ok=True)
+    figure_files = []
+    for fig_name, fig in (figures or {}).items():
+        _check_name(fig_name, "figure name")
+        fig.savefig(out / f"{fig_name}.png", dpi=110, bbox_inches="tight")
+        figure_files.append(f"{fig_name}.png")
+    payload = {
+        "name": name,
+        "parameters": _jsonable(parameters),
+        "environment": environment(device),
+        "records": {k: _jsonable(df.to_dict(orient="records")) for k, df in records.items()},
+        "claims": _jsonable(ledger.rows),
+        "figures": figure_files,
+    }
+    path = out / "results.json"
+    _write_atomic(path, json.dumps(payload, indent=1))
+    return path
+
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+
+def paper_citation(name: str) -> str:
+    """'Title (Authors, Year)' of the paper a notebook reproduces; the name alone for an unknown notebook."""
+    paper = PAPERS.get(name)
+    if paper is None:
+        return name
+    extra = ", ".join(str(x) for x in (paper.authors, paper.year) if x)
+    return f"{paper.title} ({extra})" if extra else paper.title
+
+
