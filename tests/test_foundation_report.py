@@ -161,3 +161,12 @@ def test_kernelspec_path_is_added_once(notebooks, tmp_path, monkeypatch):
     for _ in range(2):
         build_reports(["good"], profile="smoke", out_dir=tmp_path / "r", notebooks=notebooks, progress=False)
     assert os.environ["JUPYTER_PATH"].split(os.pathsep) == [str(repo_root()), "/elsewhere"]
+
+
+def test_capture_parameters_keeps_the_literals_a_parameters_cell_defines():
+    from workbench.report import capture_parameters
+
+    namespace = {"batch": 8, "lr": 1e-3, "formats": ["fp32", "bf16+8"], "amp": True, "device": "", "none": None,
+                 "_private": 1, "In": ["x"], "Out": {}, "get_ipython": print, "torch": pytest, "exit": 0}
+    assert capture_parameters(namespace) == {"batch": 8, "lr": 1e-3, "formats": ["fp32", "bf16+8"], "amp": True,
+                                             "device": "", "none": None}

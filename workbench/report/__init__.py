@@ -13,13 +13,15 @@ from .ledger import (
     device_class, format_value, judge, ledger_html, tally, within,
 )
 from .results import (
-    KERNEL_NAME, PAPERS, PROFILES, RESERVED, Paper, UsageError, notebook_repository, paper_citation, save_results,
+    KERNEL_NAME, PAPERS, PROFILES, RESERVED, Paper, UsageError, capture_parameters, notebook_repository,
+    paper_citation, save_results,
 )
 from .runner import available_notebooks, build_reports, load_profile
 
 __all__ = [
     "PROFILES", "KERNEL_NAME", "RESERVED", "VERDICTS", "CHECK", "SOURCES", "DEVICE_CLASSES", "Rule", "at_least",
     "at_most", "within", "between", "Ledger", "tally", "Claim", "Measured", "judge", "device_class",
-    "format_value", "ledger_html", "save_results", "UsageError", "available_notebooks", "load_profile",
+    "format_value", "ledger_html", "capture_parameters", "save_results", "UsageError", "available_notebooks",
+    "load_profile",
     "build_reports", "write_index", "Paper", "PAPERS", "paper_citation", "notebook_repository",
 ]

@@ -99,6 +99,18 @@ def notebook_repository(start: str | Path | None = None) -> Path:
     return repo_root()
 
 
+_LITERALS = (str, int, float, bool, list, tuple, dict, type(None))
+_IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython", "display"})
+
+
+def capture_parameters(namespace: dict) -> dict:
+    """The notebook's parameters as a dict: every public literal (str, number, bool, list, dict, None)
+    in `namespace`. Called once, in the cell right after the parameters cell (and papermill's
+    injected one), where the parameters are the only such globals; what `save_results` records."""
+    return {k: v for k, v in namespace.items()
+            if not k.startswith("_") and k not in _IPYTHON_NAMES and isinstance(v, _LITERALS)}
+
+
 def save_results(
     name: str, *, output_dir: str | Path, parameters: dict, records: dict[str, pd.DataFrame],
     ledger: Ledger, figures: dict | None = None, device=None,
