@@ -100,7 +100,8 @@ def notebook_repository(start: str | Path | None = None) -> Path:
 
 
 _LITERALS = (str, int, float, bool, list, tuple, dict, type(None))
-_IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython", "display"})
+# IPython's own globals, and the runner's staging folder (a temporary path, not a choice of the user's)
+_NOT_PARAMETERS = frozenset({"In", "Out", "exit", "quit", "get_ipython", "display", "output_dir"})
 
 
 def capture_parameters(namespace: dict) -> dict:
@@ -108,7 +109,7 @@ def capture_parameters(namespace: dict) -> dict:
     in `namespace`. Called once, in the cell right after the parameters cell (and papermill's
     injected one), where the parameters are the only such globals; what `save_results` records."""
     return {k: v for k, v in namespace.items()
-            if not k.startswith("_") and k not in _IPYTHON_NAMES and isinstance(v, _LITERALS)}
+            if not k.startswith("_") and k not in _NOT_PARAMETERS and isinstance(v, _LITERALS)}
 
 
 def save_results(
