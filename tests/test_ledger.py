@@ -146,3 +146,12 @@ def test_values_are_shown_in_readable_units():
                          "rule": "r"}])
     assert "c" * 300 in page and "79.2 MiB" in page and "None" not in page and "nan" not in page
     assert "verdict-other-device" in page and "e+" not in page
+
+
+def test_a_spread_that_holds_the_whole_band_is_inconclusive():
+    rule = within(160, rel=0.1)  # band [144, 176], no better side
+    assert rule.verdict(300, spread=(float("-inf"), 300)) == "inconclusive"
+    assert rule.verdict(100, spread=(90, 200)) == "inconclusive"
+    assert rule.verdict(100, spread=(90, 110)) == "not reproduced"
+    assert between(0.15, 0.20, partly_rel=0.5).verdict(0.5, spread=(0.01, 0.6)) == "inconclusive"
+    assert at_least(2, partly=1).verdict(0.5, spread=(0.4, 0.9)) == "not reproduced"

@@ -89,9 +89,28 @@ class Rule:
             return "not run at this scale"
         judge = self._one_sided if self.kind in ("at_least", "at_most") else self._two_sided
         verdict = judge(measured)
-        if spread is not None and any(judge(float(v)) != verdict for v in spread):
+        if spread is None:
+            return verdict
+        lo, hi = float(min(spread)), float(max(spread))
+        # Every verdict region the spread touches: its ends and each threshold inside it (a spread can hold
+        # the whole "reproduced" band while both its ends fall outside, on either side).
+        points = [lo, hi, *(t for t in self._thresholds() if lo <= t <= hi)]
+        if any(judge(v) != verdict for v in points):
             return "inconclusive"
         return verdict
+
+    def _thresholds(self) -> list[float]:
+        """The values where this rule's verdict can change."""
+        points = [self.target, self.upper, self.partly, self.refuted]
+        if self.kind == "within":
+            slack = self.rel * abs(self.target)
+            points += [self.target - slack, self.target + slack]
+        lo, hi = (self.target, self.upper) if self.kind == "between" else (self.target, self.target)
+        if self.kind == "within":
+            lo, hi = lo - self.rel * abs(self.target), hi + self.rel * abs(self.target)
+        if self.partly_rel is not None:
+            points += [lo - self.partly_rel * abs(lo), hi + self.partly_rel * abs(hi)]
+        return [float(p) for p in points if p is not None and math.isfinite(p)]
 
     def describe(self) -> str:
         if self.kind in ("at_least", "at_most"):

@@ -1,9 +1,9 @@
 """Memory experiments of the efficient DenseNet notebook: Pleiss, Chen, Huang, Li, van der Maaten,
 Weinberger, "Memory-Efficient Implementation of DenseNets" (2017).
 
-Fig 4 (memory against depth per variant), Section 5's budgets (measured, and extrapolated per
-sample to the paper's batch and GPU), the parameter counts of Sections 1 and 5, and the parity
-of every variant with the naive form.
+Fig 4 (memory against depth per variant, Sections 3-5) with the growth exponent fitted per
+variant, and the parity of every variant with the naive form (the variants are one model).
+Section 5's budgets and the parameter counts are in `budget`.
 
 Memory is `workbench.measure.MemoryMeter` around one forward + backward with the gradient
 buffers allocated beforehand, so `activation_peak_bytes` is feature maps plus workspace
@@ -13,7 +13,6 @@ added analytically in `total_bytes`.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 
@@ -25,12 +24,9 @@ from tqdm.auto import tqdm
 
 from workbench.devices import pick_device
 from workbench.measure import MemoryMeter
-from workbench.models.densenet import DenseNet, densenet_bc
+from workbench.models import DenseNet, densenet_bc
 
-__all__ = [
-    "VARIANTS", "LABELS", "parity", "step_memory", "memory_vs_depth", "fit_growth_exponents",
-    "deepest_within_budget", "parameter_counts", "cifar_bc_params", "extrapolate_to_budget",
-]
+__all__ = ["VARIANTS", "LABELS", "parity", "step_memory", "memory_vs_depth", "fit_growth_exponents", "memory_table"]
 
 _MIB = 2**20
 # name -> (DenseNet memory form, shared_buffer policy)
@@ -176,121 +172,11 @@ def fit_growth_exponents(df: pd.DataFrame, *,
     return pd.DataFrame(rows)
 
 
-def deepest_within_budget(df: pd.DataFrame, budget_bytes: float, *,
-                          value: str = "activation_peak_bytes",
-                          baseline: str = "naive") -> pd.DataFrame:
-    """Deepest measured depth per form whose memory fits `budget_bytes`.
-
-    Only measured depths count. ``limited_by_sweep`` is True when the deepest depth measured
-    still fits, so the true deepest model is at least that deep. ``depth_ratio`` is relative to
-    the `baseline` form's deepest depth when that form is in `df`.
-    """
-    if not budget_bytes > 0:
-        raise ValueError(f"budget_bytes={budget_bytes}; must be > 0")
-    rows = []
-    for form, g in df.groupby("form", sort=False):
-        fits = g[g[value] <= budget_bytes]
-        best = fits.loc[fits["depth"].idxmax()] if len(fits) else None
-        rows.append({
-            "form": form, "budget_bytes": float(budget_bytes),
-            "deepest_depth": int(best["depth"]) if best is not None else math.nan,
-            "bytes_at_deepest": float(best[value]) if best is not None else math.nan,
-            "params_at_deepest": int(best["params"]) if best is not None else math.nan,
-            "limited_by_sweep": bool(best is not None and best["depth"] == g["depth"].max()),
-        })
-    out = pd.DataFrame(rows)
-    base = out.loc[out["form"] == baseline, "deepest_depth"]
-    out["depth_ratio"] = out["deepest_depth"] / float(base.iloc[0]) if len(base) else math.nan
-    out["baseline"] = baseline
-    return out
-
-
-@functools.lru_cache(maxsize=512)
-def _meta_model(depth: int, growth_rate: int, num_classes: int,
-                imagenet: bool | None) -> tuple[int, bool, tuple[int, ...]]:
-    with torch.device("meta"):  # shapes only: no memory, no initialisation cost
-        model = densenet_bc(depth, growth_rate, num_classes, imagenet=imagenet)
-    return sum(p.numel() for p in model.parameters()), model.small_inputs, model.block_config
-
-
-def cifar_bc_params(depth: int, growth_rate: int, num_classes: int = 10) -> int:
-    """Parameters of ``densenet_bc(depth, growth_rate, num_classes)`` (CIFAR, 6n+4 layers) by
-    arithmetic: the extrapolation searches depths of thousands of layers, too many to build.
-    (A test checks it against built models.)"""
-    n, k = (depth - 4) // 6, growth_rate
-    channels = 2 * k
-    total = 3 * channels * 9  # stem: 3x3 convolution, no bias
-    for block in range(3):
-        for j in range(n):  # BN (2c), 1x1 conv to 4k, BN (2 * 4k), 3x3 conv to k
-            c = channels + j * k
-            total += 2 * c + c * 4 * k + 2 * 4 * k + 4 * k * k * 9
-        channels += n * k
-        if block < 2:  # transition: BN, 1x1 conv halving the channels
-            total += 2 * channels + channels * (channels // 2)
-            channels //= 2
-    return total + 2 * channels + channels * num_classes + num_classes
-
-
-def parameter_counts(models) -> pd.DataFrame:
-    """Parameters of each ``(depth, growth_rate, num_classes, imagenet)`` DenseNet-BC in `models`
-    (``imagenet`` True, False or None as in `densenet_bc`), counted on the meta device."""
-    rows = []
-    for depth, growth_rate, num_classes, imagenet in models:
-        params, small, blocks = _meta_model(depth, growth_rate, num_classes, imagenet)
-        rows.append({"depth": depth, "growth_rate": growth_rate, "num_classes": num_classes,
-                     "network": "CIFAR" if small else "ImageNet", "block_config": list(blocks),
-                     "params": params})
-    return pd.DataFrame(rows)
-
-
-def extrapolate_to_budget(df: pd.DataFrame, budget_bytes: float, *, batch_size: int = 64,
-                          forms=None, state_copies: int = 3, bytes_per_param: int = 4,
-                          max_depth: int = 2002) -> pd.DataFrame:
-    """Deepest CIFAR DenseNet-BC per form whose training step is predicted to fit `budget_bytes`
-    at `batch_size`, extrapolated per sample from the measured sweep `df`.
-
-    Prediction: ``batch_size * per_sample(depth) + state_copies * bytes_per_param * params(depth)``,
-    where ``per_sample`` is a least-squares fit ``a + b*d + c*d**2`` (c >= 0; linear if the
-    quadratic fit bends down) of activation peak / measured batch size, and the parameter count
-    is exact (`cifar_bc_params`). ``state_copies`` 3 = weights, gradients and SGD momentum. The CPU
-    meter sees tensors only: no CUDA context, cuDNN workspace or allocator fragmentation, so the
-    prediction is a lower bound on GPU memory. ``capped`` marks a form that still fits at
-    `max_depth` (the search limit).
-    """
-    if not budget_bytes > 0 or batch_size < 1 or state_copies < 0 or max_depth < 10:
-        raise ValueError(f"budget_bytes={budget_bytes} (> 0), batch_size={batch_size} (>= 1), "
-                         f"state_copies={state_copies} (>= 0), max_depth={max_depth} (>= 10)")
-    forms = _forms(forms if forms is not None else df["form"].unique())
-    rows = []
-    for form in forms:
-        g = df[(df["form"] == form)].dropna(subset=["activation_peak_bytes"])
-        if g["depth"].nunique() < 3:
-            rows.append({"form": form, "deepest_depth": math.nan, "params": math.nan})
-            continue
-        k = int(g["growth_rate"].iloc[0])
-        d = g["depth"].to_numpy(float)
-        per_sample = (g["activation_peak_bytes"] / g["batch_size"]).to_numpy(float)
-        coef = np.polyfit(d, per_sample, 2)
-        if coef[0] < 0:
-            coef = np.concatenate([[0.0], np.polyfit(d, per_sample, 1)])
-
-        def predict(depth: int, coef=coef, k=k) -> float:
-            return (batch_size * float(np.polyval(coef, depth))
-                    + state_copies * bytes_per_param * cifar_bc_params(depth, k))
-
-        # depth = 6n + 4 and predict() increases with n: binary search on n
-        lo, hi = 0, (max_depth - 4) // 6
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if predict(6 * mid + 4) <= budget_bytes else (lo, mid - 1)
-        depth = 6 * lo + 4 if lo >= 1 else math.nan
-        rows.append({
-            "form": form, "deepest_depth": depth,
-            "params": cifar_bc_params(depth, k) if lo >= 1 else math.nan,
-            "predicted_bytes": predict(depth) if lo >= 1 else math.nan,
-            "capped": lo == (max_depth - 4) // 6, "budget_bytes": float(budget_bytes),
-            "batch_size": batch_size, "state_copies": state_copies,
-            "fit_c2": float(coef[0]), "fit_c1": float(coef[1]), "fit_c0": float(coef[2]),
-            "measured_depth_max": int(d.max()), "measured_batch_size": int(g["batch_size"].iloc[0]),
-        })
-    return pd.DataFrame(rows)
+def memory_table(df: pd.DataFrame, *, value: str = "activation_peak_bytes",
+                 baseline: str = "luatorch") -> pd.DataFrame:
+    """The sweep as a table: MiB per (depth, form), and each other form's ratio to `baseline`."""
+    table = df.pivot(index="depth", columns="form", values=value) / _MIB
+    if baseline in table:
+        for form in table.columns.drop(baseline):
+            table[f"{form} / {baseline}"] = table[form] / table[baseline]
+    return table

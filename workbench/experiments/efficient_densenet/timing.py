@@ -2,8 +2,8 @@
 Weinberger, "Memory-Efficient Implementation of DenseNets" (2017).
 
 Fig 5 (time per minibatch per variant, paired ratios from interleaved rounds with their spread),
-Section 4's share of batch normalization in a training step, and Fig 2 right (contiguous vs
-strided convolution input).
+Section 4's share of batch normalization in a forward-backward pass, and Fig 2 right (contiguous
+vs strided convolution input). The paper timed all three on GPUs (a Maxwell Titan-X, a GTX 980).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from workbench.devices import pick_device
 from workbench.measure import time_interleaved
-from workbench.models.densenet import densenet_bc
+from workbench.models import densenet_bc
 
 from .memory import _batch, _forms, _model
 
@@ -88,10 +88,13 @@ def bn_time_share(depth: int = 100, *, growth_rate: int = 12, batch_size: int = 
     """Share of a training step (naive form) spent in batch normalization, by ablation.
 
     The same model with every BatchNorm2d replaced by an identity is timed against the naive
-    model in interleaved rounds; ``bn_share`` is the median over rounds of
-    ``1 - time(without BN) / time(with BN)`` (forward and backward of every BN layer), with its
-    min/max over rounds. Convolution cost does not depend on the values it is given, so the
-    difference is the BN layers' own time (the paper: "roughly 5%").
+    model in interleaved rounds, each model both for a training step (forward + backward) and
+    for a forward pass alone (no autograd graph). Per round, ``bn_forward_share`` is
+    ``(forward with BN - forward without BN) / step with BN``: computing the normalized features
+    as a share of one forward-backward pass, the paper's Section 4 quantity ("roughly 5%", the
+    cost of recomputing them in backward). ``bn_share`` is ``1 - step without BN / step with BN``
+    (BN's forward and backward). Both are medians over rounds with their min/max. Convolution
+    cost does not depend on the values it is given, so the differences are the BN layers' time.
     """
     if rounds < 1 or warmup < 0:
         raise ValueError(f"rounds={rounds} (>= 1), warmup={warmup} (>= 0)")
@@ -112,16 +115,29 @@ def bn_time_share(depth: int = 100, *, growth_rate: int = 12, batch_size: int = 
             F.cross_entropy(m(x), y).backward()
         return step
 
-    times = time_interleaved({"with BN": make_step(with_bn), "without BN": make_step(without)},
-                             warmup=warmup + 1, repeats=rounds, device=device, rotate=True,
+    def make_forward(m):
+        def forward():
+            with torch.no_grad():
+                m(x)
+        return forward
+
+    models = {"with BN": with_bn, "without BN": without}
+    calls = {**{v: make_step(m) for v, m in models.items()},
+             **{("forward", v): make_forward(m) for v, m in models.items()}}
+    times = time_interleaved(calls, warmup=warmup + 1, repeats=rounds, device=device, rotate=True,
                              progress=progress, desc="BN time share")
-    share = 1.0 - np.asarray(times["without BN"]) / np.asarray(times["with BN"])
+    step = {v: np.asarray(times[v]) for v in models}
+    fwd = {v: np.asarray(times["forward", v]) for v in models}
+    share = 1.0 - step["without BN"] / step["with BN"]
+    fwd_share = (fwd["with BN"] - fwd["without BN"]) / step["with BN"]
     return pd.DataFrame([{
-        "variant": v, "median_s": float(np.median(times[v])), "min_s": float(np.min(times[v])),
-        "max_s": float(np.max(times[v])), "bn_share": float(np.median(share)),
-        "bn_share_min": float(share.min()), "bn_share_max": float(share.max()), "depth": depth,
-        "growth_rate": growth_rate, "batch_size": batch_size, "image_size": image_size,
-        "rounds": rounds, "device": str(device)} for v in ("with BN", "without BN")])
+        "variant": v, "median_s": float(np.median(step[v])), "min_s": float(step[v].min()),
+        "max_s": float(step[v].max()), "forward_median_s": float(np.median(fwd[v])),
+        "bn_share": float(np.median(share)), "bn_share_min": float(share.min()),
+        "bn_share_max": float(share.max()), "bn_forward_share": float(np.median(fwd_share)),
+        "bn_forward_share_min": float(fwd_share.min()), "bn_forward_share_max": float(fwd_share.max()),
+        "depth": depth, "growth_rate": growth_rate, "batch_size": batch_size, "image_size": image_size,
+        "rounds": rounds, "device": str(device)} for v in models])
 
 
 def conv_contiguity(channels=(48, 96, 192, 384), *, out_channels: int = 12,

@@ -1,18 +1,16 @@
-"""The efficient DenseNet notebook's experiment functions added for the honest ledger: the per-sample
-extrapolation to a memory budget, the BN time share, the contiguity spread, parity, parameter counts."""
+"""The efficient DenseNet notebook's Section 5 experiments: the deepest model within a budget (measured,
+and extrapolated per sample to the paper's scale) and the parameter counts."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 import workbench.experiments.efficient_densenet as bench
-import workbench.experiments.efficient_densenet.timing as timing
-from workbench.models.densenet import densenet_bc
+from workbench.models import densenet_bc
 
 
 def _sweep(per_sample, depths=(16, 40, 64, 100), batch_size=2) -> pd.DataFrame:
@@ -43,6 +41,12 @@ def test_extrapolate_to_budget_finds_the_deepest_depth_that_fits() -> None:
     assert none_fit["deepest_depth"].isna().all()
 
 
+def test_extrapolate_defaults_to_the_papers_scale() -> None:
+    out = bench.extrapolate_to_budget(_sweep({"shared_max": lambda d: 2e5 * d + 1e6})).iloc[0]
+    assert out["budget_bytes"] == bench.PAPER_BUDGET_BYTES == 12 * 2**30
+    assert out["batch_size"] == bench.PAPER_BATCH_SIZE == 64
+
+
 def test_extrapolate_never_bends_down() -> None:
     # a slightly concave sweep (quadratic coefficient < 0) is extrapolated linearly instead
     df = _sweep({"shared": lambda d: 1e5 * d - 10.0 * d * d + 1e6})
@@ -61,44 +65,27 @@ def test_extrapolate_rejects_bad_input(kwargs, match) -> None:
         bench.extrapolate_to_budget(df, **kwargs)
 
 
-def test_contiguity_ratio_spread_is_the_median_taken_round_by_round() -> None:
-    conv = pd.DataFrame([
-        {"in_channels": 8, "layout": "contiguous", "ratio_to_contiguous": 1.0, "round_ratios": [1.0] * 3},
-        {"in_channels": 8, "layout": "non-contiguous", "ratio_to_contiguous": 1.2, "round_ratios": [1.1, 1.2, 1.6]},
-        {"in_channels": 16, "layout": "contiguous", "ratio_to_contiguous": 1.0, "round_ratios": [1.0] * 3},
-        {"in_channels": 16, "layout": "non-contiguous", "ratio_to_contiguous": 1.4, "round_ratios": [1.3, 1.5, 1.4]},
-    ])
-    value, lo, hi = bench.contiguity_ratio(conv)
-    assert value == pytest.approx(1.3)
-    assert (lo, hi) == pytest.approx((np.median([1.1, 1.3]), np.median([1.6, 1.4])))
+def test_memory_budget_is_the_baselines_peak_at_a_depth() -> None:
+    df = _sweep({"luatorch": lambda d: 100.0 * d * d, "shared_max": lambda d: 1000.0 * d})
+    out = bench.memory_budget(df, 40).set_index("form")
+    assert (out["budget_bytes"] == 2 * 100.0 * 40 * 40).all() and (out["budget_depth"] == 40).all()
+    assert out.loc["luatorch", "deepest_depth"] == 40 and out.loc["luatorch", "depth_ratio"] == 1.0
+    assert out.loc["shared_max", "deepest_depth"] == 100 and out.loc["shared_max", "limited_by_sweep"]
+    assert out.loc["shared_max", "depth_ratio"] == pytest.approx(100 / 40)
+    assert bench.memory_budget(df, 22).empty  # not in the sweep
+    with pytest.raises(ValueError, match="budget_bytes"):
+        bench.deepest_within_budget(df, 0)
 
 
-def test_bn_time_share_times_a_model_without_batch_norm(one_thread, monkeypatch) -> None:
-    seen = {}
-    real = timing.time_interleaved
-
-    def spy(fns, **kw):
-        seen.update(fns)
-        return real(fns, **kw)
-
-    monkeypatch.setattr(timing, "time_interleaved", spy)
-    df = bench.bn_time_share(10, growth_rate=4, batch_size=2, image_size=8, rounds=2, warmup=0,
-                             device="cpu", progress=False).set_index("variant")
-    assert set(df.index) == {"with BN", "without BN"}
-    row = df.iloc[0]
-    assert row["bn_share_min"] <= row["bn_share"] <= row["bn_share_max"] < 1
-    models = {k: fn.__closure__[0].cell_contents for k, fn in seen.items()}
-    count = {k: sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()) for k, model in models.items()}
-    assert count["without BN"] == 0 and count["with BN"] > 0
-    with pytest.raises(ValueError, match="rounds=0"):
-        bench.bn_time_share(10, rounds=0)
-
-
-def test_parity_of_every_variant() -> None:
-    df = bench.parity(10, growth_rate=4, batch_size=2, image_size=8).set_index("form")
-    assert set(df.index) == set(bench.VARIANTS)
-    assert (df["max_rel_grad_diff"] < 1e-5).all() and (df["max_abs_output_diff"] < 1e-5).all()
-    assert (df["num_batches_tracked"] == 1).all()
+def test_deepest_within_budget_edges() -> None:
+    mem = pd.DataFrame([{"form": f, "depth": d, "params": d, "activation_peak_bytes": b}
+                        for f, d, b in (("naive", 10, 5.0), ("naive", 16, 9.0), ("shared", 10, 3.0),
+                                        ("shared", 16, 4.0))])
+    out = bench.deepest_within_budget(mem, 4.0).set_index("form")
+    assert math.isnan(out.loc["naive", "deepest_depth"])
+    assert out.loc["shared", "deepest_depth"] == 16 and out.loc["shared", "limited_by_sweep"]
+    with pytest.raises(ValueError, match="budget_bytes=0"):
+        bench.deepest_within_budget(mem, 0)
 
 
 @pytest.mark.parametrize("depth, k, classes", [(10, 12, 10), (40, 12, 10), (100, 12, 10), (160, 12, 10),
@@ -116,12 +103,7 @@ def test_parameter_counts_table() -> None:
     assert df["block_config"].iloc[1] == [6, 12, 48, 48]
 
 
-def test_luatorch_and_max_buffer_variants_in_the_sweep(one_thread) -> None:
-    df = bench.memory_vs_depth([16, 28], forms=("luatorch", "naive", "shared", "shared_max"),
-                               batch_size=2, image_size=16, device="cpu", progress=False)
-    peak = df.pivot(index="depth", columns="form", values="activation_peak_bytes")
-    assert (peak["luatorch"] > peak["naive"]).all()
-    assert (peak["shared"] < peak["shared_max"]).all() and (peak["shared_max"] < peak["naive"]).all()
-    budget = bench.deepest_within_budget(df, float(peak.loc[16, "luatorch"]), baseline="luatorch")
-    assert (budget["baseline"] == "luatorch").all()
-    assert budget.set_index("form").loc["luatorch", "depth_ratio"] == 1.0
+def test_the_papers_models_are_all_counted() -> None:
+    df = bench.parameter_counts(bench.PAPER_MODELS)
+    assert list(zip(df["depth"], df["growth_rate"], strict=True)) == [m[:2] for m in bench.PAPER_MODELS]
+    assert df.set_index(["depth", "growth_rate"]).loc[(264, 48), "block_config"] == [6, 12, 64, 48]
