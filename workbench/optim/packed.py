@@ -2,18 +2,18 @@
 
 Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 3.1.
 Each parameter is the 16-bit tensor the model uses; the optimizer keeps only the next k bits of
-its fp32 value (``workbench.optim.bits``: dense int32 words, or uint8 byte planes when the stored
+its fp32 value (``workbench.optim.packing``: dense int32 words, or uint8 byte planes when the stored
 width is 8 or 16 bits). A step merges half + extra bits into the fp32 master value, applies the
 ordinary torch.optim update in fp32 and splits the result back, optionally rounding the 16-bit
 value stochastically (one more stored bit un-rounds it).
 
-Options beyond the paper: ``state_dtype=torch.bfloat16`` keeps the moments in bf16 (torch.optim's
-own behaviour for bf16 parameters), ``master_rounding="stochastic"`` rounds the kept master value
-stochastically at its lowest kept bit instead of truncating it (small k then stays unbiased).
+The keyword options they share (extra_bits, stochastic_rounding, master_rounding, state_dtype,
+fused, compile, seed) are declared, checked and documented once, in ``PackedOptions``
+(``workbench.optim.options``). Options beyond the paper: ``state_dtype=torch.bfloat16`` keeps the
+moments in bf16, ``master_rounding="stochastic"`` rounds the kept master value stochastically.
 
 ``fused=True`` ("Fused" in 3.1): a group's halves, extra bits and states live in flat buffers
-(each parameter a 32-value-aligned segment, so per-parameter state entries stay views of them and
-``state_dict`` looks the same), and one flat update runs over the whole group. It is
+(``workbench.optim.fused``), and one flat update runs over the whole group. It is
 ``torch.compile``d (C++ on CPU, Triton on GPU) with ``compile=True``; the eager fallback runs the
 same function uncompiled and gives the same result (bit for bit; compiled code reads 16-bit
 patterns through exact float conversions, so only NaN payloads could differ). With
@@ -24,8 +24,6 @@ dynamic shapes, so one kernel per format serves every parameter size.
 from __future__ import annotations
 
 import math
-import numbers
-import weakref
 from collections.abc import Callable, Iterable
 from copy import deepcopy
 from itertools import chain
@@ -33,40 +31,15 @@ from typing import Any
 
 import torch
 
-from workbench.optim.bits import (
-    SUPPORTED_DTYPES,
-    check_format,
-    extra_storage,
-    merge,
-    mix_key,
-    storage_bits,
-)
+from workbench.optim.formats import SUPPORTED_DTYPES, check_format, storage_bits
+from workbench.optim.fused import FlatGroup
+from workbench.optim.options import PackedOptions, check_real, takes_options
+from workbench.optim.packing import extra_storage
+from workbench.optim.rng import mix_key, shift_key
+from workbench.optim.split_merge import merge
 from workbench.optim.update import adam_math, chunked_update, compiled_update, sgd_math
 
 __all__ = ["PackedOptimizer", "PackedSGD", "PackedAdamW", "PackedAdam", "master_weight"]
-
-STATE_DTYPES = (torch.float32, torch.bfloat16)
-MASTER_ROUNDING = ("truncate", "stochastic")
-_GOLDEN = 0x9E3779B1
-
-
-def _check_real(name: str, value: Any, *, low: float = 0.0, high: float = math.inf,
-                high_open: bool = False) -> None:
-    """TypeError for a non-number, ValueError for NaN/inf or a value outside [low, high]."""
-    if torch.is_tensor(value) and value.numel() == 1 and value.is_floating_point():
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}={value!r} must be a real number, got {type(value).__name__}")
-    upper_ok = value < high if high_open else value <= high
-    if not (math.isfinite(value) and value >= low and upper_ok):
-        bracket = ")" if high_open else "]"
-        raise ValueError(f"{name}={value!r} out of range: allowed finite values in [{low}, {high}{bracket}")
-
-
-def _shift_key(key: int, offset: int) -> int:
-    """The key whose stream at index i equals ``key``'s stream at index offset + i."""
-    k = (key + offset * _GOLDEN) & 0xFFFFFFFF
-    return k - (1 << 32) if k >= 1 << 31 else k
 
 
 def _extra_arg(extra: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
@@ -74,107 +47,22 @@ def _extra_arg(extra: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
     return list(extra.unbind(0)) if extra.dtype == torch.uint8 else extra
 
 
-# NOTE: the fused path rebinds each ``p.data`` to a view of the group's flat buffer (as apex's
-# flat-buffer optimizers do). Gradients are copied into a flat gradient buffer unless they already
-# are its views (``zero_grad(set_to_none=False)`` keeps them so); the optimizer holds that buffer
-# only weakly, so ``zero_grad(set_to_none=True)`` frees it with the gradients. A group where some
-# parameter has no gradient takes the per-parameter path, which computes the same update.
-class _FlatGroup:
-    """Flat buffers of one fused param group; params, grads and states become views into them."""
-
-    def __init__(self, params: list[torch.Tensor], state: dict, keys: list[str], bits: int,
-                 state_dtype: torch.dtype):
-        self.params, self.keys, self.bits = params, keys, bits
-        self.offsets, off = [], 0
-        for p in params:
-            self.offsets.append(off)
-            off += (p.numel() + 31) // 32 * 32
-        self.total = off
-        dev, dtype = params[0].device, params[0].dtype
-        self.half = torch.zeros(off, dtype=dtype, device=dev)
-        shape, edtype = extra_storage(off, bits, aligned=True)
-        self.extra = torch.zeros(shape, dtype=edtype, device=dev)
-        self.states = {k: torch.zeros(off, dtype=state_dtype, device=dev) for k in keys}
-        self._grad: weakref.ref | None = None
-        for p, o in zip(params, self.offsets, strict=True):
-            n, st = p.numel(), state[p]
-            view = self.half[o : o + n]
-            view.copy_(p.detach().reshape(-1))
-            p.data = view.view_as(p)
-            for k in keys:
-                self.states[k][o : o + n].copy_(st[k].reshape(-1))
-                st[k] = self.states[k][o : o + n].view_as(p)
-            seg = self._extra_view(o, n)
-            seg.copy_(st["extra"])
-            st["extra"] = seg
-        # data pointers every view must keep; checked each step in plain integers (cheap)
-        self._expect = [
-            (p, self.half[o:].data_ptr(), state[p]["extra"].data_ptr(),
-             tuple(self.states[k][o:].data_ptr() for k in keys))
-            for p, o in zip(params, self.offsets, strict=True)
-        ]
-        self._item = self.half.element_size()
-
-    def _extra_view(self, o: int, n: int) -> torch.Tensor:
-        if self.extra.dtype == torch.uint8:
-            return self.extra[:, o : o + n]
-        ws = o * self.bits // 32
-        return self.extra[ws : ws + (n * self.bits + 31) // 32]
-
-    def valid(self, state: dict) -> bool:
-        for p, hp, ep, sps in self._expect:
-            st = state.get(p)
-            if st is None or p.data_ptr() != hp or "extra" not in st or st["extra"].data_ptr() != ep:
-                return False
-            if any(st[k].data_ptr() != sp for k, sp in zip(self.keys, sps, strict=True)):
-                return False
-        return True
-
-    def gather_grads(self) -> torch.Tensor:
-        """The flat gradient: reused when every ``.grad`` is still its view, else copied into a new one."""
-        buf = self._grad() if self._grad is not None else None
-        if buf is not None:
-            base = buf.data_ptr()
-            if all(p.grad.data_ptr() == base + o * self._item
-                   for p, o in zip(self.params, self.offsets, strict=True)):
-                return buf
-        buf = torch.empty(self.total, dtype=self.half.dtype, device=self.half.device)
-        end = 0
-        for p, o in zip(self.params, self.offsets, strict=True):
-            buf[end:o].zero_()  # padding between segments: a defined value, never read back
-            view = buf[o : o + p.numel()]
-            view.copy_(p.grad.reshape(-1))
-            p.grad = view.view_as(p)
-            end = o + p.numel()
-        buf[end:].zero_()
-        self._grad = weakref.ref(buf)
-        return buf
-
-
 class PackedOptimizer(torch.optim.Optimizer):
-    """Shared machinery: packed extra bits, per-parameter steps, flat fused steps, state dicts."""
+    """Shared machinery: packed extra bits, per-parameter steps, flat fused steps, state dicts.
 
-    def __init__(
-        self,
-        params: Iterable,
-        defaults: dict[str, Any],
-        *,
-        extra_bits: int,
-        stochastic_rounding: bool = False,
-        master_rounding: str = "truncate",
-        state_dtype: torch.dtype = torch.float32,
-        fused: bool = False,
-        compile: bool = False,
-        seed: int | None = None,
-    ) -> None:
-        defaults = dict(defaults, extra_bits=extra_bits, stochastic_rounding=bool(stochastic_rounding),
-                        master_rounding=master_rounding, state_dtype=state_dtype, fused=bool(fused))
-        self.compile = bool(compile)
-        self._flat: dict[int, _FlatGroup] = {}
+    ``defaults`` holds the algorithm's hyperparameters (with ``lr`` and ``weight_decay``);
+    ``options`` are :class:`PackedOptions`' keywords.
+    """
+
+    @takes_options
+    def __init__(self, params: Iterable, defaults: dict[str, Any], **options: Any) -> None:
+        opts = PackedOptions.from_keywords(f"{type(self).__name__}.__init__", options)
+        defaults = dict(defaults, **opts.group_defaults())
+        self.compile = bool(opts.compile)
+        self._flat: dict[int, FlatGroup] = {}
         self._index: dict[int, tuple[int, int]] = {}  # id(param) -> (group index, flat offset)
         self._coef_cache: dict[int, tuple[Any, torch.Tensor]] = {}
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise TypeError(f"seed={seed!r} must be an int or None")
+        seed = opts.seed
         # NOTE: the random bits of stochastic rounding are a hash of (seed, group, step, position),
         # so the seed (drawn from torch's global generator when not given) is the whole RNG state.
         self.seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed
@@ -190,14 +78,9 @@ class PackedOptimizer(torch.optim.Optimizer):
         group = self.param_groups[gi]
         try:
             for key in ("lr", "weight_decay"):
-                _check_real(key, group[key])
+                check_real(key, group[key])
+            PackedOptions.check_group(group)
             k = group["extra_bits"]
-            if isinstance(k, bool) or not isinstance(k, int):
-                raise TypeError(f"extra_bits={k!r} must be an int in 0..16 (bf16) / 0..13 (fp16)")
-            if group["master_rounding"] not in MASTER_ROUNDING:
-                raise ValueError(f"master_rounding={group['master_rounding']!r}: allowed {MASTER_ROUNDING}")
-            if group["state_dtype"] not in STATE_DTYPES:
-                raise TypeError(f"state_dtype={group['state_dtype']!r}: allowed torch.float32, torch.bfloat16")
             for i, p in enumerate(group["params"]):
                 if p.dtype not in SUPPORTED_DTYPES:
                     raise TypeError(
@@ -336,7 +219,7 @@ class PackedOptimizer(torch.optim.Optimizer):
         st = self._init_state(p, group)
         step = st["step"]
         coef = self._coef(group, step + 1, p.device)
-        key = _shift_key(mix_key(self.seed, gi, step), offset) if self._random(group) else None
+        key = shift_key(mix_key(self.seed, gi, step), offset) if self._random(group) else None
         states = [st[k].view(-1) for k in self._state_keys(group)]
         extra = _extra_arg(st["extra"])
         if self.compile:
@@ -377,7 +260,7 @@ class PackedOptimizer(torch.optim.Optimizer):
         bits = self._bits(group)
         flat = self._flat.get(gi)
         if flat is None or not flat.valid(self.state):
-            flat = self._flat[gi] = _FlatGroup(group["params"], self.state, list(self._state_keys(group)),
+            flat = self._flat[gi] = FlatGroup(group["params"], self.state, list(self._state_keys(group)),
                                                bits, group["state_dtype"])
         grad = flat.gather_grads()
         coef = self._coef(group, step + 1, flat.half.device)
@@ -400,35 +283,20 @@ class PackedOptimizer(torch.optim.Optimizer):
 class PackedSGD(PackedOptimizer):
     """SGD (torch.optim.SGD semantics) on fp16/bf16 parameters plus k packed extra bits.
 
-    The momentum buffer (in groups with momentum) is kept in ``state_dtype``.
+    The momentum buffer (in groups with momentum) is kept in ``state_dtype``. Keyword options
+    (``extra_bits`` required): :class:`PackedOptions`.
     """
 
-    def __init__(
-        self,
-        params: Iterable,
-        lr: float,
-        momentum: float = 0.0,
-        dampening: float = 0.0,
-        weight_decay: float = 0.0,
-        nesterov: bool = False,
-        *,
-        extra_bits: int,
-        stochastic_rounding: bool = False,
-        master_rounding: str = "truncate",
-        state_dtype: torch.dtype = torch.float32,
-        fused: bool = False,
-        compile: bool = False,
-        seed: int | None = None,
-    ) -> None:
+    @takes_options
+    def __init__(self, params: Iterable, lr: float, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, **options: Any) -> None:
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=weight_decay, nesterov=nesterov)
-        super().__init__(params, defaults, extra_bits=extra_bits, fused=fused, compile=compile,
-                         stochastic_rounding=stochastic_rounding, master_rounding=master_rounding,
-                         state_dtype=state_dtype, seed=seed)
+        super().__init__(params, defaults, **options)
 
     def _check_group(self, group):
-        _check_real("momentum", group["momentum"])
-        _check_real("dampening", group["dampening"])
+        check_real("momentum", group["momentum"])
+        check_real("dampening", group["dampening"])
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise ValueError("nesterov needs momentum > 0 and dampening = 0")
 
@@ -451,30 +319,16 @@ class PackedAdamW(PackedOptimizer):
 
     ``decoupled=False`` gives Adam (L2 weight decay added to the gradient); see :class:`PackedAdam`.
     ``state_dtype=torch.bfloat16`` keeps both moments in bf16 (4 instead of 8 bytes per parameter).
+    Keyword options (``extra_bits`` required): :class:`PackedOptions`.
     """
 
-    def __init__(
-        self,
-        params: Iterable,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 1e-2,
-        *,
-        extra_bits: int,
-        stochastic_rounding: bool = False,
-        master_rounding: str = "truncate",
-        state_dtype: torch.dtype = torch.float32,
-        decoupled: bool = True,
-        fused: bool = False,
-        compile: bool = False,
-        seed: int | None = None,
-    ) -> None:
+    @takes_options
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, *, decoupled: bool = True,
+                 **options: Any) -> None:
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         decoupled=decoupled)
-        super().__init__(params, defaults, extra_bits=extra_bits, fused=fused, compile=compile,
-                         stochastic_rounding=stochastic_rounding, master_rounding=master_rounding,
-                         state_dtype=state_dtype, seed=seed)
+        super().__init__(params, defaults, **options)
 
     def _check_group(self, group):
         betas = group["betas"]
@@ -482,10 +336,10 @@ class PackedAdamW(PackedOptimizer):
             raise ValueError(f"betas={betas} must be a pair")
         for i, b in enumerate(betas):
             try:
-                _check_real(f"betas[{i}]", b, high=1.0, high_open=True)
+                check_real(f"betas[{i}]", b, high=1.0, high_open=True)
             except ValueError as e:
                 raise ValueError(f"betas={betas} must lie in [0, 1): {e}") from None
-        _check_real("eps", group["eps"])
+        check_real("eps", group["eps"])
 
     def _state_keys(self, group):
         return ("exp_avg", "exp_avg_sq")
@@ -504,28 +358,18 @@ class PackedAdamW(PackedOptimizer):
 
 
 class PackedAdam(PackedAdamW):
-    """Adam (torch.optim.Adam semantics, L2 weight decay) with packed extra bits."""
+    """Adam (torch.optim.Adam semantics, L2 weight decay) with packed extra bits.
 
-    def __init__(
-        self,
-        params: Iterable,
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        *,
-        extra_bits: int,
-        stochastic_rounding: bool = False,
-        master_rounding: str = "truncate",
-        state_dtype: torch.dtype = torch.float32,
-        fused: bool = False,
-        compile: bool = False,
-        seed: int | None = None,
-    ) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, extra_bits=extra_bits,
-                         stochastic_rounding=stochastic_rounding, master_rounding=master_rounding,
-                         state_dtype=state_dtype, decoupled=False, fused=fused, compile=compile,
-                         seed=seed)
+    Keyword options (``extra_bits`` required): :class:`PackedOptions`.
+    """
+
+    @takes_options
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, **options: Any) -> None:
+        # NOTE: past PackedAdamW's constructor, which takes ``decoupled``: Adam refuses it as an
+        # unknown keyword, as before.
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decoupled=False)
+        PackedOptimizer.__init__(self, params, defaults, **options)
 
 
 def master_weight(optimizer: PackedOptimizer, p: torch.Tensor) -> torch.Tensor:

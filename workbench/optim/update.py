@@ -8,7 +8,7 @@ over a fused flat stream) or ``torch.compile``d into one loop (C++ on CPU, Trito
 paths give the same bits.
 
 Randomness (stochastic rounding of the 16-bit value, stochastic master rounding) comes from
-``bits.hash_noise``: a counter-based hash of (key, index) computed next to each value, so neither
+``rng.hash_noise``: a counter-based hash of (key, index) computed next to each value, so neither
 path allocates a noise buffer the size of the tensor.
 """
 
@@ -20,16 +20,10 @@ from typing import Any
 
 import torch
 
-from workbench.optim.bits import (
-    decode,
-    hash_noise,
-    max_extra_bits,
-    merge_values,
-    packed_words,
-    split_values,
-    storage_bits,
-    store_into,
-)
+from workbench.optim.formats import max_extra_bits, storage_bits
+from workbench.optim.packing import decode, packed_words, store_into
+from workbench.optim.rng import hash_noise
+from workbench.optim.split_merge import merge_values, split_values
 
 __all__ = ["CHUNK", "packed_update", "chunked_update", "compiled_update", "sgd_math", "adam_math"]
 

@@ -1,5 +1,5 @@
-"""DenseNet-BC (Pleiss et al. 2017): the LuaTorch-style naive baseline, the single max-size shared
-buffer, double backward through the shared form, the ImageNet models and input validation."""
+"""DenseNet-BC (Pleiss et al. 2017): the LuaTorch-style naive baseline, double backward through
+every form, the ImageNet models and input validation. Tests ``workbench.models.densenet``."""
 
 from __future__ import annotations
 
@@ -49,51 +49,6 @@ def test_luatorch_form_holds_both_outputs_and_both_gradients() -> None:
     assert live["luatorch"] - live["naive"] == 4 * _quadratic_bytes(base, tuple(x.shape))
 
 
-def _peak(model: DenseNet, x: torch.Tensor) -> int:
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    with MemoryMeter("cpu") as meter:
-        model(x).square().sum().backward()
-    return meter.peak_bytes
-
-
-def test_max_buffer_is_one_pair_of_the_largest_size() -> None:
-    torch.manual_seed(0)
-    kwargs = dict(growth_rate=4, block_config=(3, 3, 3), num_classes=3)
-    base = DenseNet(**kwargs)
-    x = torch.randn(2, 3, 8, 8)
-    model = _copy(base, memory="shared", shared_buffer="max", **kwargs)
-    state = model._step_state(model.stem(x))
-    # the first block is the widest: (2k + 2 * k) channels at 8x8
-    expected = max(2 * (b.in_channels + 2 * 4) * (8 >> i) * (8 >> i) for i, b in enumerate(model.blocks))
-    assert state.concat.numel() == state.normed.numel() == expected == 2 * 16 * 64
-    assert not state.per_block
-    peaks = {buf: _peak(_copy(base, memory="shared", shared_buffer=buf, **kwargs), x)
-             for buf in ("per_block", "max")}
-    assert peaks["per_block"] < peaks["max"]
-    # the max form's peak never exceeds the per-block one by more than that pair of buffers
-    assert peaks["max"] - peaks["per_block"] <= 2 * expected * 4
-
-
-@pytest.mark.parametrize("train", [True, False])
-def test_max_buffer_matches_naive(train: bool) -> None:
-    torch.manual_seed(0)
-    kwargs = dict(growth_rate=3, block_config=(2, 3), num_classes=4)
-    base = DenseNet(**kwargs).double()
-    x = torch.randn(3, 3, 8, 8, dtype=torch.float64)
-    results = []
-    for kw in (dict(memory="naive"), dict(memory="shared", shared_buffer="max")):
-        model = _copy(base, **kw, **kwargs).train(train)
-        out = model(x)
-        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
-        results.append((out.detach(), [p.grad for p in model.parameters()], model.state_dict()))
-    torch.testing.assert_close(results[1][0], results[0][0])
-    torch.testing.assert_close(results[1][1], results[0][1])
-    torch.testing.assert_close(results[1][2], results[0][2])
-    model.shared_buffer = "per_block"
-    assert "shared_buffer='per_block'" in repr(model)
-
-
 @pytest.mark.parametrize("train", [True, False])
 def test_double_backward_through_every_form(train: bool) -> None:
     """A gradient penalty (backward with create_graph=True, then backward again) matches naive."""
@@ -117,16 +72,6 @@ def test_double_backward_through_every_form(train: bool) -> None:
     for form in ("luatorch", "checkpoint", "shared"):
         torch.testing.assert_close(results[form][0], results["naive"][0], msg=form)
         torch.testing.assert_close(results[form][1], results["naive"][1], msg=form)
-
-
-def test_shared_function_gradgradcheck() -> None:
-    torch.manual_seed(0)
-    model = DenseNet(2, (2,), num_classes=2, memory="shared").double()
-    layer = model.blocks[0].layers[1]
-    params = (layer.norm1.weight, layer.conv1.weight)
-    x = torch.randn(2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradgradcheck(lambda inp, *ps: model(inp), (x, *params), atol=1e-5,
-                                        fast_mode=True)
 
 
 def test_imagenet_models_match_published_parameter_counts() -> None:

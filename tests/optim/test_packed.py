@@ -6,8 +6,7 @@ import math
 import pytest
 import torch
 
-from workbench.optim import PackedAdam, PackedAdamW, PackedSGD, master_weight
-from workbench.optim.bits import merge, split
+from workbench.optim import PackedAdam, PackedAdamW, PackedSGD, master_weight, merge, split
 
 BF16, FP16 = torch.bfloat16, torch.float16
 SHAPES = [(37, 5), (64,), (3, 3, 3), (1,)]

@@ -1,6 +1,6 @@
 """The packed optimizers on CUDA (Lewandowski & Kosson, 3.1): the Triton-compiled fused step against
 the eager CPU step bit for bit, and parity with torch's fused CUDA AdamW. Skipped without a GPU.
-(The compiled step inside backward on CUDA is in test_optim_compiled.py.)"""
+(The compiled step inside backward on CUDA is in tests/optim/test_update.py.)"""
 
 import pytest
 import torch

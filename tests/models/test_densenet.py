@@ -1,9 +1,8 @@
 """DenseNet-BC memory forms (Pleiss et al. 2017): the checkpointed and shared-storage forms are
-switches on the naive baseline and must match it (outputs, gradients, BN running statistics)."""
+switches on the naive baseline and must match it (outputs, gradients, BN running statistics).
+Tests ``workbench.models.densenet``."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
@@ -11,10 +10,6 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.experiments.efficient_densenet import (
-    conv_contiguity, deepest_within_budget, fit_growth_exponents, memory_vs_depth,
-    plot_memory_vs_depth, time_per_minibatch,
-)
 from workbench.models.densenet import FORMS, IMAGENET_BLOCKS, DenseNet, bc_depths, densenet_bc
 
 
@@ -111,21 +106,6 @@ def test_forms_match_naive_property(growth, blocks, bottleneck, batch, size, tra
     _assert_same(results)
 
 
-@pytest.mark.parametrize("train", [True, False])
-def test_shared_function_gradcheck(train: bool) -> None:
-    torch.manual_seed(0)
-    model = _randomize_bn(DenseNet(2, (3,), num_classes=2, memory="shared").double())
-    model.train(train)
-    x = torch.randn(2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
-    layer = model.blocks[0].layers[1]  # the Function's own inputs: two features, BN, conv
-    params = [layer.norm1.weight, layer.norm1.bias, layer.conv1.weight]
-
-    def f(inp, *ps):
-        return model(inp)
-
-    assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-5, fast_mode=True)
-
-
 def test_state_dicts_interchangeable_and_memory_switch() -> None:
     keys = {f: list(densenet_bc(16, memory=f).state_dict()) for f in FORMS}
     assert keys["naive"] == keys["checkpoint"] == keys["shared"]
@@ -152,50 +132,10 @@ def test_architecture_matches_published_sizes() -> None:
     (lambda: DenseNet(12, ()), "block_config"),
     (lambda: DenseNet(12, (2,), compression=1.5), "compression=1.5"),
     (lambda: setattr(densenet_bc(10), "memory", "x"), "memory='x'"),
-    (lambda: memory_vs_depth([10], forms=("quick",)), "forms="),
 ])
 def test_bad_input_raises_with_value(call, match) -> None:
     with pytest.raises(ValueError, match=match):
         call()
-
-
-def test_memory_near_linear_for_efficient_forms(one_thread) -> None:
-    df = memory_vs_depth([16, 28, 40, 58], forms=("naive", "checkpoint", "shared"), batch_size=2,
-                         image_size=16, device="cpu", progress=False)
-    fits = fit_growth_exponents(df).set_index("form")
-    for form in ("checkpoint", "shared"):
-        assert fits.loc[form, "exponent"] < 1.2, fits
-        assert fits.loc[form, "local_exponent"] < 1.2, fits
-    assert fits.loc["naive", "exponent"] > fits.loc["shared", "exponent"] + 0.3, fits
-    deepest = df[df["depth"] == 58].set_index("form")["activation_peak_bytes"]
-    assert deepest["shared"] < 0.6 * deepest["naive"]
-    assert deepest["checkpoint"] < 0.6 * deepest["naive"]
-    budget = deepest_within_budget(df, float(deepest["shared"])).set_index("form")
-    assert budget.loc["shared", "deepest_depth"] == 58
-    assert budget.loc["shared", "limited_by_sweep"]
-    assert budget.loc["naive", "deepest_depth"] < 58
-
-
-def test_fit_growth_exponents_recovers_known_powers() -> None:
-    depths = [10, 40, 100, 250]
-    df = [{"form": f, "depth": d, "activation_peak_bytes": 3.0 * d**p}
-          for f, p in (("naive", 2.0), ("shared", 1.0)) for d in depths]
-    import pandas as pd
-
-    fits = fit_growth_exponents(pd.DataFrame(df)).set_index("form")
-    assert math.isclose(fits.loc["naive", "exponent"], 2.0)
-    assert math.isclose(fits.loc["shared", "local_exponent"], 1.0)
-
-
-def test_time_per_minibatch_reports_paired_ratios(one_thread) -> None:
-    df = time_per_minibatch(10, batch_size=2, image_size=8, rounds=2, warmup=0, device="cpu",
-                            progress=False).set_index("form")
-    assert set(df.index) == {"naive", "checkpoint", "shared"}
-    assert df.loc["naive", "ratio_to_naive"] == 1.0
-    assert (df["median_s"] > 0).all() and (df["min_s"] <= df["max_s"]).all()
-    for ref in ("naive", "checkpoint"):
-        lo, mid, hi = (df[f"ratio_to_{ref}{s}"] for s in ("_min", "", "_max"))
-        assert ((lo <= mid) & (mid <= hi)).all()
 
 
 def test_no_grad_inference_matches() -> None:
@@ -210,53 +150,6 @@ def test_no_grad_inference_matches() -> None:
     assert F.softmax(ref, 1).shape == (2, 3)
 
 
-def test_shared_form_runs_under_autocast() -> None:
-    torch.manual_seed(0)
-    base = densenet_bc(16, 4, 5)
-    x = torch.randn(2, 3, 8, 8)
-
-    def grads(form: str, autocast: bool) -> torch.Tensor:
-        model = densenet_bc(16, 4, 5, memory=form)
-        model.load_state_dict(base.state_dict())
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            out = model(x)
-        out.float().square().sum().backward()
-        assert all(p.grad.dtype == torch.float32 for p in model.parameters())
-        return torch.cat([p.grad.flatten() for p in model.parameters()])
-
-    ref = grads("naive", False)
-    err = {f: ((grads(f, True) - ref).norm() / ref.norm()).item() for f in ("naive", "shared")}
-    # shared computes conv1 in float32 where naive uses bfloat16: no further from float32
-    assert err["shared"] <= 1.5 * err["naive"], err
-
-
-def test_conv_contiguity_and_budget_edges() -> None:
-    df = conv_contiguity((4, 8), batch_size=2, image_size=8, repeats=1, device="cpu",
-                         progress=False)
-    assert set(df["layout"]) == {"contiguous", "non-contiguous"}
-    assert (df[df["layout"] == "contiguous"]["ratio_to_contiguous"] == 1.0).all()
-    import pandas as pd
-
-    mem = pd.DataFrame([{"form": f, "depth": d, "params": d, "activation_peak_bytes": b}
-                        for f, d, b in (("naive", 10, 5.0), ("naive", 16, 9.0),
-                                        ("shared", 10, 3.0), ("shared", 16, 4.0))])
-    out = deepest_within_budget(mem, 4.0).set_index("form")
-    assert math.isnan(out.loc["naive", "deepest_depth"])
-    assert out.loc["shared", "deepest_depth"] == 16 and out.loc["shared", "limited_by_sweep"]
-    with pytest.raises(ValueError, match="budget_bytes=0"):
-        deepest_within_budget(mem, 0)
-
-
-def test_plots_label_axes() -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    df = memory_vs_depth([10, 16], forms=("naive", "shared"), batch_size=1, image_size=8, device="cpu",
-                         progress=False)
-    fig = plot_memory_vs_depth(df, fit_growth_exponents(df))
-    assert all(ax.get_xlabel() and "MiB" in ax.get_ylabel() for ax in fig.axes)
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")
 def test_forms_match_naive_on_cuda() -> None:
     kwargs = dict(growth_rate=4, block_config=(2, 3), num_classes=5)
@@ -266,42 +159,3 @@ def test_forms_match_naive_on_cuda() -> None:
     results = {f: _run(m.cuda().train(), x.cuda(), steps=2)
                for f, m in _forms_from(base, **kwargs).items()}
     _assert_same(results)
-    df = memory_vs_depth([16, 28, 40], forms=("naive", "shared"), batch_size=32, image_size=32,
-                         device="cuda", progress=False)
-    fits = fit_growth_exponents(df).set_index("form")
-    assert fits.loc["shared", "local_exponent"] < 1.25, fits
-    assert fits.loc["naive", "local_exponent"] > fits.loc["shared", "local_exponent"] + 0.2, fits
-
-
-def test_out_of_memory_is_recorded_and_deeper_models_skipped(monkeypatch) -> None:
-    import workbench.experiments.efficient_densenet.memory as bench
-
-    real = bench.MemoryMeter
-
-    class FailingMeter(real):  # naive "runs out of memory" from depth 16 on
-        def __enter__(self):
-            if self._fail:
-                raise torch.OutOfMemoryError("simulated")
-            return super().__enter__()
-
-    calls = []
-
-    def step_memory(depth, form, **kw):
-        calls.append((depth, form))
-        FailingMeter._fail = form == "naive" and depth >= 16
-        return real_step(depth, form, **kw)
-
-    real_step = bench.step_memory
-    monkeypatch.setattr(bench, "MemoryMeter", FailingMeter)
-    monkeypatch.setattr(bench, "step_memory", step_memory)
-    df = bench.memory_vs_depth([10, 16, 22], forms=("naive", "shared"), batch_size=1,
-                               image_size=8, device="cpu", progress=False)
-    assert ((22, "naive") not in calls) and ((22, "shared") in calls)
-    naive = df[df["form"] == "naive"].set_index("depth")
-    assert list(naive["oom"]) == [False, True, True]
-    assert naive["activation_peak_bytes"].iloc[1:].isna().all()
-    fits = fit_growth_exponents(df).set_index("form")
-    assert math.isnan(fits.loc["naive", "exponent"]) and fits.loc["shared", "points"] == 3
-    budget = deepest_within_budget(df, 1e12).set_index("form")
-    assert budget.loc["naive", "deepest_depth"] == 10
-    assert not budget.loc["naive", "limited_by_sweep"]
