@@ -167,6 +167,7 @@ def test_capture_parameters_keeps_the_literals_a_parameters_cell_defines():
     from workbench.report import capture_parameters
 
     namespace = {"batch": 8, "lr": 1e-3, "formats": ["fp32", "bf16+8"], "amp": True, "device": "", "none": None,
-                 "_private": 1, "In": ["x"], "Out": {}, "get_ipython": print, "torch": pytest, "exit": 0, "output_dir": "/tmp/staging"}
+                 "_private": 1, "In": ["x"], "Out": {}, "get_ipython": print, "torch": pytest, "exit": 0,
+                 "output_dir": "/tmp/staging"}
     assert capture_parameters(namespace) == {"batch": 8, "lr": 1e-3, "formats": ["fp32", "bf16+8"], "amp": True,
                                              "device": "", "none": None}

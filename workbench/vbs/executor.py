@@ -32,7 +32,7 @@ from torch import nn
 
 from ..measure import MemoryMeter
 from .graph import Stage, stages_of
-from .plan import Plan, Step
+from .schedule import Plan, Step
 
 __all__ = ["Executor", "RunResult", "run"]
 

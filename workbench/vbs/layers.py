@@ -1,11 +1,13 @@
-"""Per-layer profiles: time(i, b), in(i, b), out(i, b), ws(i, b) (Table I of the paper).
+"""Per-layer tables: time(i, b), in(i, b), out(i, b), ws(i, b) (Table I of the paper).
 
 From "Variable batch size across layers for efficient prediction on CNNs" (Choudhury et al.),
 Sections III and IV ("Implementation details"): the dynamic program takes, for every layer L_i
 and batch size b = 1..B, the per-sample time, the input and output activation memory and the
-temporary (workspace) memory. `profile` measures them on a real model: each layer group
-(a convolution with its BatchNorm and ReLU) is timed at every batch size (warm-up, median of
-repeats, divided by b) and its memory is read with `workbench.measure.MemoryMeter`:
+temporary (workspace) memory, held in a `LayerProfile`. `measure_layers` measures them on a real
+model: at every batch size the whole network first runs once (a warm pass, so that no layer's
+first call at a new shape is timed), then each layer group (a convolution with its BatchNorm and
+ReLU) is timed (warm-up, median of repeats, divided by b) and its memory is read with
+`workbench.measure.MemoryMeter`:
 `in` = bytes of the input batch, `out` = bytes of the output, `ws` = peak bytes allocated
 while the layer runs minus its output (on CPU: tensors only; kernel-internal scratch is
 invisible; on CUDA: the caching allocator's peak).
@@ -13,7 +15,7 @@ invisible; on CUDA: the caching allocator's peak).
 A branch group (special layer, see `workbench.vbs.graph`) gets a main-path row whose `in` and
 `out` are the group's input and merged output, whose `ws` is 0 (branches write into a
 pre-allocated output), and whose `time` is the merge overhead (measured group time minus the sum
-of its branch layers, at least 0); its branches are profiles of their own in `branches[i]`.
+of its branch layers, at least 0); its branches are LayerProfiles of their own in `branches[i]`.
 Following the paper, a branch's first layer has `in = 0` (its input is the group's input,
 already reserved); unlike the paper, the last layer keeps its `out`, because in PyTorch that
 output is a tensor of its own until it is copied into the group's output.
@@ -31,9 +33,9 @@ import torch
 from torch import nn
 
 from ..measure import MemoryMeter, time_callable
-from .graph import stages_of
+from .graph import run_stages, stages_of
 
-__all__ = ["Profile", "profile", "unit_for"]
+__all__ = ["LayerProfile", "measure_layers", "unit_for"]
 
 
 def _table(name: str, value, shape: tuple[int, ...] | None, *, integer: bool) -> np.ndarray:
@@ -46,17 +48,17 @@ def _table(name: str, value, shape: tuple[int, ...] | None, *, integer: bool) ->
         raise ValueError(f"{name} must be finite and >= 0")
     if integer:
         if np.any(arr != np.round(arr)):
-            raise ValueError(f"{name} must hold whole memory units; use Profile.coarsen to change units")
+            raise ValueError(f"{name} must hold whole memory units; use LayerProfile.coarsen to change units")
         return arr.astype(np.int64)
     return arr
 
 
 @dataclass(eq=False)
-class Profile:
+class LayerProfile:
     """Per-layer tables indexed `[layer, batch - 1]` for batch sizes 1..B.
 
     `time` is seconds per sample; `inp`, `out`, `ws` are whole memory units of `unit_bytes`
-    bytes each. `branches` maps the index of a special (branch-group) layer to one Profile per
+    bytes each. `branches` maps the index of a special (branch-group) layer to one LayerProfile per
     branch (a branch may have no layers: an identity shortcut). `merge` maps it to "cat"/"add".
     """
 
@@ -65,7 +67,7 @@ class Profile:
     out: np.ndarray
     ws: np.ndarray
     names: list[str] | None = None
-    branches: dict[int, list[Profile]] = field(default_factory=dict)
+    branches: dict[int, list[LayerProfile]] = field(default_factory=dict)
     unit_bytes: int = 1
     merge: dict[int, str] = field(default_factory=dict)
 
@@ -102,8 +104,8 @@ class Profile:
     def is_special(self, i: int) -> bool:
         return i in self.branches
 
-    def coarsen(self, unit_bytes: int) -> Profile:
-        """The same profile in units of `unit_bytes` bytes (memory rounded up, never down)."""
+    def coarsen(self, unit_bytes: int) -> LayerProfile:
+        """The same tables in units of `unit_bytes` bytes (memory rounded up, never down)."""
         if not isinstance(unit_bytes, int) or unit_bytes < self.unit_bytes or unit_bytes % self.unit_bytes:
             raise ValueError(f"unit_bytes must be an int multiple of the current {self.unit_bytes}, "
                              f"got {unit_bytes!r}")
@@ -112,7 +114,7 @@ class Profile:
         def up(a: np.ndarray) -> np.ndarray:
             return -(-a // f)
 
-        return Profile(self.time, up(self.inp), up(self.out), up(self.ws), self.names,
+        return LayerProfile(self.time, up(self.inp), up(self.out), up(self.ws), self.names,
                        {i: [p.coarsen(unit_bytes) for p in ps] for i, ps in self.branches.items()},
                        unit_bytes, dict(self.merge))
 
@@ -144,7 +146,7 @@ class Profile:
                 "branches": {str(k): [p.to_dict() for p in v] for k, v in self.branches.items()}}
 
     @classmethod
-    def from_dict(cls, data: dict) -> Profile:
+    def from_dict(cls, data: dict) -> LayerProfile:
         B = int(data["max_batch"])
         tab = {k: np.asarray(data[k], dtype=np.float64).reshape(-1, B) for k in ("time", "inp", "out", "ws")}
         return cls(tab["time"], tab["inp"], tab["out"], tab["ws"], data["names"],
@@ -153,7 +155,7 @@ class Profile:
 
 
 # ---------------------------------------------------------------------------------------------
-# Measuring a real model
+# Measuring the tables of a real model
 
 
 def _batch_list(batch_sizes: int | Sequence[int]) -> list[int]:
@@ -196,11 +198,11 @@ def _fill(points: list[int], rows: dict[str, list[float]], B: int, integer: bool
 
 
 @torch.no_grad()
-def profile(
+def measure_layers(
     model: nn.Module, sample: torch.Tensor, batch_sizes: int | Sequence[int], *,
     device: torch.device | str | None = None, warmup: int = 1, repeats: int = 3, statistic: str = "median",
     progress: bool = False,
-) -> Profile:
+) -> LayerProfile:
     """Measure the per-layer tables of `model` (eval mode, no grad) at batch sizes 1..B, in bytes.
 
     `sample` is one input without the batch dimension (e.g. 3x224x224); a batch of b is b copies.
@@ -209,6 +211,7 @@ def profile(
     The model is moved to `device` (default: the sample's device) and put in eval mode.
     `statistic` is "median" (the default) or "min" of the repeats: on a shared, loaded CPU the
     minimum is the least disturbed estimate, and the DP would otherwise exploit noise.
+    With `warmup` >= 1 the whole network runs once at every batch size before its layers are timed.
     """
     from tqdm.auto import tqdm
 
@@ -226,6 +229,10 @@ def profile(
     branch_rows = {i: [[_Rows() for _ in br] for br in s.branches] for i, s in enumerate(stages) if s.is_branch}
     for b in tqdm(sizes, desc="profiling batch sizes", disable=not progress, leave=False):
         x = sample.to(device).unsqueeze(0).expand(b, *sample.shape).contiguous()
+        # NOTE: the first call at a new shape (kernel selection, allocator growth, lazy init) can
+        # take far longer than the rest; one pass over the whole network keeps it out of every layer.
+        if warmup:
+            run_stages(stages, x)
         for i, stage in enumerate(stages):
             if not stage.is_branch:
                 t, ws, out, y = _measure(stage, x, device, warmup, repeats, statistic)
@@ -245,10 +252,10 @@ def profile(
             x = y
     B = sizes[-1]
 
-    def build(rows: list[_Rows], names: list[str]) -> Profile:
+    def build(rows: list[_Rows], names: list[str]) -> LayerProfile:
         tabs = {k: np.stack([_fill(sizes, r.values, B, k != "time", k) for r in rows]) if rows
                 else np.zeros((0, B)) for k in ("time", "in", "out", "ws")}
-        return Profile(tabs["time"], tabs["in"], tabs["out"], tabs["ws"], names)
+        return LayerProfile(tabs["time"], tabs["in"], tabs["out"], tabs["ws"], names)
 
     result = build(main, [s.name for s in stages])
     result.branches = {i: [build(rows, [n for n, _ in stages[i].branches[j]]) for j, rows in enumerate(brs)]

@@ -1,0 +1,78 @@
+"""variable_batch_size.budgets: budgets as multiples of each network's floor, the sweep of the DP, FBS
+and Greedy-VBS (Figs 7 and 8), executing it, and how well the prediction holds."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import workbench.experiments.variable_batch_size as exp
+from workbench import vbs
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def synthetic(B: int = 4, seed: int = 0) -> vbs.LayerProfile:
+    """Tables in bytes shaped like a small CNN: big early activations, small late ones."""
+    rng = np.random.default_rng(seed)
+    b = np.arange(1, B + 1)
+    size = np.array([48, 64, 32, 16, 8, 4]) * 1024
+    t = rng.uniform(1e-3, 2e-3, (5, B)) / (1 + 0.5 * (b - 1))
+    return vbs.LayerProfile(t, size[:-1, None] * b, size[1:, None] * b, np.zeros((5, B)),
+                            names=["conv1", "pool1", "inception_3a", "inception_5b", "classifier"])
+
+
+def test_budget_sweep_spans_multiples_of_the_floor():
+    sweep = exp.budget_sweep({"net": synthetic()}, requests=[2, 4], ratios=[1.0, 1.33, 2.67], units_at_floor=24)
+    assert set(sweep.method) == set(exp.METHODS) and set(sweep.request) == {2, 4}
+    floor = sweep.floor_units.iloc[0]
+    assert sorted(set(sweep.budget_units)) == sorted({max(floor, round(r * floor)) for r in (1.0, 1.33, 2.67)})
+    assert np.allclose(sweep.paper_mb, exp.PAPER_FLOOR_MB * sweep.ratio)
+    assert np.allclose(sweep.ratio, sweep.budget_units / sweep.floor_units)
+    dp = sweep[sweep.method == "vbs"]
+    assert dp.feasible.all() and (dp.peak_bytes <= dp.budget_bytes).all()
+    at_floor = sweep[(sweep.budget_units == floor) & (sweep.request == 4)].set_index("method")
+    assert at_floor.loc["vbs", "feasible"] and not np.isnan(at_floor.loc["vbs", "time_per_image_s"])
+    ok = sweep[sweep.feasible]
+    assert all(vbs.Plan.from_json(j).method == m for j, m in zip(ok.plan_json, ok.method, strict=True))
+
+
+def test_plans_by_budget_and_by_ratio():
+    sweep = exp.budget_sweep({"net": synthetic()}, requests=[4], ratios=[1.0, 2.0])
+    floor = int(sweep.floor_units.iloc[0])
+    p = exp.sweep_plan(sweep, network="net", method="vbs", budget_units=floor, request=4)
+    assert p.method == "vbs" and p.memory == floor
+    q = exp.plan_at_ratio(sweep, network="net", method="fbs", ratio=1.9, request=4)
+    assert q.method == "fbs" and q.memory == 2 * floor
+    with pytest.raises(ValueError, match="no feasible"):
+        exp.sweep_plan(sweep, network="net", method="vbs", budget_units=floor + 1, request=4)
+    with pytest.raises(ValueError, match="no sweep rows"):
+        exp.plan_at_ratio(sweep, network="other", method="vbs", ratio=1.0, request=4)
+
+
+def test_execute_sweep_and_agreement():
+    models, layers = exp.measure_networks(["mobilenet_v1"], image_size=32, width=0.125, max_batch=3, repeats=1)
+    sweep = exp.budget_sweep(layers, requests=[3], ratios=[1.0, 2.67])
+    executed = exp.execute_sweep(models, sweep, image_size=32, repeats=2)
+    ok = executed[executed.feasible]
+    assert (ok.max_abs_diff < 1e-4).all() and (ok.executed_min_s <= ok.executed_s).all()
+    assert (ok.executed_s <= ok.executed_max_s).all() and all(len(r) == 2 for r in ok.rounds)
+    assert (ok.executed_peak_bytes > ok.input_bytes).all()
+    assert executed[~executed.feasible].executed_s.isna().all()
+    agree = exp.agreement(executed, statistic="min").set_index("method")
+    assert set(agree.index) == {m for m in exp.METHODS if executed[executed.method == m].feasible.any()}
+    assert agree.loc["fbs", "time_ratio_vs_fbs_median"] == pytest.approx(1.0)
+    assert (agree.time_ratio_min <= agree.time_ratio_median).all()
+    assert (agree.time_ratio_median <= agree.time_ratio_max).all()
+    assert agree.loc["vbs", "points"] == 2
+
+
+def test_agreement_compares_like_with_like():
+    rows = [{"network": "n", "request": 2, "budget_units": 10, "method": m, "feasible": True, "time_per_image_s": 1.0,
+             "executed_s": e, "executed_min_s": lo, "executed_peak_bytes": 150.0, "peak_bytes": 100.0,
+             "input_bytes": 50.0, "steps": 4, "max_abs_diff": 0.0}
+            for m, e, lo in (("vbs", 3.0, 1.5), ("fbs", 2.0, 1.0))]
+    frame = pd.DataFrame(rows)
+    median = exp.agreement(frame, statistic="median").set_index("method")
+    assert median.loc["vbs", "time_ratio_median"] == 3.0 and median.loc["vbs", "time_ratio_vs_fbs_median"] == 1.5
+    assert exp.agreement(frame, statistic="min").set_index("method").loc["vbs", "time_ratio_median"] == 1.5
+    assert median.loc["vbs", "memory_ratio_max"] == 1.5 and median.loc["vbs", "memory_ratio_excl_request_max"] == 1.0

@@ -1,0 +1,378 @@
+"""The claims of Choudhury et al. as data: hand-made records, one case per verdict each rule can give
+(at its boundaries), and the ledger of what the experiment functions really produce."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import workbench.experiments.variable_batch_size as exp
+from workbench.experiments.variable_batch_size import claims
+from workbench.experiments.variable_batch_size.claims import CLAIMS
+from workbench.report import CHECK, Measured
+
+PARAMS = {"image_size": 64, "width": 0.25, "request": 12, "layer_statistic": "min", "layer_repeats": 5,
+          "exec_repeats": 3}
+PAPER_SCALE = {**PARAMS, "image_size": 224, "width": 1.0}
+
+
+def claim(start: str):
+    found = [c for c in CLAIMS if c.text.startswith(start)]
+    assert len(found) == 1, f"{start!r} matches {len(found)} claims"
+    return found[0]
+
+
+def verdict(c, records, params=PARAMS, device_class="gpu", verdicts=True) -> str:
+    return claims.judge([c], records, params, device="dev", device_class=device_class, verdicts=verdicts).rows[0][
+        "verdict"]
+
+
+def measured(c, records, params=PARAMS):
+    got = c.measure(records, params)
+    return None if got is None else got.value
+
+
+# --- Fig 1 and Fig 2 --------------------------------------------------------------------------
+
+
+def _time_vs_batch(last: float) -> dict:
+    return {"time_vs_batch": pd.DataFrame({"network": ["resnet50"] * 3, "batch": [1, 2, 3],
+                                           "relative_to_batch_1": [1.0, 0.9, last]})}
+
+
+def test_fig1_time_falls_with_batch():
+    c = claim("ResNet-50's per-image time falls")
+    assert c.made_on == "gpu"
+    assert verdict(c, _time_vs_batch(0.5)) == "reproduced"
+    assert verdict(c, _time_vs_batch(1.0)) == "reproduced"  # boundary
+    assert verdict(c, _time_vs_batch(1.01)) == "not reproduced"
+    assert verdict(c, _time_vs_batch(0.5), device_class="cpu") == "other device"
+    assert verdict(c, {}) == "not run at this scale"
+    assert verdict(c, _time_vs_batch(0.5), verdicts=False) == "not run at this scale"
+
+
+def _layer_memory(lo_mib: float, hi_mib: float, network: str = "resnet50") -> dict:
+    totals = [hi_mib * 2**20, lo_mib * 2**20, (lo_mib + hi_mib) / 2 * 2**20]
+    return {"layer_memory": pd.DataFrame({"network": [network] * 3, "name": ["a", "b", "c"], "total_bytes": totals})}
+
+
+def test_fig2_range_is_judged_only_at_the_papers_scale():
+    small, large = claim("ResNet-50's least memory-hungry"), claim("ResNet-50's most memory-hungry")
+    assert small.made_on == large.made_on == "gpu"
+    records = _layer_memory(1.07, 10.7)
+    assert measured(small, records, PAPER_SCALE) == pytest.approx(1.07)
+    assert measured(large, records, PAPER_SCALE) == pytest.approx(10.7)
+    assert verdict(small, records, PAPER_SCALE) == verdict(large, records, PAPER_SCALE) == "reproduced"
+    # two-sided: within 25%, partly within a further 50% of the band's edge, either side
+    assert verdict(large, _layer_memory(1.07, 10.7 * 1.25), PAPER_SCALE) == "reproduced"
+    assert verdict(large, _layer_memory(1.07, 10.7 * 1.25 * 1.4), PAPER_SCALE) == "partly"
+    assert verdict(large, _layer_memory(1.07, 10.7 * 0.75 * 0.6), PAPER_SCALE) == "partly"
+    assert verdict(large, _layer_memory(1.07, 3.6), PAPER_SCALE) == "not reproduced"
+    assert verdict(small, _layer_memory(4.0, 10.7), PAPER_SCALE) == "not reproduced"
+    assert verdict(large, records, PAPER_SCALE, device_class="cpu") == "other device"
+    # any other scale (or another network) is not the paper's MB
+    assert verdict(large, records, PARAMS) == "not run at this scale"
+    assert verdict(large, records, {**PAPER_SCALE, "width": 0.5}) == "not run at this scale"
+    assert verdict(large, _layer_memory(1.07, 10.7, "googlenet"), PAPER_SCALE) == "not run at this scale"
+
+
+# --- Table II, the shrinking gains and Fig 7 ---------------------------------------------------
+
+
+def _table_ii(tight: float, loose: float = 1.0, lo=None, hi=None, network: str = "googlenet") -> dict:
+    lo = tight if lo is None else lo
+    hi = tight if hi is None else hi
+    return {"table_ii": pd.DataFrame([{
+        "network": network, "points_tight": 3, "points_loose": 2, "executed_tight_pct": tight,
+        "executed_tight_lo": lo, "executed_tight_hi": hi, "executed_loose_pct": loose,
+        "executed_loose_lo": loose, "executed_loose_hi": loose}])}
+
+
+def test_table_ii_gain_uses_the_papers_definition_and_is_two_sided():
+    c = claim("GoogLeNet: throughput gain over FBS, memory < 30 MB")
+    assert c.paper == 60.25 and c.made_on == "gpu" and "reduction" in c.unit
+    assert verdict(c, _table_ii(60.25)) == "reproduced"
+    assert verdict(c, _table_ii(60.25 * 0.75 + 0.01)) == "reproduced"
+    assert verdict(c, _table_ii(60.25 * 1.25 + 2, lo=75.4, hi=78)) == "better than claimed"
+    assert verdict(c, _table_ii(35.0)) == "partly"
+    assert verdict(c, _table_ii(10.0)) == "not reproduced"
+    assert verdict(c, _table_ii(60.25, lo=40.0, hi=62.0)) == "inconclusive"  # the paired rounds straddle
+    assert verdict(c, _table_ii(60.25, lo=40.0, hi=62.0), {**PARAMS, "exec_repeats": 1}) == "reproduced"
+    assert verdict(c, _table_ii(60.25), device_class="cpu") == "other device"
+    assert verdict(c, _table_ii(60.25, network="resnet50")) == "not run at this scale"
+    assert verdict(c, {}) == "not run at this scale"
+    # the gain is a reduction of time: what the old ratio t_FBS / t_VBS - 1 called 242.8% is 70.8%
+    assert float(exp.reduction_pct(3.428, 1.0)) == pytest.approx(70.8, abs=0.1)
+    assert float(exp.reduction_pct(1.0, 5.0)) == pytest.approx(-400.0)
+    assert all(float(exp.reduction_pct(1.0, t)) < 100 for t in (1e-9, 0.5))
+    loose = claim("MobileNet-v1: throughput gain over FBS, memory > 35 MB")
+    assert loose.paper == 1.61 and measured(loose, _table_ii(5.0, 1.6, network="mobilenet_v1")) == 1.6
+
+
+def test_gains_shrink_as_memory_grows():
+    c = claim("Gains shrink as memory grows")
+    assert c.made_on == "gpu" and "14.6" in c.paper
+    assert verdict(c, _table_ii(40.0, 20.0)) == "reproduced"
+    assert verdict(c, _table_ii(20.0, 20.0)) == "reproduced"  # boundary
+    assert verdict(c, _table_ii(10.0, 20.0)) == "not reproduced"
+    assert verdict(c, _table_ii(40.0, 20.0), device_class="cpu") == "other device"
+
+
+def _gains(executed: list[float], lo=None, hi=None, predicted=None) -> dict:
+    n = len(executed)
+    return {"gains": pd.DataFrame({
+        "network": ["googlenet"] * n, "request": [12] * n, "budget_units": range(n), "fbs_feasible": [True] * n,
+        "gain_vs_fbs_pct": predicted or [5.0] * n, "executed_gain_vs_fbs_pct": executed,
+        "executed_gain_vs_fbs_lo": lo or [g - 1 for g in executed], "executed_gain_vs_fbs_hi": hi or
+        [g + 1 for g in executed], "fastest": ["vbs"] * n})}
+
+
+def test_fig7_vbs_faster_than_fbs_where_plans_differ():
+    c = claim("VBS is faster than FBS at every budget")
+    assert c.made_on == "gpu"
+    assert verdict(c, _gains([5, 6, 7, 8])) == "reproduced"
+    assert verdict(c, _gains([5, 6, 7, -8])) == "partly"  # 0.75, the boundary
+    assert verdict(c, _gains([5, -6, 7, -8])) == "not reproduced"
+    assert verdict(c, _gains([5, 6, 7, 8], lo=[-1, -1, 4, 7])) == "inconclusive"
+    assert verdict(c, _gains([5, 6, 7, 8]), device_class="cpu") == "other device"
+    # points where the DP's plan is FBS's are left out: nothing left, nothing measured
+    assert verdict(c, _gains([5, -6], predicted=[0.0, 0.0])) == "not run at this scale"
+
+
+def _sweep(vbs25=6, fbs25=1.0, vbs30=8, fbs30=2.0, request=12, fbs_feasible=True) -> dict:
+    rows = []
+    for mb, v, f in ((15.0, 2, 1), (25.05, vbs25, fbs25), (30.0, vbs30, fbs30)):
+        rows.append({"network": "resnet50", "request": request, "paper_mb": mb, "ratio": mb / 15, "method": "vbs",
+                     "feasible": True, "max_batch": v, "max_abs_diff": 0.0})
+        rows.append({"network": "resnet50", "request": request, "paper_mb": mb, "ratio": mb / 15, "method": "fbs",
+                     "feasible": fbs_feasible, "max_batch": f if fbs_feasible else np.nan, "max_abs_diff": 0.0})
+    return {"sweep": pd.DataFrame(rows)}
+
+
+def test_fig7_caption_batch_sizes():
+    v25, f25 = claim("ResNet-50 at 25 MB: VBS"), claim("ResNet-50 at 25 MB: FBS")
+    v30, f30 = claim("ResNet-50 at 30 MB: VBS"), claim("ResNet-50 at 30 MB: FBS")
+    assert (v25.paper, f25.paper, v30.paper, f30.paper) == (6, 1, 8, 2)
+    assert all(c.made_on == "any" for c in (v25, f25, v30, f30))
+    records = _sweep()
+    assert [verdict(c, records, device_class="cpu") for c in (v25, f25, v30, f30)] == ["reproduced"] * 4
+    assert verdict(v25, _sweep(vbs25=7)) == "reproduced"  # 7.2 is the band's top
+    assert verdict(v25, _sweep(vbs25=4)) == "partly"
+    assert verdict(v25, _sweep(vbs25=12)) == "not reproduced"
+    assert verdict(f30, _sweep(fbs30=1)) == "partly"
+    assert verdict(f30, _sweep(fbs30=4)) == "not reproduced"
+    assert measured(f25, _sweep(fbs_feasible=False)) == 0.0  # FBS cannot serve the request at all
+    assert verdict(f25, _sweep(fbs_feasible=False)) == "not reproduced"
+    assert verdict(v25, _sweep(), {**PARAMS, "request": 4}) == "not run at this scale"
+    far = _sweep()
+    far["sweep"] = far["sweep"][far["sweep"].paper_mb != 25.05]
+    assert verdict(v25, far) == "not run at this scale"  # no swept budget within 1 MB of 25 MB
+
+
+# --- Fig 8 ------------------------------------------------------------------------------------
+
+
+def _requests(rows: list[tuple]) -> dict:
+    cols = ["request", "paper_mb", "fbs_feasible", "fbs_batch", "greedy_feasible", "gain_vs_greedy_pct",
+            "greedy_vs_fbs_pct"]
+    df = pd.DataFrame(rows, columns=cols)
+    return {"requests": df.assign(network="googlenet", gain_vs_fbs_pct=1.0, fastest="vbs")}
+
+
+def test_fig8_vbs_against_greedy():
+    c = claim("VBS is faster than Greedy-VBS wherever")
+    rows = [(6, 20, True, 1, True, g, 0.0) for g in (1.0, 2.0, 0.0, 3.0, 4.0)]
+    assert verdict(c, _requests(rows), device_class="cpu") == "reproduced"
+    rows[0] = (6, 20, True, 1, True, -1.0, 0.0)
+    assert verdict(c, _requests(rows), device_class="cpu") == "partly"  # 0.8, the boundary
+    rows[1] = (6, 20, True, 1, True, -1.0, 0.0)
+    assert verdict(c, _requests(rows), device_class="cpu") == "not reproduced"
+    assert verdict(c, _requests([(6, 20, True, 1, False, np.nan, np.nan)])) == "not run at this scale"
+
+
+def test_fig8_greedy_infeasible_at_tight_memory_for_the_largest_request():
+    c = claim("Greedy-VBS is infeasible at tight memory")
+    tight = [(12, mb, True, 1, False, np.nan, np.nan) for mb in (15, 20, 25, 28)]
+    assert verdict(c, _requests([*tight, (6, 15, True, 1, True, 1.0, 1.0)]), device_class="cpu") == "reproduced"
+    tight[0] = (12, 15, True, 1, True, 1.0, 1.0)
+    assert verdict(c, _requests(tight), device_class="cpu") == "reproduced"  # 0.75, the boundary
+    tight[1] = (12, 20, True, 1, True, 1.0, 1.0)
+    assert verdict(c, _requests(tight), device_class="cpu") == "partly"
+    tight[2] = (12, 25, True, 1, True, 1.0, 1.0)
+    assert verdict(c, _requests(tight), device_class="cpu") == "not reproduced"
+
+
+def test_fig8_greedy_beats_fbs_at_large_memory_or_small_requests():
+    c = claim("Greedy-VBS beats FBS at large memory")
+    assert c.made_on == "gpu"
+    rows = [(6, 20, True, 2, True, 1.0, 5.0), (6, 25, True, 3, True, 1.0, 5.0), (12, 38, True, 6, True, 1.0, 5.0),
+            (12, 40, True, 8, True, 1.0, 5.0),
+            (12, 20, True, 1, True, 1.0, -9.0),   # tight and large request: outside the claim
+            (6, 40, True, 6, True, 0.0, 0.0)]     # FBS runs the whole request: a tie by construction
+    assert measured(c, _requests(rows)) == 1.0
+    assert verdict(c, _requests(rows)) == "reproduced"
+    rows[0] = (6, 20, True, 2, True, 1.0, -2.0)
+    assert verdict(c, _requests(rows)) == "reproduced"  # 0.75, the boundary
+    rows[1] = (6, 25, True, 3, True, 1.0, 0.0)
+    assert verdict(c, _requests(rows)) == "partly"
+    rows[2] = (12, 38, True, 6, True, 1.0, -1.0)
+    assert verdict(c, _requests(rows)) == "not reproduced"
+    assert verdict(c, _requests(rows), device_class="cpu") == "other device"
+
+
+# --- Fig 9 and Table III ------------------------------------------------------------------------
+
+
+def _fig9(fbs_batch=2.0, inception_5b=8, needs=(5, 4, 3, 2, 1), paper_mb=19.9) -> dict:
+    names = ["conv1", "pool1", "inception_3a", "inception_5b", "classifier"]
+    batches = [2, 3, 4, inception_5b, 12]
+    return {"layer_batches": pd.DataFrame({
+        "name": names, "max_batch": batches, "need_bytes_per_sample": list(needs), "batches": [[b] for b in batches],
+        "network": "googlenet", "request": 12, "paper_mb": paper_mb, "fbs_batch": fbs_batch})}
+
+
+def test_fig9_batch_sizes():
+    fbs, i5b, rank = claim("GoogLeNet at 20 MB: FBS runs 2"), claim("GoogLeNet at 20 MB: VBS runs inception_5b"), \
+        claim("Layers needing more memory")
+    assert verdict(fbs, _fig9(), device_class="cpu") == "reproduced"
+    assert verdict(fbs, _fig9(fbs_batch=1.0)) == "partly"
+    assert verdict(fbs, _fig9(fbs_batch=4.0)) == "not reproduced"
+    assert verdict(fbs, _fig9(fbs_batch=np.nan)) == "not run at this scale"
+    assert verdict(i5b, _fig9()) == "reproduced"
+    assert verdict(i5b, _fig9(inception_5b=12)) == "partly"
+    assert verdict(i5b, _fig9(inception_5b=3)) == "not reproduced"
+    assert measured(rank, _fig9()) == pytest.approx(-1.0)
+    assert verdict(rank, _fig9()) == "reproduced"
+    assert verdict(rank, _fig9(needs=(5, 1, 3, 2, 4))) == "partly"      # rho = -0.1
+    assert verdict(rank, _fig9(needs=(1, 2, 3, 4, 5))) == "not reproduced"
+    # only at the paper's 20 MB and request 12
+    assert verdict(fbs, _fig9(paper_mb=15.0)) == "not run at this scale"
+    assert verdict(fbs, _fig9(), {**PARAMS, "request": 3}) == "not run at this scale"
+
+
+def _table_iii(fbs: float, vbs: float, paper_mb=20.0) -> dict:
+    names = ["conv1", "pool1", "inception_4a"]
+    return {"table_iii": pd.DataFrame({
+        "name": names, "fbs_unused_fraction": [fbs, fbs, 0.0], "vbs_unused_fraction": [vbs, vbs, 0.9],
+        "paper_fbs_unused_fraction": [0.46, 0.65, np.nan], "paper_vbs_unused_fraction": [0.015, 0.0, np.nan],
+        "network": "googlenet", "request": 12, "paper_mb": paper_mb})}
+
+
+def test_table_iii_unused_memory():
+    f, v = claim("GoogLeNet at 20 MB: FBS leaves"), claim("GoogLeNet at 20 MB: VBS leaves")
+    assert f.paper == pytest.approx(0.776, abs=1e-3) and v.paper == pytest.approx(0.0998, abs=1e-3)
+    assert measured(f, _table_iii(0.7, 0.1)) == pytest.approx(0.7)  # the layers Table III lists only
+    assert verdict(f, _table_iii(0.7, 0.1), device_class="cpu") == "reproduced"
+    assert verdict(f, _table_iii(0.45, 0.1)) == "partly"
+    assert verdict(f, _table_iii(0.1, 0.1)) == "not reproduced"
+    assert verdict(v, _table_iii(0.7, 0.1)) == "reproduced"
+    assert verdict(v, _table_iii(0.7, 0.01)) == "better than claimed"
+    assert verdict(v, _table_iii(0.7, 0.18)) == "partly"
+    assert verdict(v, _table_iii(0.7, 0.5)) == "not reproduced"
+    assert verdict(v, _table_iii(0.7, 0.1, paper_mb=25.0)) == "not run at this scale"
+
+
+# --- targets, checks, not run -------------------------------------------------------------------
+
+
+def _agreement(ratio: float, lo: float, hi: float, vs_fbs: float = 1.0, memory: float = 1.0) -> dict:
+    return {"agreement": pd.DataFrame([{
+        "method": "vbs", "points": 6, "time_ratio_median": ratio, "time_ratio_min": lo, "time_ratio_max": hi,
+        "time_ratio_vs_fbs_median": vs_fbs, "time_ratio_vs_fbs_min": vs_fbs, "time_ratio_vs_fbs_max": vs_fbs,
+        "memory_ratio_excl_request_max": memory, "memory_ratio_excl_request_min": memory}])}
+
+
+def test_targets():
+    planner = claim("Planner:")
+    assert planner.source == "target" and "our target" in planner.paper
+    timing = pd.DataFrame([{"layers": 60, "batch": 16, "memory_units": 64, "cpu_s": c, "cpu_min_s": lo,
+                            "cpu_max_s": hi, "median_s": c} for c, lo, hi in [(0.4, 0.3, 0.5)]])
+    assert verdict(planner, {"planner_timing": timing}, device_class="cpu") == "reproduced"
+    timing.loc[0, ["cpu_s", "cpu_min_s", "cpu_max_s"]] = 0.9, 0.8, 1.2
+    assert verdict(planner, {"planner_timing": timing}) == "inconclusive"
+    timing.loc[0, ["cpu_s", "cpu_min_s", "cpu_max_s"]] = 1.5, 1.4, 1.6
+    assert verdict(planner, {"planner_timing": timing}) == "partly"
+    timing.loc[0, ["cpu_s", "cpu_min_s", "cpu_max_s"]] = 3.0, 2.9, 3.1
+    assert verdict(planner, {"planner_timing": timing}) == "not reproduced"
+    time_ratio = claim("Executed time of VBS plans")
+    assert verdict(time_ratio, _agreement(1.1, 1.0, 1.2), device_class="cpu") == "reproduced"
+    assert verdict(time_ratio, _agreement(1.1, 1.0, 1.3)) == "inconclusive"
+    assert verdict(time_ratio, _agreement(2.0, 1.9, 2.1)) == "not reproduced"
+    phases = claim("VBS's extra phases")
+    assert verdict(phases, _agreement(1, 1, 1, vs_fbs=1.05)) == "reproduced"
+    assert verdict(phases, _agreement(1, 1, 1, vs_fbs=1.2)) == "partly"
+    assert verdict(phases, _agreement(1, 1, 1, vs_fbs=1.5)) == "not reproduced"
+    memory = claim("Measured peak memory of VBS plans")
+    assert verdict(memory, _agreement(1, 1, 1, memory=1.0)) == "reproduced"
+    assert verdict(memory, _agreement(1, 1, 1, memory=1.2)) == "partly"
+    assert verdict(memory, _agreement(1, 1, 1, memory=2.0)) == "not reproduced"
+    assert all(c.source == "target" and "our target" in c.paper for c in (planner, time_ratio, phases, memory))
+
+
+def test_checks_and_rows_not_run():
+    worked = {"worked_example": exp.worked_example()}
+    want = Measured("10 vs 12", scale="3 layers, memory 7, request 2")
+    assert claim("Worked example").measure(worked, PARAMS) == want
+    assert verdict(claim("Worked example"), worked) == CHECK
+    fastest = claim("vbs.plan() returns the fastest")
+    records = _gains([1.0, 2.0])
+    records["gains"].loc[1, "fastest"] = "greedy"
+    assert measured(fastest, records) == "DP 1, FBS 0, Greedy-VBS 1 of 2"
+    assert verdict(fastest, records, verdicts=False) == CHECK
+    assert measured(claim("DP never slower than FBS"), _gains([1.0, 2.0], predicted=[0.0, 3.0])) == 0.0
+    assert measured(claim("Executed plans return"), _sweep()) == 0.0
+    c3d = claim("C3D video inference")
+    assert c3d.not_run and verdict(c3d, {}) == "not run"
+    assert all(c.source == "check" for c in CLAIMS if c.why)
+    texts = [c.text for c in CLAIMS]
+    assert len(texts) == len(set(texts))
+
+
+# --- the ledger of what the experiments really produce -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_records():
+    """Every record the notebook passes, from the experiment functions at a tiny scale (seconds)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        models, layers = exp.measure_networks(["googlenet", "resnet50"], image_size=32, width=0.125, max_batch=3,
+                                              repeats=1)
+        sweep = exp.budget_sweep(layers, requests=[3], ratios=[1.0, 1.33, 2.67])
+        executed = exp.execute_sweep(models, sweep, image_size=32, repeats=2)
+        gain = exp.gains(executed)
+        sweep8 = exp.budget_sweep({"googlenet": layers["googlenet"]}, requests=[2, 3], ratios=[1.0, 2.67],
+                                  floor_batch=3)
+        return {"worked_example": exp.worked_example(), "time_vs_batch": exp.time_vs_batch(layers),
+                "layer_memory": exp.layer_memory(layers["resnet50"], network="resnet50"),
+                "sweep": executed.drop(columns=["plan_json", "rounds"]), "gains": gain,
+                "table_ii": exp.table_ii(gain, request=3), "requests": exp.gains(sweep8),
+                "layer_batches": exp.layer_batches(sweep, layers["googlenet"], network="googlenet", ratio=1.33,
+                                                   request=3),
+                "table_iii": exp.table_iii(sweep, network="googlenet", ratio=1.33, request=3),
+                "agreement": exp.agreement(executed), "planner_timing": exp.planner_timing(
+                    layers=[15], memory_units=[16], repeats=1), "layer_tables": exp.tables_frame(layers)}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_ledger_of_real_records_has_a_row_for_every_claim(tiny_records):
+    params = {**PARAMS, "image_size": 32, "width": 0.125, "request": 3, "exec_repeats": 2}
+    ledger = claims.ledger(tiny_records, params, device="cpu", device_class="cpu", verdicts=False)
+    frame = ledger.to_frame()
+    assert list(frame.claim) == [c.text for c in CLAIMS]
+    paper = frame[frame.source == "paper"]
+    assert set(paper.verdict) <= {"not run at this scale", "not run"}
+    judged = claims.ledger(tiny_records, params, device="cpu", device_class="cpu", verdicts=True).to_frame()
+    for c, row in zip(CLAIMS, judged.itertuples(), strict=True):
+        if c.made_on == "gpu" and row.measured is not None and not c.not_run:
+            assert row.verdict == "other device", c.text
+    measured_rows = judged[judged.measured.notna()]
+    assert {"Executed plans return the model's outputs", "Worked example: VBS 10 vs FBS 12 per image (Section III)"} \
+        <= set(measured_rows.claim)
+    predicted = tiny_records["gains"].gain_vs_fbs_pct.dropna()
+    assert len(predicted) and (predicted >= -1e-9).all() and (predicted < 100).all()
+    assert not math.isnan(judged.set_index("claim").loc["Executed plans return the model's outputs", "measured"])

@@ -1,0 +1,90 @@
+"""workbench.vbs.layers: the per-layer tables of Table I (LayerProfile) and measuring them."""
+
+import numpy as np
+import pytest
+import torch
+
+from workbench import vbs
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_tables_are_checked_when_made():
+    with pytest.raises(ValueError, match="must have shape"):
+        vbs.LayerProfile(time=[[1, 1]], inp=[[1]], out=[[1, 1]], ws=[[1, 1]])
+    with pytest.raises(ValueError, match="whole memory units"):
+        vbs.LayerProfile(time=[[1.0]], inp=[[0.5]], out=[[1]], ws=[[1]])
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        vbs.LayerProfile(time=[[-1.0]], inp=[[1]], out=[[1]], ws=[[1]])
+    with pytest.raises(ValueError, match="names"):
+        vbs.LayerProfile(time=[[1.0]], inp=[[1]], out=[[1]], ws=[[1]], names=["a", "b"])
+
+
+def test_coarsen_rounds_up():
+    tables = vbs.LayerProfile(time=[[1.0, 1.0]], inp=[[1000, 2000]], out=[[1500, 3000]], ws=[[0, 10]])
+    c = tables.coarsen(1024)
+    assert c.unit_bytes == 1024
+    assert c.inp.tolist() == [[1, 2]] and c.out.tolist() == [[2, 3]] and c.ws.tolist() == [[0, 1]]
+    with pytest.raises(ValueError, match="multiple"):
+        c.coarsen(1500)
+
+
+def test_dict_round_trip_and_frame(random_branched):
+    tables = random_branched(np.random.default_rng(3), 4)
+    again = vbs.LayerProfile.from_dict(tables.to_dict())
+    assert again.to_frame().equals(tables.to_frame())
+    assert again.branches.keys() == tables.branches.keys() and again.merge == tables.merge
+    assert tables.uniform_time().shape == (4,)
+    assert list(tables.to_frame().columns[-3:]) == ["in_bytes", "out_bytes", "ws_bytes"]
+
+
+def test_measure_layers_reads_activation_bytes(nets):
+    model = nets["branched"]()
+    tables = vbs.measure_layers(model, torch.randn(3, 8, 8), [1, 3], repeats=1, warmup=0)
+    assert tables.max_batch == 3 and tables.n_layers == len(vbs.stages_of(model))
+    per_sample = 3 * 8 * 8 * 4
+    assert tables.inp[0].tolist() == [per_sample, 2 * per_sample, 3 * per_sample]  # interpolated at b=2
+    assert tables.out[0, 0] == 6 * 8 * 8 * 4 and tables.inp[1, 0] == tables.out[0, 0]
+    assert tables.is_special(1) and len(tables.branches[1]) == 3
+    assert all(p.inp[0].sum() == 0 for p in tables.branches[1])  # the group's input, already held
+    assert tables.out[1, 0] == (4 + 5 + 2) * 8 * 8 * 4  # the merged output
+    assert tables.ws[1].sum() == 0 and np.all(tables.time[0] > 0)
+    assert np.all(tables.branches[1][1].time > 0) and tables.branches[1][1].inp[1, 0] == 3 * 8 * 8 * 4
+
+
+def test_every_batch_size_is_warmed_before_its_layers_are_timed(nets, monkeypatch):
+    """With warmup >= 1 the whole network runs once per batch size before any layer is timed."""
+    import workbench.vbs.layers as layers_module
+
+    events = []
+    real_run = layers_module.run_stages
+    real_time = layers_module.time_callable
+    monkeypatch.setattr(layers_module, "run_stages", lambda st, x: events.append(("warm", x.shape[0])) or
+                        real_run(st, x))
+    monkeypatch.setattr(layers_module, "time_callable", lambda fn, **kw: events.append(("time", None)) or
+                        real_time(fn, **kw))
+    vbs.measure_layers(nets["linear"](), torch.randn(3, 8, 8), [1, 2], repeats=1, warmup=1)
+    warm = [i for i, e in enumerate(events) if e[0] == "warm"]
+    assert [events[i][1] for i in warm] == [1, 2]
+    n = len(vbs.stages_of(nets["linear"]()))
+    assert warm == [0, n + 1]  # each batch size: one warm pass, then its n layers
+    events.clear()
+    vbs.measure_layers(nets["linear"](), torch.randn(3, 8, 8), 2, repeats=1, warmup=0)
+    assert all(e[0] == "time" for e in events)
+
+
+def test_measure_layers_bad_arguments(nets):
+    model = nets["linear"]()
+    with pytest.raises(ValueError, match="batch_sizes"):
+        vbs.measure_layers(model, torch.randn(3, 8, 8), [2, 3])
+    with pytest.raises(ValueError, match="statistic"):
+        vbs.measure_layers(model, torch.randn(3, 8, 8), 2, statistic="mean")
+    with pytest.raises(TypeError, match="sample"):
+        vbs.measure_layers(model, [1, 2, 3], 2)
+
+
+def test_unit_for():
+    assert vbs.unit_for(24 * 1024 * 10, 24) == 10 * 1024
+    assert vbs.unit_for(100, 24) == 1024  # at least one KiB
+    with pytest.raises(ValueError, match="units >= 1"):
+        vbs.unit_for(0, 24)

@@ -1,0 +1,161 @@
+"""Per-image time against the memory budget (Figs 7 and 8 of Choudhury et al.), predicted from the
+tables and executed on the model, and how well the prediction holds.
+
+Budgets. The paper restricted working memory to 15-40 MB at 224x224 on edge devices, 15 MB being
+"the average memory required to process most of the CNNs with a batch of size one" (Section IV).
+Here every network's budgets are multiples of its own *floor*: the smallest budget in which the DP
+can serve the request at all (one sample at a time). A budget of `ratio` x floor is shown as the
+paper's `15 * ratio` MB ("paper-equivalent MB"), so "tight" (< 30 MB) is below 2x the floor and
+"loose" (> 35 MB) above 2.33x. Memory units are `floor / units_at_floor` rounded up to whole KiB
+(the paper used 2 MB units).
+
+Methods: "vbs" is the paper's DP alone (`vbs.Planner`, optimal among nested schedules), "fbs"
+and "greedy" the baselines of Section IV; `vbs.plan` would return the fastest of the three.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from workbench import vbs
+from workbench.measure import MemoryMeter, time_interleaved
+
+__all__ = ["PAPER_FLOOR_MB", "TIGHT_MB", "LOOSE_MB", "METHODS", "budget_sweep", "sweep_plan", "plan_at_ratio",
+           "execute_sweep", "agreement"]
+
+PAPER_FLOOR_MB, TIGHT_MB, LOOSE_MB = 15.0, 30.0, 35.0
+METHODS = ("vbs", "fbs", "greedy")
+
+
+def _grid(tables: vbs.LayerProfile, *, floor_batch: int, ratios, units_at_floor: int):
+    upper = vbs.fbs_peak(tables, batch=floor_batch, size=1)
+    unit = vbs.unit_for(upper, units_at_floor)
+    coarse = tables.coarsen(unit)
+    top = vbs.fbs_peak(coarse, batch=floor_batch, size=1)
+    floor = vbs.Planner(coarse, memory=top).smallest_feasible(floor_batch)
+    budgets = sorted({max(floor, int(round(r * floor))) for r in ratios})
+    return coarse, floor, budgets
+
+
+def budget_sweep(
+    tables: dict[str, vbs.LayerProfile], *, requests=(12,), ratios=(1.0, 1.33, 1.67, 2.0, 2.33, 2.67),
+    units_at_floor: int = 24, floor_batch: int | None = None, progress: bool = False,
+) -> pd.DataFrame:
+    """Predicted per-image time of the DP ("vbs"), FBS and Greedy-VBS per network, request and budget.
+
+    Budgets are `ratios` x the floor of the largest request (or `floor_batch`), see the module
+    docstring. One DP per network and request serves every budget (`Planner`). Infeasible
+    baselines are rows with `feasible` False. `plan_json` holds the plan for `execute_sweep`.
+    """
+    rows = []
+    for name, t in tqdm(tables.items(), desc="planning", disable=not progress):
+        coarse, floor, budgets = _grid(t, floor_batch=floor_batch or max(requests), ratios=ratios,
+                                       units_at_floor=units_at_floor)
+        for request in requests:
+            planner = vbs.Planner(coarse, memory=max(budgets))
+            for budget in budgets:
+                base = {"network": name, "request": request, "budget_units": budget, "unit_bytes": coarse.unit_bytes,
+                        "budget_bytes": budget * coarse.unit_bytes, "floor_units": floor, "ratio": budget / floor,
+                        "paper_mb": PAPER_FLOOR_MB * budget / floor}
+                for method in METHODS:
+                    try:
+                        p = (planner.plan(memory=budget, batch=request) if method == "vbs" else
+                             vbs.fbs(coarse, memory=budget, batch=request) if method == "fbs" else
+                             vbs.greedy_vbs(coarse, memory=budget, batch=request))
+                    except ValueError:
+                        rows.append({**base, "method": method, "feasible": False, "time_per_image_s": np.nan})
+                        continue
+                    rows.append({**base, "method": method, "feasible": True, "time_per_image_s": p.time_per_sample,
+                                 "peak_bytes": p.peak_bytes, "max_batch": p.max_batch_used, "steps": len(p.steps),
+                                 "plan_json": p.to_json()})
+    return pd.DataFrame(rows)
+
+
+def sweep_plan(sweep: pd.DataFrame, *, network: str, method: str, budget_units: int, request: int) -> vbs.Plan:
+    """The plan of one row of `budget_sweep`."""
+    row = sweep[(sweep.network == network) & (sweep.method == method) & (sweep.budget_units == budget_units)
+                & (sweep.request == request) & sweep.feasible]
+    if row.empty:
+        raise ValueError(f"no feasible {method} plan for {network}, request {request}, budget {budget_units} units")
+    return vbs.Plan.from_json(row.plan_json.iloc[0])
+
+
+def plan_at_ratio(sweep: pd.DataFrame, *, network: str, method: str, ratio: float, request: int) -> vbs.Plan:
+    """The plan of `method` at the swept budget nearest `ratio` x floor (e.g. 1.33: the paper's 20 MB)."""
+    rows = sweep[(sweep.network == network) & (sweep.request == request)]
+    if rows.empty:
+        raise ValueError(f"no sweep rows for {network}, request {request}")
+    budget = int(rows.budget_units.loc[(rows.ratio - ratio).abs().idxmin()])
+    return sweep_plan(sweep, network=network, method=method, budget_units=budget, request=request)
+
+
+def execute_sweep(
+    models: dict[str, nn.Module], sweep: pd.DataFrame, *, image_size: int, repeats: int = 3,
+    device: torch.device | str = "cpu", seed: int = 0, progress: bool = False,
+) -> pd.DataFrame:
+    """Run every feasible plan of `sweep` on its model: per budget, the methods are timed in
+    interleaved rounds (median, min, max per image) and each distinct plan's peak is measured once.
+    Adds executed columns to the feasible rows of `sweep` and checks outputs against the model."""
+    out = sweep.copy()
+    for col in ("executed_s", "executed_min_s", "executed_max_s", "executed_peak_bytes", "max_abs_diff"):
+        out[col] = np.nan
+    out["rounds"] = None
+    out["input_bytes"] = out.request * 3 * image_size**2 * 4
+    groups = list(out[out.feasible].groupby(["network", "request", "budget_units"]).groups.items())
+    peaks: dict[str, float] = {}
+    g = torch.Generator().manual_seed(seed)
+    for (name, request, _), index in tqdm(groups, desc="executing plans", disable=not progress):
+        model = models[name]
+        x = torch.randn(request, 3, image_size, image_size, generator=g).to(device)
+        with torch.no_grad():
+            want = model(x)
+        runners = {}
+        for i in index:
+            ex = vbs.Executor(model, vbs.Plan.from_json(out.at[i, "plan_json"]))
+            ex.prepare(x)
+            runners[i] = ex
+            out.at[i, "max_abs_diff"] = float((ex(x) - want).abs().max())
+        # NOTE: the correctness run above was each runner's warm-up
+        times = time_interleaved({i: (lambda ex=ex, x=x: ex(x)) for i, ex in runners.items()}, warmup=0,
+                                 repeats=repeats, device=device)
+        for i, ex in runners.items():
+            key = out.at[i, "plan_json"]
+            if key not in peaks:
+                with MemoryMeter(device) as meter:
+                    ex(x)
+                peaks[key] = meter.peak_bytes + x.numel() * x.element_size()
+            t = np.asarray(times[i]) / request
+            out.at[i, "executed_s"], out.at[i, "executed_min_s"] = float(np.median(t)), float(t.min())
+            out.at[i, "executed_max_s"], out.at[i, "executed_peak_bytes"] = float(t.max()), peaks[key]
+            out.at[i, "rounds"] = [float(v) for v in t]
+    return out
+
+
+def agreement(executed: pd.DataFrame, *, statistic: str = "median") -> pd.DataFrame:
+    """Per method: executed / predicted time and memory over the feasible points of `executed`.
+
+    `time_ratio` compares like with like (the executed minimum over rounds when the tables took
+    the minimum of their repeats, else the medians); `time_ratio_vs_fbs` divides a plan's ratio by
+    the FBS plan's at the same budget, so what the machine does to every method alike cancels.
+    `memory_ratio` is the measured peak including the caller's request over the predicted peak,
+    `memory_ratio_excl_request` leaves the request out.
+    """
+    ok = executed[executed.feasible].copy()
+    executed_t = ok.executed_min_s if statistic == "min" else ok.executed_s
+    ok["time_ratio"] = executed_t / ok.time_per_image_s
+    keys = ["network", "request", "budget_units"]
+    fbs_ratio = ok[ok.method == "fbs"].set_index(keys).time_ratio
+    ok["time_ratio_vs_fbs"] = ok.time_ratio / fbs_ratio.reindex(pd.MultiIndex.from_frame(ok[keys])).to_numpy()
+    ok["memory_ratio"] = ok.executed_peak_bytes / ok.peak_bytes
+    ok["memory_ratio_excl_request"] = (ok.executed_peak_bytes - ok.input_bytes) / ok.peak_bytes
+    ratios = ["time_ratio", "time_ratio_vs_fbs", "memory_ratio", "memory_ratio_excl_request"]
+    grouped = ok.groupby("method")
+    frame = grouped[[*ratios, "steps"]].median().add_suffix("_median")
+    frame = frame.join(grouped[ratios].min().add_suffix("_min")).join(grouped[ratios].max().add_suffix("_max"))
+    frame["points"] = grouped.size()
+    frame["max_abs_diff"] = grouped.max_abs_diff.max()
+    return frame.reset_index()
