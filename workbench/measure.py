@@ -2,7 +2,10 @@
 
 Memory is the peak of tensor bytes allocated inside a region and live at the same moment:
 on CUDA from the caching allocator's statistics, on CPU from a dispatch-mode tracker of the
-storages created in the region. Process RSS is never used as a tensor-memory figure.
+storages created in the region. `AllocatorMeter` is the independent measure beside it: the
+allocator's own running total (on CPU the c10 allocator's events, as torch.profiler records them),
+which also sees kernel-internal scratch that never becomes a tensor. Process RSS is never used as a
+tensor-memory figure.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 __all__ = [
-    "LiveStorageMode", "MemoryMeter", "Timing", "time_callable", "format_bytes", "measure_training_step",
-    "plot_memory_trace", "state_bytes", "time_interleaved",
+    "AllocatorMeter", "LiveStorageMode", "MemoryMeter", "Timing", "time_callable", "format_bytes",
+    "measure_training_step", "plot_memory_trace", "state_bytes", "time_interleaved",
 ]
 
 
@@ -122,6 +125,62 @@ class _StorageTracker(LiveStorageMode):
         self._record("free")
 
 
+class AllocatorMeter:
+    """Peak bytes the device's allocator handed out inside a `with` block, net of frees inside it.
+
+    The independent measure for everything counted from tensors (MemoryMeter's CPU tracker, CalcGraph's
+    fake-tensor plan): it shares no counting rule with them. On CPU, every allocation and free of the
+    c10 CPU allocator while the block runs (torch.profiler with `profile_memory=True`), summed in time
+    order; blocks allocated before entry and freed inside are not seen (the profiler warns once), so
+    the figure is relative to entry like MemoryMeter's. Kernel scratch (BatchNorm, oneDNN RNN
+    workspaces) counts. On CUDA, `max_memory_allocated` relative to entry, and `reserved_peak_bytes`,
+    the caching allocator's absolute `max_memory_reserved` (what actually runs out).
+
+    # NOTE: the profiler's event list is read directly (kineto results) rather than exported to a
+    # chrome trace, which writes a file per measurement; only one profiler can run at a time.
+    """
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"AllocatorMeter supports 'cpu' and 'cuda' devices, got {self.device}")
+        self.peak_bytes = 0
+        self.end_bytes = 0
+        self.reserved_peak_bytes: int | None = None
+        self._profiler = None
+        self._cuda_start = 0
+
+    def __enter__(self) -> AllocatorMeter:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._cuda_start = torch.cuda.memory_allocated(self.device)
+            return self
+        if torch.autograd.profiler._is_profiler_enabled:
+            raise RuntimeError("AllocatorMeter needs torch.profiler, which is already running; stop it first")
+        self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                profile_memory=True)
+        self._profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._cuda_start
+            self.end_bytes = torch.cuda.memory_allocated(self.device) - self._cuda_start
+            self.reserved_peak_bytes = torch.cuda.max_memory_reserved(self.device)
+            return
+        profiler, self._profiler = self._profiler, None
+        profiler.__exit__(*exc)
+        events = [e for e in profiler.profiler.kineto_results.events()
+                  if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+        current = peak = 0
+        for event in sorted(events, key=lambda e: e.start_ns()):
+            current += event.nbytes()
+            peak = max(peak, current)
+        self.peak_bytes, self.end_bytes = peak, current
+
+
 class MemoryMeter:
     """Peak bytes of tensors allocated inside a `with` block and live at once.
 
@@ -130,7 +189,9 @@ class MemoryMeter:
     On CPU: exact storage bytes of every tensor an aten op creates inside the block; tensors
     created before entry are not counted. Kernel-internal scratch buffers that never become
     tensors are invisible on CPU. With `trace=True`, `.trace` is memory over time: a DataFrame
-    with one row per allocation or free (columns event, op, bytes), on either device.
+    with one row per allocation or free (columns event, op, bytes), on either device. With
+    `allocator=True`, `.allocator_peak_bytes` is the same block's peak by `AllocatorMeter` (the
+    independent count, scratch included) and, on CUDA, `.reserved_peak_bytes` the allocator's reserve.
 
     Example::
 
@@ -139,7 +200,8 @@ class MemoryMeter:
         print(meter.peak_bytes)
     """
 
-    def __init__(self, device: torch.device | str | None = None, *, trace: bool = False) -> None:
+    def __init__(self, device: torch.device | str | None = None, *, trace: bool = False,
+                 allocator: bool = False) -> None:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"MemoryMeter supports 'cpu' and 'cuda' devices, got {self.device}")
@@ -151,6 +213,9 @@ class MemoryMeter:
                 raise ValueError(f"MemoryMeter({str(self.device)!r}): CUDA device index must be in 0..{count - 1}")
         self.peak_bytes = 0
         self.end_bytes = 0
+        self.allocator_peak_bytes: int | None = None
+        self.reserved_peak_bytes: int | None = None
+        self._allocator = AllocatorMeter(self.device) if allocator else None
         self._want_trace = trace
         self._tracker: _StorageTracker | None = None
         self._events: list[tuple[int, str, int]] | None = None
@@ -170,6 +235,8 @@ class MemoryMeter:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self._cuda_start = torch.cuda.memory_allocated(self.device)
+        if self._allocator is not None and not self._cuda:
+            self._allocator.__enter__()
         if not self._cuda or self._want_trace:
             self._tracker = _StorageTracker(trace=self._want_trace)
             self._tracker.__enter__()
@@ -190,6 +257,14 @@ class MemoryMeter:
         else:
             self.peak_bytes = tracker.peak
             self.end_bytes = tracker.current
+        if self._allocator is not None:
+            if self._cuda:  # the same statistics as above: no second reset inside the block
+                self._allocator.peak_bytes, self._allocator.reserved_peak_bytes = (
+                    self.peak_bytes, torch.cuda.max_memory_reserved(self.device))
+            else:
+                self._allocator.__exit__(*exc)
+            self.allocator_peak_bytes = self._allocator.peak_bytes
+            self.reserved_peak_bytes = self._allocator.reserved_peak_bytes
 
     @property
     def current_bytes(self) -> int:
