@@ -222,10 +222,3 @@ def test_master_stochastic_rounding_keeps_specials(dtype):
         assert (y[:, 2] == math.inf).all() and (y[:, 3] == -math.inf).all() and torch.isnan(y[:, 4]).all()
         assert (y[:, 5:] == 0).all() and not torch.signbit(y[:, 5]).any() and torch.signbit(y[:, 6]).all()
 
-
-def test_the_old_bits_path_still_exports_every_name():
-    from workbench.optim import bits, formats, packing, rng, split_merge
-
-    homes = (formats, packing, rng, split_merge)
-    for name in bits.__all__:
-        assert any(getattr(m, name, None) is getattr(bits, name) for m in homes), name

@@ -10,7 +10,6 @@
 ``packed``: PackedSGD, PackedAdamW, PackedAdam (per-parameter or fused flat step; fp32 or bf16
 states; truncated or stochastic master rounding).
 ``backward``: step_in_backward (the update runs inside backward, gradients freed at once; 3.2).
-``bits``: the old import path of the formats/packing/rng/split_merge names.
 """
 
 from workbench.optim.backward import StepInBackwardHandle, step_in_backward

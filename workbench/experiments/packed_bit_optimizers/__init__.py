@@ -1,12 +1,14 @@
 """Experiments and plots of the notebook ``packed_bit_optimizers`` (Memory Efficient Mixed Precision
 Optimizers, Lewandowski & Kosson).
 
-``bench``: formats, peak memory (with the phase where it falls and memory over the steps by
-category), training-step times and the fused backward; ``accuracy``: accuracy by format over seeds
-and the addition-error study; ``speed``: optimizer-step throughput; ``peers``: the side-by-side
-table against torch, torchao, torch-optimi and bitsandbytes; ``plots``: the figures.
+``bench``: formats and peak memory (with the phase where it falls and memory over the steps by
+category); ``steps``: training-step times by format and the step fused into backward (Table 2);
+``accuracy``: accuracy by format over seeds and the addition-error study; ``speed``: optimizer-step
+throughput (Fig 3); ``peers``: the side-by-side table against torch, torchao, torch-optimi and
+bitsandbytes; ``plots``: the figures; ``claims``: the paper's claims and our targets as data, and the ledger.
 """
 
+from . import claims
 from .accuracy import (
     accuracy_by_format,
     accuracy_summary,
@@ -20,18 +22,16 @@ from .accuracy import (
 from .bench import (
     FORMATS,
     Format,
-    TokenClassifier,
     analytic_bytes_per_param,
-    fused_backward,
     make_model,
     make_optimizer,
     measure_peak,
     memory_by_format,
     packed_option_available,
-    paired_ratio,
+    find_row,
     parse_format,
     peak_vs_amp,
-    step_time_by_format,
+    saving_ceiling,
     step_timeline,
 )
 from .peers import PEER_METHODS, PeerUnavailable, make_peer, peer_methods, peer_table
@@ -44,14 +44,16 @@ from .plots import (
     plot_throughput,
     plot_timeline,
 )
-from .speed import memory_bandwidth, step_throughput
+from .speed import memory_bandwidth, step_throughput, throughput_share_ratio
+from .steps import TokenClassifier, fused_backward, paired_ratio, round_times, rounds_ratio, step_time_by_format
 
 __all__ = [
     "FORMATS", "Format", "PEER_METHODS", "PeerUnavailable", "TokenClassifier", "accuracy_by_format",
-    "accuracy_summary", "addition_error", "analytic_bytes_per_param", "fp8_extra_bits", "fused_backward",
-    "load_task", "make_model", "make_optimizer", "make_peer", "measure_peak", "memory_bandwidth", "memory_by_format",
-    "packed_option_available", "paired_gap", "paired_ratio", "parse_format", "peak_vs_amp", "peer_methods",
-    "peer_table", "plot_accuracy", "plot_addition_error", "plot_fused_backward", "plot_memory", "plot_peers",
-    "plot_throughput", "plot_timeline", "step_throughput", "step_time_by_format", "step_timeline",
-    "truncate_significand", "truncate_to_e5m2",
+    "accuracy_summary", "addition_error", "analytic_bytes_per_param", "claims", "find_row", "fp8_extra_bits",
+    "fused_backward", "load_task", "make_model", "make_optimizer", "make_peer", "measure_peak", "memory_bandwidth",
+    "memory_by_format", "packed_option_available", "paired_gap", "paired_ratio", "parse_format", "peak_vs_amp",
+    "peer_methods", "peer_table", "plot_accuracy", "plot_addition_error", "plot_fused_backward", "plot_memory",
+    "plot_peers", "plot_throughput", "plot_timeline", "round_times", "rounds_ratio", "saving_ceiling",
+    "step_throughput", "step_time_by_format", "step_timeline", "throughput_share_ratio", "truncate_significand",
+    "truncate_to_e5m2",
 ]

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from workbench.data import ImageSet, load_cifar10, load_digits, make_loader, synthetic_images
-from workbench.models import MLP, resnet18
-from workbench.optim.bits import merge_values, split_values
+from workbench.data import ImageSet, load, make_loader, synthetic_images
+from workbench.models import MLP, build
+from workbench.optim.split_merge import merge_values, split_values
 from workbench.train import evaluate, train
 
 from .bench import make_model, make_optimizer, measure_peak, parse_format, _loss
@@ -88,21 +88,27 @@ class _Fp8Weights:
                     p.copy_(m)
 
 
+# The whole sets, split as before: the bundled digits 80/20 by a seeded shuffle, CIFAR-10 its own split.
+_SPLITS = {"digits": (1438, 359), "cifar10": (50000, 10000)}
+
+
 def load_task(
     dataset: str, *, model: str = "mlp", hidden: int = 128, n: int = 2000, size: int = 16,
     noise: float = 0.8, seed: int = 0,
 ) -> tuple[Callable[[], nn.Module], ImageSet, ImageSet, str]:
     """(model_fn, train set, test set, description) for 'digits', 'synthetic' or 'cifar10'.
 
-    ``model`` is 'mlp' (two hidden ReLU layers of ``hidden`` units) or 'resnet18' (CIFAR stem).
+    ``model`` is 'mlp' (two hidden ReLU layers of ``hidden`` units) or 'resnet18' (CIFAR stem, built by
+    :func:`workbench.models.build`). 'digits' and 'cifar10' come from :func:`workbench.data.load`;
+    'synthetic' is ``n`` seeded images of ``size`` x ``size`` with pixel ``noise`` (a harder task).
     """
-    if dataset == "digits":
-        train_set, test_set = load_digits().split(0.2, seed=seed)
+    if dataset in _SPLITS:
+        train_set, test_set = load(dataset, *_SPLITS[dataset], seed=seed,
+                                   shape=(1, 8, 8) if dataset == "digits" else None)
     elif dataset == "synthetic":
+        # NOTE: workbench.data.load has no noise level; this task needs one to be hard
         full = synthetic_images(n, shape=(1, size, size), num_classes=10, seed=seed, noise=noise)
         train_set, test_set = full.split(0.2, seed=seed)
-    elif dataset == "cifar10":
-        train_set, test_set = load_cifar10()
     else:
         raise ValueError(f"dataset={dataset!r}: allowed 'digits', 'synthetic', 'cifar10'")
     c, h, w = train_set.images.shape[1:]
@@ -112,7 +118,7 @@ def load_task(
         desc = f"MLP {c * h * w}-{hidden}-{hidden}-{train_set.num_classes}"
     elif model == "resnet18":
         def model_fn() -> nn.Module:
-            return resnet18(train_set.num_classes, stem="cifar", in_channels=c)
+            return build("resnet18", num_classes=train_set.num_classes, stem="cifar", in_channels=c)
         desc = "ResNet-18"
     else:
         raise ValueError(f"model={model!r}: allowed 'mlp', 'resnet18'")
@@ -138,7 +144,7 @@ def accuracy_by_format(
     model_fn: Callable[[], nn.Module], train_set: ImageSet, test_set: ImageSet, *,
     formats: Iterable[str], epochs: int, lr: float, batch_size: int = 64, optimizer: str = "sgd",
     momentum: float = 0.9, weight_decay: float = 0.0, seeds: Iterable[int] = (0,),
-    device: torch.device | str = "cpu", measure_memory: bool = True, regime: str = "",
+    device: torch.device | str = "cpu", measure_memory: bool = True, regime: str = "", task: str = "",
     fused: bool = False, progress: bool = True,
 ) -> pd.DataFrame:
     """Train one model per format and seed; per seed every format has the same initial weights,
@@ -148,6 +154,7 @@ def accuracy_by_format(
     ``measure_memory``, first seed only) the peak tensor bytes of two training steps of a fresh
     model and optimizer (parameters and optimizer state included) measured apart, so timing runs
     are not slowed by the CPU meter. ``fused`` runs the packed optimizers' flat eager step.
+    ``regime`` and ``task`` (what is trained, e.g. :func:`load_task`'s description) label the rows.
     Formats: anything :func:`parse_format` reads, and emulated 'fp8' / 'fp8+K'.
     """
     device = torch.device(device)
@@ -187,7 +194,7 @@ def accuracy_by_format(
             batches = [b for b, _ in zip(loader, range(2), strict=False)]
             peak = measure_peak(model_fn, fmt, batches, in_backward=False, optimizer=optimizer, lr=lr,
                                 device=device)["peak_bytes"]
-        rows.append({"format": name, "regime": regime, "seed": seed, "lr": lr, "epochs": epochs,
+        rows.append({"format": name, "regime": regime, "task": task, "seed": seed, "lr": lr, "epochs": epochs,
                      "test_acc": acc, "train_loss": loss, "seconds": seconds, "peak_bytes": peak,
                      "params": sum(p.numel() for p in model.parameters())})
     return pd.DataFrame(rows)

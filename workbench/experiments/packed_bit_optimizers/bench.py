@@ -1,9 +1,8 @@
-"""Benchmarks for the packed-bit optimizers: peak memory by format, step times, fused backward.
+"""Formats and peak memory of the packed-bit optimizers (the timing runs live in ``steps``).
 
 Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 4: Fig 2
-(memory of a synthetic training, AMP vs 16-bit + extra bits, drawn over the steps by category),
-Table 2 (optimizer step fused into backward), Table 3 (time and memory of ResNet-18 by format),
-and the text's fused-optimizer (2-10% faster) and stochastic-rounding (slower) remarks.
+(memory of a synthetic training, AMP vs 16-bit + extra bits, drawn over the steps by category)
+and Table 3's memory column (ResNet-18 by format).
 
 Every function returns a pandas DataFrame measured in one run, with the baseline beside the
 technique; ratios are technique / baseline. CPU memory comes from ``MemoryMeter`` (a dispatch mode),
@@ -15,8 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import statistics
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -24,15 +22,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from workbench.measure import MemoryMeter, state_bytes, time_interleaved
-from workbench.optim.backward import step_in_backward
-from workbench.optim.bits import storage_bits
-from workbench.optim.packed import PackedAdamW, PackedSGD
+from workbench.measure import MemoryMeter, state_bytes
+from workbench.optim import PackedAdamW, PackedSGD, step_in_backward
+from workbench.optim.formats import storage_bits
 
 __all__ = [
     "Format", "FORMATS", "parse_format", "make_model", "make_optimizer", "packed_option_available",
-    "analytic_bytes_per_param", "measure_peak", "memory_by_format", "step_timeline", "step_time_by_format",
-    "paired_ratio", "fused_backward", "peak_vs_amp", "TokenClassifier",
+    "analytic_bytes_per_param", "measure_peak", "memory_by_format", "step_timeline", "peak_vs_amp", "find_row",
+    "saving_ceiling",
 ]
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -320,136 +317,25 @@ def memory_by_format(
     return df
 
 
-def paired_ratio(times: dict[Hashable, list[float]], name: Hashable, base: Hashable) -> tuple[float, float, float]:
-    """(median ratio, lowest, highest) of base time / ``name`` time over interleaved rounds.
-
-    The median ratio is of the two medians; the spread pairs the rounds (round r of ``name``
-    against round r of ``base``), so load that hit one round hits both sides of its ratio.
-    """
-    a, b = times[name], times[base]
-    per_round = [tb / ta for ta, tb in zip(a, b, strict=True)]
-    return statistics.median(b) / statistics.median(a), min(per_round), max(per_round)
-
-
-def _training_step(model_fn, fmt, batch, *, in_backward, optimizer, lr, device, fused=False, compile=False):
-    model = make_model(model_fn, fmt, device)
-    opt = make_optimizer(model.parameters(), fmt, optimizer=optimizer, lr=lr, fused=fused and fmt.packed,
-                         compile=compile and fmt.packed)
-    handle = step_in_backward(model, opt) if in_backward else None
-    x, y = batch[0].to(device), batch[1].to(device)
-
-    def step() -> None:
-        _loss(model, x, y, fmt).backward()
-        if handle is None:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-    return step, handle
+def find_row(df: pd.DataFrame | None, **match) -> pd.Series | None:
+    """The first row of ``df`` whose columns equal ``match`` (e.g. ``format="amp"``), or None."""
+    if df is None or len(df) == 0 or any(k not in df for k in match):
+        return None
+    mask = pd.Series(True, index=df.index)
+    for key, value in match.items():
+        mask &= df[key] == value
+    hits = df[mask]
+    return None if hits.empty else hits.iloc[0]
 
 
-def step_time_by_format(
-    model_fn: Callable[[], nn.Module], batch: tuple[torch.Tensor, torch.Tensor], *,
-    formats: Iterable[str], optimizer: str = "sgd", lr: float = 0.01, repeats: int = 10,
-    fused: bool = False, compile: bool = False, baseline: str = "amp", device: torch.device | str = "cpu",
-    progress: bool = True,
-) -> pd.DataFrame:
-    """Time of one training step (forward, backward, optimizer step) per format, interleaved.
+def saving_ceiling(df_mem: pd.DataFrame, *, optimizer: str = "sgd", packed: str = "fp16+8") -> float:
+    """The largest saving against the measured AMP peak that ``packed`` with the step in backward
+    can reach: 1 - (its analytic bytes per parameter) / (AMP's measured peak bytes per parameter).
 
-    Packed formats run their per-parameter step (row ``<format>``) and, with ``fused``, also the
-    flat fused step (row ``<format> fused``); ``compile`` is passed to both, so the pair differs
-    in fusion only. Rounds alternate the variants (load from other processes hits all alike).
-    ``speedup_vs_<baseline>`` = median baseline time / median time, with ``*_lo``/``*_hi`` the
-    lowest and highest paired per-round ratio.
-    """
-    device = torch.device(device)
-    suffix = " compiled" if compile else ""
-    steps: dict[str, Callable[[], None]] = {}
-    for name in formats:
-        fmt = parse_format(name)
-        steps[name] = _training_step(model_fn, fmt, batch, in_backward=False, optimizer=optimizer,
-                                     lr=lr, device=device, compile=compile)[0]
-        if fused and fmt.packed:
-            steps[f"{name} fused{suffix}"] = _training_step(
-                model_fn, fmt, batch, in_backward=False, optimizer=optimizer, lr=lr, device=device,
-                fused=True, compile=compile)[0]
-    times = time_interleaved(steps, warmup=2 if compile else 1, repeats=repeats, device=device,
-                             progress=progress, desc="training steps")
-    rows = [{"format": n, "median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "rounds": len(t)}
-            for n, t in times.items()]
-    df = pd.DataFrame(rows)
-    if baseline in times:
-        ratios = [paired_ratio(times, n, baseline) for n in times]
-        col = f"speedup_vs_{baseline}"
-        df[col], df[f"{col}_lo"], df[f"{col}_hi"] = zip(*ratios, strict=True)
-    df.attrs["times"] = times
-    return df
-
-
-class TokenClassifier(nn.Module):
-    """A small transformer encoder over token ids with a classification head (Table 2 stand-in)."""
-
-    def __init__(self, vocab: int = 1000, d_model: int = 256, heads: int = 4, layers: int = 4,
-                 classes: int = 2) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d_model)
-        layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.head = nn.Linear(d_model, classes)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(self.embed(tokens)).mean(1))
-
-
-def fused_backward(
-    *, d_model: int = 256, layers: int = 4, vocab: int = 1000, batch: int = 8, seq: int = 64,
-    steps: int = 2, repeats: int = 3, optimizer: str = "adamw", lr: float = 2e-5,
-    formats: Iterable[str] = ("fp32",), device: torch.device | str = "cpu", seed: int = 0,
-    progress: bool = True,
-) -> pd.DataFrame:
-    """Table 2 analogue: peak memory and step time of a transformer with/without step in backward.
-
-    Memory: ``steps`` metered steps each (fresh optimizer, state included), with the phase where
-    the peak falls. Time: the two configurations' training steps interleaved round by round;
-    ``time_ratio`` = median in-backward / median ordinary, ``time_ratio_lo``/``_hi`` the paired
-    per-round extremes.
-    """
-    if batch < 1 or seq < 1 or d_model < 1 or layers < 1:
-        raise ValueError(f"need batch, seq, d_model, layers >= 1, got {batch}, {seq}, {d_model}, {layers}")
-    device = torch.device(device)
-    gen = torch.Generator().manual_seed(seed)
-    batches = [(torch.randint(vocab, (batch, seq), generator=gen), torch.randint(2, (batch,), generator=gen))
-               for _ in range(steps)]
-
-    def model_fn():
-        torch.manual_seed(seed)
-        return TokenClassifier(vocab, d_model, max(1, d_model // 64), layers)
-
-    rows, fns, handles = [], {}, []
-    for name in formats:
-        fmt = parse_format(name)
-        for sib in (False, True):
-            rows.append(measure_peak(model_fn, fmt, batches, in_backward=sib, optimizer=optimizer, lr=lr,
-                                     device=device))
-            fns[(name, sib)], handle = _training_step(model_fn, fmt, batches[0], in_backward=sib,
-                                                      optimizer=optimizer, lr=lr, device=device)
-            handles.append(handle)
-    times = time_interleaved(fns, warmup=1, repeats=repeats, device=device, progress=progress,
-                             desc="fused backward")
-    for h in handles:
-        if h is not None:
-            h.remove()
-    df = pd.DataFrame(rows)
-    df["step_s"] = [statistics.median(times[(f, s)]) for f, s in zip(df["format"], df["step_in_backward"],
-                                                                       strict=True)]
-    df["tokens"] = batch * seq
-    base = df.groupby("format")["peak_bytes"].transform("first")
-    df["peak_ratio"] = df["peak_bytes"] / base
-    ratio, lo, hi = [], [], []
-    for f, s in zip(df["format"], df["step_in_backward"], strict=True):
-        # arguments swapped on purpose: this gives in-backward time / ordinary time
-        r, a, b = paired_ratio(times, (f, False), (f, s))
-        ratio.append(r)
-        lo.append(a)
-        hi.append(b)
-    df["time_ratio"], df["time_ratio_lo"], df["time_ratio_hi"] = ratio, lo, hi
-    return df
+    The paper's 54% (Fig 2) is against an AMP that holds 14 bytes per parameter at its peak; a
+    measured AMP peak below that lowers the ceiling of the saving."""
+    amp = find_row(df_mem, format="amp", step_in_backward=False)
+    if amp is None:
+        return float("nan")
+    floor = analytic_bytes_per_param(parse_format(packed), optimizer=optimizer, in_backward=True)
+    return 1 - floor / float(amp["peak_bytes_per_param"])

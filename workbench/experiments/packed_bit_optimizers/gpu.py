@@ -26,9 +26,10 @@ import torch
 
 from workbench.data import make_loader, synthetic_images
 from workbench.measure import MemoryMeter
-from workbench.models import MLP, resnet18
+from workbench.models import MLP, build
 
-from .bench import fused_backward, memory_by_format
+from .bench import memory_by_format
+from .steps import fused_backward
 from .speed import DEFAULT_CONFIGS, backward_step_ratio, throughput_table
 
 __all__ = ["meter_check", "main"]
@@ -36,7 +37,7 @@ __all__ = ["meter_check", "main"]
 
 def _resnet_step(device: torch.device, batch: int, width: int) -> Callable[[], None]:
     torch.manual_seed(0)
-    model = resnet18(10, stem="cifar", width=width).to(device)
+    model = build("resnet18", width=width / 64).to(device)  # width: the stage-1 channels
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x = torch.randn(batch, 3, 32, 32, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
@@ -93,7 +94,7 @@ def _fig2(width: int, depth: int, batch: int, steps: int, formats: list[str]) ->
 def _table3(width: int, batch: int, formats: list[str]) -> pd.DataFrame:
     data = synthetic_images(batch * 2, shape=(3, 32, 32), num_classes=10, seed=0)
     batches = list(make_loader(data, batch, shuffle=False))
-    return memory_by_format(lambda: resnet18(10, stem="cifar", width=width), batches, formats=formats,
+    return memory_by_format(lambda: build("resnet18", width=width / 64), batches, formats=formats,
                             optimizer="sgd", device="cuda", progress=False)
 
 

@@ -28,12 +28,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from workbench.measure import time_callable, time_interleaved
-from workbench.optim.backward import step_in_backward
-from workbench.optim.packed import PackedAdamW
+from workbench.optim import PackedAdamW, step_in_backward
 
-from .bench import parse_format
+from .bench import find_row, parse_format
 
-__all__ = ["memory_bandwidth", "step_throughput", "throughput_table", "backward_step_ratio", "main"]
+__all__ = ["memory_bandwidth", "step_throughput", "throughput_share_ratio", "throughput_table", "backward_step_ratio",
+           "main"]
 
 # NOTE: 128 MiB, far beyond any CPU's last-level cache, so the update measures DRAM bandwidth (an
 # 8 MB buffer stays in cache and rated torch's 16M-parameter step above the ceiling).
@@ -86,6 +86,19 @@ def _peers(tensors: Callable[[torch.dtype], list[torch.Tensor]]) -> list[tuple[s
     return out
 
 
+def _config(cfg) -> tuple:
+    """(packed Format, PackedAdamW options) of a config: a format name ('bf16+8', 'fp16+13 SR') or
+    ``(dtype name, extra bits[, options])``."""
+    if isinstance(cfg, str):
+        fmt = parse_format(cfg)
+        options = {"stochastic_rounding": True} if fmt.stochastic_rounding else {}
+    else:
+        fmt, options = parse_format(f"{cfg[0]}+{cfg[1]}"), dict(cfg[2]) if len(cfg) > 2 else {}
+    if not fmt.packed:
+        raise ValueError(f"throughput config {cfg!r}: needs a packed format such as 'bf16+8'")
+    return fmt, options
+
+
 def step_throughput(
     *, numel: int, n_tensors: int = 8, configs: Iterable[tuple] = (("bf16", 16),),
     device: torch.device | str = "cpu", repeats: int = 5, compile: bool = True,
@@ -94,8 +107,9 @@ def step_throughput(
 ) -> pd.DataFrame:
     """Fig 3: AdamW step throughput, packed fused step vs ``torch.optim.AdamW(fused=True)`` (fp32).
 
-    ``configs`` entries are ``(dtype name, extra bits)`` or ``(dtype name, extra bits, options)``
-    with options passed to :class:`PackedAdamW` (e.g. ``{"state_dtype": torch.bfloat16}``). Same
+    ``configs`` entries are format names ('bf16+8', 'fp16+13 SR'), ``(dtype name, extra bits)`` or
+    ``(dtype name, extra bits, options)`` with options passed to :class:`PackedAdamW` (e.g.
+    ``{"state_dtype": torch.bfloat16}``). Same
     parameter count split into ``n_tensors`` tensors, same device, same run; the methods' steps are
     interleaved repeat by repeat so that load from other processes hits all of them alike. Bytes
     moved per step are counted analytically (params r/w, gradient read, extra bits r/w, states
@@ -137,14 +151,13 @@ def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progre
     methods.append(("torch AdamW fused (fp32)", None, "fp32",
                     torch.optim.AdamW(tensors(torch.float32), fused=True), 28.0))
     for cfg in configs:
-        dtype_name, k = cfg[0], cfg[1]
-        options = dict(cfg[2]) if len(cfg) > 2 else {}
-        fmt = parse_format(f"{dtype_name}+{k}")
+        fmt, options = _config(cfg)
+        k = fmt.extra_bits
         opt = PackedAdamW(tensors(fmt.param_dtype), extra_bits=k, fused=True, compile=compile, **options)
         sdt = options.get("state_dtype", torch.float32)
         state_bytes = 2 if sdt == torch.bfloat16 else 4
         sr = bool(options.get("stochastic_rounding", False))
-        label = f"Packed AdamW {fmt.name}{' SR' if sr else ''}" + (
+        label = f"Packed AdamW {fmt.name.removesuffix(' SR')}{' SR' if sr else ''}" + (
             " bf16 states" if sdt == torch.bfloat16 else "") + (" fused compiled" if compile else " fused eager")
         methods.append((label, k, str(sdt).replace("torch.", "").replace("float32", "fp32"),
                         opt, 2 + 2 + 2 + 2 * (k + sr) / 8 + 2 * 2 * state_bytes))
@@ -184,6 +197,21 @@ def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progre
     df["threads"] = torch.get_num_threads()
     df["repeats"] = repeats
     return df
+
+
+def throughput_share_ratio(df_tp: pd.DataFrame, method: str,
+                           base: str = "torch AdamW fused (fp32)") -> tuple[float, float, float] | None:
+    """Fig 3's efficiency: ``method``'s bytes/s (share of bandwidth) over ``base``'s, both at their
+    median step, with the spread of the paired per-round step ratios; None if either is missing.
+
+    A packed step moves fewer bytes than torch's fp32 step, so the share ratio is the steps/s ratio
+    times the bytes-per-step ratio."""
+    row, ref = find_row(df_tp, method=method), find_row(df_tp, method=base)
+    if row is None or ref is None or pd.isna(row.get("median_s")) or pd.isna(ref.get("median_s")):
+        return None
+    bytes_ratio = float(row["bytes_per_param"]) / float(ref["bytes_per_param"])
+    return (float(row["bytes_per_s"]) / float(ref["bytes_per_s"]), float(row["ratio_lo"]) * bytes_ratio,
+            float(row["ratio_hi"]) * bytes_ratio)
 
 
 DEFAULT_CONFIGS = (("bf16", 8), ("bf16", 16), ("bf16", 8, {"state_dtype": torch.bfloat16}))

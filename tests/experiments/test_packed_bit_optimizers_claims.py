@@ -1,0 +1,338 @@
+"""The packed-bit notebook's claims as data (Memory Efficient Mixed Precision Optimizers, Lewandowski &
+Kosson): every verdict each rule can give, at its boundaries, from hand-made records; GPU claims read
+"other device" on a CPU; a row for every claim from the records the experiment functions produce."""
+
+import pandas as pd
+import pytest
+import torch
+
+from workbench.data import synthetic_images
+from workbench.experiments.packed_bit_optimizers import (
+    accuracy_by_format,
+    addition_error,
+    claims,
+    fused_backward,
+    memory_by_format,
+    round_times,
+    step_throughput,
+    step_time_by_format,
+)
+from workbench.models import MLP, build
+
+PARAMS = {"optimizer": "sgd", "mem_width": 64, "mem_depth": 2, "mem_batch": 4, "t3_width": 0.5, "t3_batch": 16,
+          "t3_size": 32, "acc_dataset": "digits", "acc_model": "mlp", "acc_batch": 64, "speed_compile": False,
+          "tf_d_model": 64, "tf_layers": 1, "tf_batch": 2, "tf_seq": 8, "tf_repeats": 3, "tp_compile": False}
+TORCH = "torch AdamW fused (fp32)"
+
+
+def _memory(saving=0.54, per_param_saved=None):
+    """Fig 2 records: AMP at 14 B/param, ours at (1 - saving) of it (or per_param_saved bytes less)."""
+    ours = 14 - per_param_saved if per_param_saved is not None else 14 * (1 - saving)
+    return pd.DataFrame({"format": ["amp", "fp16+8"], "step_in_backward": [False, True], "params": [1000, 1000],
+                         "steps": [3, 3], "peak_bytes": [14_000.0, 1000 * ours],
+                         "peak_bytes_per_param": [14.0, ours]})
+
+
+def _resnet(vs_fp32=0.22, vs_amp=0.165, formats=("fp32", "amp", "fp16+8")):
+    """Table 3 memory records: fp16+8 in backward at 1000 bytes, the baselines sized to give the savings."""
+    peaks = {"fp32": 1000 / (1 - vs_fp32), "amp": 1000 / (1 - vs_amp)}
+    rows = [{"format": f, "step_in_backward": False, "params": 10, "peak_bytes": peaks[f], "peak_phase": "backward"}
+            for f in formats if f in peaks]
+    rows += [{"format": "fp16+8", "step_in_backward": sib, "params": 10, "peak_bytes": 1000.0 if sib else 1100.0,
+              "peak_phase": "backward"} for sib in (False, True)]
+    return pd.DataFrame(rows)
+
+
+def _accuracy(gaps, regime="digits", base="amp", first="fp16+8", base_acc=0.90):
+    """Accuracy records: per seed, `first` is `gap` points above `base`."""
+    rows = []
+    for seed, gap in enumerate(gaps):
+        rows += [{"regime": regime, "format": base, "seed": seed, "test_acc": base_acc, "task": "MLP on digits",
+                  "lr": 0.1, "epochs": 6},
+                 {"regime": regime, "format": first, "seed": seed, "test_acc": base_acc + gap / 100,
+                  "task": "MLP on digits", "lr": 0.1, "epochs": 6}]
+    return pd.DataFrame(rows)
+
+
+def _speed(speedups):
+    """step_time records from AMP time / format time (value, lo, hi) per format."""
+    rows = [{"format": f, "speedup_vs_amp": s, "speedup_vs_amp_lo": lo, "speedup_vs_amp_hi": hi, "rounds": 5}
+            for f, (s, lo, hi) in speedups.items()]
+    return pd.DataFrame(rows)
+
+
+def _rounds(times):
+    return round_times(times)
+
+
+def _tp(share_ratio=1.0, steps_ratio=1.0, unaligned_share=None):
+    """Throughput records: one packed k=8 row whose bytes/s over torch's is share_ratio."""
+    torch_row = {"method": TORCH, "extra_bits": None, "median_s": 1.0, "bytes_per_param": 28.0, "bytes_per_s": 28.0,
+                 "bandwidth_fraction": 0.5, "ratio_lo": 1.0, "ratio_hi": 1.0, "ratio_median_vs_torch_fused": 1.0,
+                 "ratio_vs_torch_fused": 1.0}
+    packed = {"method": "Packed AdamW bf16+8 fused eager", "extra_bits": 8, "median_s": 1.0, "bytes_per_param": 24.0,
+              "bytes_per_s": 28.0 * share_ratio, "bandwidth_fraction": 0.5 * share_ratio,
+              "ratio_lo": share_ratio * 28 / 24, "ratio_hi": share_ratio * 28 / 24,
+              "ratio_median_vs_torch_fused": steps_ratio, "ratio_vs_torch_fused": steps_ratio}
+    rows = [torch_row, packed]
+    if unaligned_share is not None:
+        rows.append({**packed, "method": "Packed AdamW bf16+12 fused eager", "extra_bits": 12,
+                     "bandwidth_fraction": 0.5 * share_ratio * unaligned_share})
+    df = pd.DataFrame(rows)
+    df["numel"], df["n_tensors"], df["threads"] = 2_000_000, 8, 1
+    return df
+
+
+def _fused(saving=0.11, ratio=(1.04, 1.03, 1.05)):
+    return pd.DataFrame({"format": ["fp32", "fp32"], "step_in_backward": [False, True], "params": [100, 100],
+                         "peak_bytes": [1000.0, 1000 * (1 - saving)], "peak_phase": ["step", "backward"],
+                         "time_ratio": [1.0, ratio[0]], "time_ratio_lo": [1.0, ratio[1]],
+                         "time_ratio_hi": [1.0, ratio[2]]})
+
+
+def _errors(many=(10.0, 1.0, 0.5), one=(1.0, 1.4)):
+    """addition_error records: many ops (fp16, fp16+8, SR errors) and one op (fp16, fp16+8)."""
+    rows = [{"panel": "many ops", "format": f, "n": 4096, "ops": 1000, "rel_error": e}
+            for f, e in zip(("fp16", "fp16+8", "fp16+8 SR"), many, strict=True)]
+    rows += [{"panel": "many ops", "format": f, "n": 4096, "ops": 10, "rel_error": 99.0}
+             for f in ("fp16", "fp16+8", "fp16+8 SR")]
+    rows += [{"panel": "one op", "format": f, "n": 100_000, "ops": 1, "rel_error": e}
+             for f, e in zip(("fp16", "fp16+8"), one, strict=True)]
+    return pd.DataFrame(rows)
+
+
+def _judge(records, params=PARAMS, device_class="cpu", verdicts=True):
+    ledger = claims.ledger(records, params, device="test device", device_class=device_class, verdicts=verdicts)
+    return {row["claim"]: row for row in ledger.rows}
+
+
+def _row(rows, start):
+    hits = [r for text, r in rows.items() if text.startswith(start)]
+    assert len(hits) == 1, f"{start!r}: {len(hits)} rows"
+    return hits[0]
+
+
+def _verdict(records, start, **kw):
+    return _row(_judge(records, **kw), start)["verdict"]
+
+
+def test_every_claim_is_a_row_and_sources_are_kept_apart():
+    rows = claims.ledger({}, PARAMS, device="cpu", device_class="cpu", verdicts=True).rows
+    assert [r["claim"] for r in rows] == [c.text for c in claims.CLAIMS]
+    assert {r["verdict"] for r in rows} <= {"not run", "not run at this scale"}
+    assert all(c.definition or c.not_run for c in claims.CLAIMS)
+    targets = [c for c in claims.CLAIMS if c.source == "target"]
+    assert targets and all("(ours)" in str(c.paper) for c in targets)
+    gpu = {c.text for c in claims.CLAIMS if c.made_on == "gpu"}
+    for speed in ("up to 16% faster", "AMP trains faster", "the fused optimizer", "stochastic rounding is slower",
+                  "fused backward barely", "the packed operators are as efficient", "somewhat weaker"):
+        assert any(t.startswith(speed) for t in gpu), speed
+    assert not any(t.startswith(("54%", "at least 6 bytes", "step fused into backward lowers")) for t in gpu)
+
+
+def test_fig2_saving_two_sided_with_its_boundaries():
+    start = "54% lower peak memory"
+    assert _verdict({"memory": _memory(0.54)}, start) == "reproduced"
+    assert _verdict({"memory": _memory(0.4861)}, start) == "reproduced"  # band [0.486, 0.594]
+    assert _verdict({"memory": _memory(0.5939)}, start) == "reproduced"
+    assert _verdict({"memory": _memory(0.60)}, start) == "better than claimed"
+    assert _verdict({"memory": _memory(0.25)}, start) == "partly"  # partly down to 0.243
+    assert _verdict({"memory": _memory(0.20)}, start) == "not reproduced"
+    assert _verdict({"memory": _memory(-0.05)}, start) == "refuted"
+    assert _verdict({}, start) == "not run at this scale"
+    row = _row(_judge({"memory": _memory(0.5)}), start)
+    assert row["measured"] == pytest.approx(0.5) and "saving ceiling" in row["scale"]
+
+
+def test_six_bytes_per_parameter_is_a_bound():
+    start = "at least 6 bytes less"
+    verdicts = [_verdict({"memory": _memory(per_param_saved=v)}, start) for v in (7.0, 6.0, 5.0, 4.0, 3.0, -1.0)]
+    assert verdicts == ["reproduced", "reproduced", "partly", "partly", "not reproduced", "refuted"]
+
+
+def test_table3_memory_against_fp32_and_against_amp():
+    vs_fp32, vs_amp = "20 to 25% lower peak memory", "fp16+8 uses 16.5% less memory than AMP"
+    savings = (0.2001, 0.2499, 0.30, 0.15, 0.05, -0.1)
+    assert [_verdict({"memory_resnet18": _resnet(vs_fp32=v)}, vs_fp32) for v in savings] == [
+        "reproduced", "reproduced", "better than claimed", "partly", "not reproduced", "refuted"]
+    assert _verdict({"memory_resnet18": _resnet(formats=("amp",))}, vs_fp32) == "not run at this scale"
+    # 16.5% within 20%: [0.132, 0.198]
+    assert [_verdict({"memory_resnet18": _resnet(vs_amp=v)}, vs_amp) for v in (0.165, 0.1325, 0.22, 0.08, 0.05, -0.1)] \
+        == ["reproduced", "reproduced", "better than claimed", "partly", "not reproduced", "refuted"]
+    row = _row(_judge({"memory_resnet18": _resnet()}), vs_amp)
+    assert "without the step in backward" in row["scale"] and row["paper"] == pytest.approx(1 - 3776 / 4520)
+
+
+def test_same_accuracy_is_a_signed_gap_with_a_two_sided_band():
+    start = "same accuracy as mixed precision (fp16+8 vs AMP, main task"
+    assert _verdict({"accuracy": _accuracy([0.5, 0.5])}, start) == "reproduced"
+    assert _verdict({"accuracy": _accuracy([-0.99, -0.99])}, start) == "reproduced"  # band edge
+    assert _verdict({"accuracy": _accuracy([1.5, 1.5])}, start) == "better than claimed"
+    assert _verdict({"accuracy": _accuracy([-1.5, -1.5])}, start) == "partly"
+    assert _verdict({"accuracy": _accuracy([-3.0, -3.0])}, start) == "not reproduced"
+    assert _verdict({"accuracy": _accuracy([-1.5, 1.5])}, start) == "inconclusive"  # mean 0, seeds straddle
+    assert _verdict({"accuracy": _accuracy([0.5], base="fp32")}, start) == "not run at this scale"
+    hard = "same accuracy as mixed precision (fp16+8 vs AMP, harder synthetic task"
+    assert _verdict({"accuracy": _accuracy([0.2], regime="synthetic (harder)")}, hard) == "reproduced"
+    row = _row(_judge({"accuracy": _accuracy([0.2, 0.4])}), start)
+    assert row["spread"] == pytest.approx((0.2, 0.4)) and "seeds [0, 1]" in row["scale"]
+
+
+def test_fp8_and_fig4_rows():
+    keeps, loses = "fp8+8 keeps fp16's accuracy", "fp8+4 loses accuracy"
+    acc = _accuracy([0.3, 0.1], base="fp16", first="fp8+8")
+    assert _verdict({"accuracy": acc}, keeps) == "reproduced"
+    for gaps, verdict in (([2.0, 3.0], "reproduced"), ([1.0, 1.0], "reproduced"), ([0.7, 0.7], "partly"),
+                          ([0.2, 0.2], "not reproduced"), ([0.4, 2.0], "inconclusive")):
+        assert _verdict({"accuracy": _accuracy(gaps, base="fp8+4", first="fp8+8")}, loses) == verdict
+    fp8 = _accuracy([20.0], base="fp8", first="fp8+4")
+    assert _verdict({"accuracy": fp8}, "plain fp8 loses more") == "reproduced"
+    low = "digits, low lr"
+    assert _verdict({"accuracy": _accuracy([2.0], regime=low, base="fp16", first="fp32")},
+                    "Fig 4, first half") == "reproduced"
+    assert _verdict({"accuracy": _accuracy([0.0], regime=low, base="fp32", first="fp16+8")},
+                    "Fig 4, second half") == "reproduced"
+    assert _verdict({"accuracy": _accuracy([-2.5], regime=low, base="fp32", first="fp16+8")},
+                    "Fig 4, second half") == "not reproduced"
+
+
+def test_table3_accuracy_only_at_the_papers_scale():
+    start = "ResNet-18 / CIFAR-10 accuracy of fp16+8"
+    paper = {**PARAMS, "acc_dataset": "cifar10", "acc_model": "resnet18"}
+
+    def acc(points):
+        return {"accuracy": _accuracy([0.0], regime="cifar10", base_acc=points / 100)}
+
+    assert _verdict(acc(94.0), start) == "not run at this scale"  # the digits profile never measures it
+    verdicts = [_verdict(acc(v), start, params=paper) for v in (94.0, 96.0, 92.5, 90.0)]
+    assert verdicts == ["reproduced", "better than claimed", "partly", "not reproduced"]
+
+
+def test_speed_claims_read_other_device_on_a_cpu_and_are_judged_on_a_gpu():
+    fused = "fp16+8 fused"
+    speed = _speed({fused: (1 / (1 - 0.16), 1 / (1 - 0.15), 1 / (1 - 0.17)), "fp32": (1 / 1.75, 1 / 1.8, 1 / 1.7)})
+    rounds = _rounds({"fp16+8": [1.0] * 3, "fp16+8 fused": [0.95] * 3, "fp16+13 SR fused": [1.9] * 3})
+    records = {"step_time": speed, "step_time_rounds": rounds}
+    starts = ("up to 16% faster", "AMP trains faster", "the fused optimizer", "stochastic rounding is slower")
+    cpu, gpu = _judge(records), _judge(records, device_class="gpu")
+    for start in starts:
+        assert _row(cpu, start)["verdict"] == "other device" and _row(cpu, start)["measured"] is not None
+        assert _row(gpu, start)["verdict"] == "reproduced", start
+    # AMP slower than fp32 is refuted on a GPU, never on a CPU; partly stays above 1x
+    slow_amp = {"step_time": _speed({"fp32": (1.2, 1.1, 1.3)})}
+    assert _verdict(slow_amp, "AMP trains faster", device_class="gpu") == "refuted"
+    some = [_verdict({"step_time": _speed({"fp32": (1 / v, 1 / v, 1 / v)})}, "AMP trains faster", device_class="gpu")
+            for v in (2.2, 1.2, 1.02)]
+    assert some == ["better than claimed", "partly", "not reproduced"]
+    assert _verdict(slow_amp, "AMP trains faster") == "other device"
+    # SR: a smaller cost than 1.9x is better than claimed; noisy rounds make it inconclusive
+    for sr, verdict in (([1.2] * 3, "better than claimed"), ([3.5] * 3, "partly"), ([4.0] * 3, "not reproduced"),
+                        ([1.9, 1.9, 3.0], "inconclusive")):
+        rec = {"step_time_rounds": _rounds({"fp16+8 fused": [1.0] * 3, "fp16+13 SR fused": sr})}
+        assert _verdict(rec, "stochastic rounding is slower", device_class="gpu") == verdict
+    # fusing: 2-10% time saved
+    for t, verdict in ((0.97, "reproduced"), (0.85, "better than claimed"), (0.99, "partly"), (1.1, "not reproduced")):
+        rec = {"step_time_rounds": _rounds({"fp16+8": [1.0] * 3, "fp16+8 fused": [t] * 3})}
+        assert _verdict(rec, "the fused optimizer", device_class="gpu") == verdict
+    # compiled steps carry their own names
+    compiled = {**PARAMS, "speed_compile": True}
+    assert _verdict(records, "up to 16% faster", device_class="gpu", params=compiled) == "not run at this scale"
+
+
+def test_table2_memory_any_device_time_on_a_gpu():
+    mem, slow = "step fused into backward lowers", "fused backward barely slows"
+    assert [_verdict({"fused_backward": _fused(saving=v)}, mem) for v in (0.11, 0.15, 0.07, 0.03, -0.02)] == [
+        "reproduced", "better than claimed", "partly", "not reproduced", "refuted"]
+    assert _verdict({"fused_backward": _fused()}, slow) == "other device"
+    on_gpu = [_verdict({"fused_backward": _fused(ratio=r)}, slow, device_class="gpu")
+              for r in ((1.04, 1.03, 1.05), (0.95, 0.94, 0.96), (1.15, 1.14, 1.16), (1.5, 1.4, 1.6),
+                        (1.04, 0.9, 1.2))]
+    assert on_gpu == ["reproduced", "better than claimed", "partly", "not reproduced", "inconclusive"]
+
+
+def test_fig3_share_and_our_targets_per_device():
+    share, weaker = "the packed operators are as efficient", "somewhat weaker"
+    cpu_target, gpu_target = "packed fused update at least 0.5x", "packed fused update at least 0.8x"
+    assert _verdict({"throughput": _tp(1.0)}, share) == "other device"
+    assert [_verdict({"throughput": _tp(v)}, share, device_class="gpu") for v in (1.0, 1.3, 0.6, 0.3)] == [
+        "reproduced", "better than claimed", "partly", "not reproduced"]
+    row = _row(_judge({"throughput": _tp(0.9, steps_ratio=2.0)}), share)
+    assert row["measured"] == pytest.approx(0.9)  # bytes/s share, not the steps/s ratio
+    assert _verdict({"throughput": _tp()}, weaker, device_class="gpu") == "not run at this scale"
+    assert _verdict({"throughput": _tp(unaligned_share=0.8)}, weaker, device_class="gpu") == "reproduced"
+    assert _verdict({"throughput": _tp(unaligned_share=1.2)}, weaker, device_class="gpu") == "not reproduced"
+    assert [_verdict({"throughput": _tp(steps_ratio=v)}, cpu_target) for v in (0.6, 0.5, 0.3, 0.2)] == [
+        "reproduced", "reproduced", "partly", "not reproduced"]
+    assert _verdict({"throughput": _tp(steps_ratio=0.6)}, gpu_target) == "other device"
+    assert _verdict({"throughput": _tp(steps_ratio=0.6)}, gpu_target, device_class="gpu") == "partly"
+    assert _verdict({"throughput": _tp(steps_ratio=0.6)}, cpu_target, device_class="gpu") == "other device"
+
+
+def test_fig6_error_ratios():
+    much, one, sr = "extra bits give much lower error", "after one addition", "stochastic rounding gives lower"
+    rows = _judge({"addition_error": _errors()})
+    assert _row(rows, much)["measured"] == pytest.approx(10.0)  # at the most additions, not at 10
+    assert [_row(rows, s)["verdict"] for s in (much, one, sr)] == ["reproduced"] * 3
+    rows = _judge({"addition_error": _errors(many=(1.5, 1.0, 1.2), one=(1.0, 0.9))})
+    assert [_row(rows, s)["verdict"] for s in (much, one, sr)] == ["partly", "not reproduced", "not reproduced"]
+    assert _verdict({"addition_error": _errors(many=(0.5, 1.0, 1.0))}, much) == "not reproduced"
+
+
+def test_toy_scale_gives_no_verdicts_and_never_run_rows_say_why():
+    records = {"memory": _memory(), "throughput": _tp(), "addition_error": _errors()}
+    rows = _judge(records, verdicts=False)
+    assert {r["verdict"] for r in rows.values()} == {"not run at this scale", "not run"}
+    not_run = [r for r in rows.values() if r["verdict"] == "not run"]
+    assert len(not_run) == 2 and all(r["rule"] for r in not_run)
+
+
+@pytest.fixture
+def real_records(one_thread):
+    """Tiny runs of every experiment function the notebook calls (seconds)."""
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(2, 32, generator=gen), torch.randint(10, (2,), generator=gen)) for _ in range(2)]
+
+    def mlp():
+        return MLP(sizes=(32, 32, 10), activation="relu")
+
+    images = synthetic_images(4, shape=(3, 8, 8), num_classes=10, seed=0)
+    resnet_batches = [(images.images[:2].float() / 255, images.labels[:2])]
+    data = synthetic_images(60, shape=(1, 4, 4), num_classes=3, seed=0)
+    train_set, test_set = data.split(0.25, seed=0)
+
+    def small():
+        return MLP(sizes=(16, 16, 3), activation="relu")
+
+    common = dict(epochs=1, lr=0.05, batch_size=16, seeds=[0, 1], progress=False, task="tiny MLP")
+    accuracy = pd.concat([
+        accuracy_by_format(small, train_set, test_set, formats=["fp32", "amp", "fp16", "fp16+8", "fp8", "fp8+4",
+                                                                "fp8+8"], regime="digits", **common),
+        accuracy_by_format(small, train_set, test_set, formats=["fp32", "fp16", "fp16+8"], regime="digits, low lr",
+                           measure_memory=False, **common),
+        accuracy_by_format(small, train_set, test_set, formats=["fp32", "amp", "fp16+8"],
+                           regime="synthetic (harder)", **common),
+    ], ignore_index=True)
+    speed = step_time_by_format(small, next(iter([(train_set.images[:8].float(), train_set.labels[:8])])),
+                                formats=["fp32", "amp", "fp16+8", "fp16+13 SR"], repeats=2, fused=True, progress=False)
+    return {
+        "memory": memory_by_format(mlp, batches, formats=["amp", "fp16+8"], progress=False),
+        "memory_resnet18": memory_by_format(lambda: build("resnet18", width=0.0625), resnet_batches,
+                                            formats=["fp32", "amp", "fp16+8"], progress=False),
+        "throughput": step_throughput(numel=4096, n_tensors=2, configs=["bf16+8", "bf16+12"], repeats=2,
+                                      compile=False, progress=False, bandwidth=1e9),
+        "accuracy": accuracy, "step_time": speed, "step_time_rounds": round_times(speed.attrs["times"]),
+        "addition_error": addition_error(sizes=[100], n_ops=[1, 5], width=64),
+        "fused_backward": fused_backward(d_model=32, layers=1, vocab=50, batch=2, seq=4, steps=1, repeats=2,
+                                         progress=False),
+    }
+
+
+def test_the_records_the_experiments_produce_give_a_row_for_every_claim(real_records):
+    rows = claims.ledger(real_records, PARAMS, device="cpu", device_class="cpu", verdicts=True).rows
+    assert [r["claim"] for r in rows] == [c.text for c in claims.CLAIMS]
+    unmeasured = {r["claim"].split(" (")[0] for r in rows if r["measured"] is None}
+    # only the never-run rows and Table 3's CIFAR-10 accuracy (paper profile) lack a value
+    assert unmeasured == {"on DLRM", "on DCGAN", "ResNet-18 / CIFAR-10 accuracy of fp16+8"}
+    verdicts = {r["claim"][:20]: r["verdict"] for r in rows}
+    assert verdicts["up to 16% faster tra"] == "other device"
+    assert all(r["scale"] for r in rows if r["measured"] is not None)

@@ -1,0 +1,55 @@
+"""The side-by-side table of the packed-bit notebook against torch, torchao, torch-optimi and bitsandbytes
+(Memory Efficient Mixed Precision Optimizers, Lewandowski & Kosson)."""
+
+import importlib
+
+import pytest
+import torch
+
+from workbench.data import synthetic_images
+from workbench.experiments.packed_bit_optimizers import peer_methods, peer_table
+from workbench.experiments.packed_bit_optimizers import peers as peers_module
+from workbench.models import MLP
+
+
+def test_peer_methods_parse_and_reject():
+    assert peer_methods("all")[0] == "torch fp32" and "ours bf16+16 (bf16 states)" in peer_methods("all")
+    assert peer_methods(["all"]) == peer_methods("all")  # the notebook's list parameter
+    assert peer_methods("torch bf16, ours bf16+8 (fp32 states)") == ["torch bf16", "ours bf16+8 (fp32 states)"]
+    with pytest.raises(ValueError, match="unknown method"):
+        peer_methods("torch fp64")
+
+
+def test_peer_table_bytes_and_missing_peers(monkeypatch):
+    real_import = importlib.import_module
+
+    def no_optimi(name, *args):
+        if name == "optimi":
+            raise ImportError("No module named 'optimi'")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(peers_module.importlib, "import_module", no_optimi)
+    monkeypatch.setattr("workbench.experiments.packed_bit_optimizers.bench.packed_option_available",
+                        lambda option: False)
+    data = synthetic_images(48, shape=(1, 4, 4), num_classes=3, seed=0)
+    train_set, test_set = data.split(0.25, seed=0)
+
+    def model_fn():
+        return MLP(sizes=(16, 32, 3), activation="relu")
+
+    methods = ["torch fp32", "torch bf16", "optimi bf16 + Kahan", "ours bf16+8 (fp32 states)",
+               "ours bf16+8 (bf16 states)"]
+    df = peer_table(model_fn, train_set, test_set, methods=methods, epochs=1, batch_size=8, seeds=[0, 1],
+                    repeats=2, progress=False).set_index("method")
+    assert not df.loc["optimi bf16 + Kahan", "available"]
+    assert "not installed" in df.loc["optimi bf16 + Kahan", "note"]
+    assert not df.loc["ours bf16+8 (bf16 states)", "available"]
+    assert "not available in this build" in df.loc["ours bf16+8 (bf16 states)", "note"]
+    params = int(df.loc["torch fp32", "params"])
+    # AdamW: weights + grads + two moments (+ a 4-byte step counter per tensor)
+    got = torch.tensor(df.loc[["torch fp32", "torch bf16"], "bytes_per_param"].to_numpy(dtype=float))
+    torch.testing.assert_close(got, torch.tensor([16.0, 8.0], dtype=torch.float64), atol=4 * 4 / params * 4, rtol=0)
+    ours = df.loc["ours bf16+8 (fp32 states)"]
+    assert 13.0 <= ours["bytes_per_param"] < 13.0 + 13.0 * 31 * 4 / params  # 32-value alignment padding
+    assert df.loc["torch fp32", "speed_vs_torch_fp32"] == 1.0 and df.loc["torch fp32", "seeds"] == 2
+    assert df.loc[df["available"], "acc_mean"].between(0, 100).all()
