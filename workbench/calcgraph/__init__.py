@@ -1,6 +1,6 @@
 """CalcGraph: "CalcGraph: taming the high costs of deep learning using models (2022)".
 
-A training step's memory is compiled before it runs (`compile`, Section 3.2): four zones,
+A training step's memory is compiled before it runs (`plan_training`, Section 3.2): four zones,
 the peak for any batch size and the largest batch for a budget with zero trial runs. A
 pre-allocated `Heap` holds parameters, gradients and optimizer state and switches models in
 and out with one copy per zone (Section 3.3); `train_many` trains many models in one budget
@@ -9,11 +9,13 @@ and out with one copy per zone (Section 3.3); `train_many` trains many models in
 
 from .guard import BudgetGuard, cuda_memory_budget
 from .heap import Heap, HeapSnapshot
-from .many import max_parallel_models, train_many
-from .plan import ZONES, CompiledGraph, compile, make_optimizer, measure_required_bytes, search_max, training_program
+from .many import max_parallel_models, plan_parallel_training, train_many
+from .plan import (
+    ZONES, CompiledGraph, make_optimizer, measure_required_bytes, plan_training, search_max, training_program,
+)
 
 __all__ = [
-    "ZONES", "BudgetGuard", "CompiledGraph", "Heap", "HeapSnapshot", "compile", "cuda_memory_budget",
-    "make_optimizer", "max_parallel_models", "measure_required_bytes", "search_max", "train_many",
-    "training_program",
+    "ZONES", "BudgetGuard", "CompiledGraph", "Heap", "HeapSnapshot", "cuda_memory_budget", "make_optimizer",
+    "max_parallel_models", "measure_required_bytes", "plan_parallel_training", "plan_training", "search_max",
+    "train_many", "training_program",
 ]

@@ -51,7 +51,7 @@ class Heap:
 
     def __init__(self, graph: CompiledGraph, *, device: torch.device | str | None = None) -> None:
         if not isinstance(graph, CompiledGraph):
-            raise TypeError(f"Heap needs a CompiledGraph from calcgraph.compile, got {type(graph).__name__}")
+            raise TypeError(f"Heap needs a CompiledGraph from calcgraph.plan_training, got {type(graph).__name__}")
         self.device = torch.device(device) if device is not None else graph.device
         spec = graph.spec
         host = torch.device("cpu")

@@ -24,9 +24,11 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from .heap import Heap, HeapSnapshot
-from .plan import CompiledGraph, OptimizerSpec, _Tracker, compile, make_optimizer, search_max
+from .plan import CompiledGraph, OptimizerSpec, _Tracker, make_optimizer, plan_training, search_max
 
-__all__ = ["ManyResult", "ParallelPlan", "StackedGroup", "compile_parallel", "max_parallel_models", "train_many"]
+__all__ = [
+    "ManyResult", "ParallelPlan", "StackedGroup", "max_parallel_models", "plan_parallel_training", "train_many",
+]
 
 _MODES = ("loop", "vmap")
 
@@ -90,7 +92,7 @@ class StackedGroup:
         return {n: p[j].detach().to("cpu", copy=True) for n, p in self.params.items()}
 
 
-def compile_parallel(
+def plan_parallel_training(
     template: nn.Module, input_shape: Sequence[int], batch_size: int, *, loss: Callable | None = None,
     optimizer: OptimizerSpec = "adam", lr: float = 1e-3, device: torch.device | str | None = None,
 ) -> CompiledGraph:
@@ -146,8 +148,8 @@ def max_parallel_models(
     if not memory_budget > 0:
         raise ValueError(f"memory_budget must be > 0 bytes, got {memory_budget}")
     if mode == "loop":
-        graph = graph or compile(template, input_shape, loss=loss, optimizer=optimizer, lr=lr, device=device,
-                                 persistent_grads=True)
+        graph = graph or plan_training(template, input_shape, loss=loss, optimizer=optimizer, lr=lr,
+                                       device=device, persistent_grads=True)
         single, static = graph.required_bytes(batch_size), graph.persistent_bytes()
 
         def need(k: int) -> int:
@@ -155,8 +157,8 @@ def max_parallel_models(
 
         k, calls = search_max(lambda k: need(k) <= memory_budget, int(memory_budget // single))
     else:
-        graph = graph or compile_parallel(template, input_shape, batch_size, loss=loss, optimizer=optimizer,
-                                          lr=lr, device=device)
+        graph = graph or plan_parallel_training(template, input_shape, batch_size, loss=loss,
+                                                optimizer=optimizer, lr=lr, device=device)
         need = graph.required_bytes
         k, calls = search_max(lambda k: need(k) <= memory_budget, int(memory_budget // need(1)))
     if k == 0:
@@ -260,8 +262,10 @@ def train_many(
         group = StackedGroup(template, k, optimizer=optimizer, lr=lr, loss=loss, device=dev)
         scratch = _on(copy.deepcopy(template), dev)
         scratch_opt = make_optimizer(optimizer, scratch.parameters(), lr=lr, device=dev)
-        scratch_heap = Heap(compile(template, input_shape, loss=loss, optimizer=optimizer, lr=lr, device=dev),
-                            device=dev).bind(scratch, scratch_opt) if given is None else None
+        scratch_heap = None
+        if given is None:
+            scratch_plan = plan_training(template, input_shape, loss=loss, optimizer=optimizer, lr=lr, device=dev)
+            scratch_heap = Heap(scratch_plan, device=dev).bind(scratch, scratch_opt)
         for first in tqdm(waves, desc="waves", disable=not progress, leave=False):
             ids = list(range(first, min(first + k, n_models)))
             group.reset_steps()

@@ -30,7 +30,7 @@ from ..measure import MemoryMeter
 from .tracker import _Trace, _Tracker, _trace
 
 __all__ = [
-    "ZONES", "CompiledGraph", "compile", "make_optimizer", "measure_required_bytes", "search_max",
+    "ZONES", "CompiledGraph", "make_optimizer", "measure_required_bytes", "plan_training", "search_max",
     "training_program",
 ]
 
@@ -75,7 +75,7 @@ def training_program(
 ) -> None:
     """Build model and optimizer, then `steps` training steps on a batch created each step.
 
-    The program that `compile` traces under fake tensors and `measure_required_bytes` runs for
+    The program that `plan_training` traces under fake tensors and `measure_required_bytes` runs for
     real, so that both count exactly the same tensors. `persistent_grads` keeps gradient
     buffers for the whole run (zeroed in place, as a `Heap` does) instead of freeing them.
     """
@@ -322,7 +322,9 @@ class CompiledGraph:
         return steady.sort_values(["zone", "born"])[cols].reset_index(drop=True)
 
     def zone_bytes(self, batch_size: int) -> pd.DataFrame:
-        """Bytes per zone live at the predicted peak, and each zone's own maximum in step 2."""
+        """Bytes per zone live at the predicted peak (what a dynamic allocator needs), and the bytes of
+        every variable live in the steady-state step summed (`bytes_allocated_in_step`: what a static
+        layout needs that gives each variable its own offset, the CalcHeap's rule in Section 3.2)."""
         z = self.zones(batch_size)
         at_peak = z[z["live_at_peak"]].groupby("zone", observed=False)["bytes"].sum()
         total = z.groupby("zone", observed=False)["bytes"].sum()
@@ -339,7 +341,7 @@ class CompiledGraph:
         return f"CompiledGraph({self.description}, affine={self.affine}, device={self.device})"
 
 
-def compile(
+def plan_training(
     model: nn.Module | Callable[[], nn.Module], sample_input: torch.Tensor | Sequence[int], *,
     loss: Callable | None = None, optimizer: OptimizerSpec = "adam", lr: float = 1e-3,
     device: torch.device | str | None = None, persistent_grads: bool = False,

@@ -1,0 +1,42 @@
+"""Shared fixtures of the CalcGraph library tests: the paper's MLP planned for a heap, and plain
+PyTorch training to compare heap-bound training against."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.calcgraph import make_optimizer, plan_training
+from workbench.models import MLP
+
+
+@pytest.fixture(scope="module")
+def mlp_heap_graph():
+    return plan_training(MLP, (1, 28, 28), persistent_grads=True)
+
+
+def plain_training(seed: int, x: torch.Tensor, y: torch.Tensor, steps: int) -> nn.Module:
+    """An MLP built under `seed` and trained `steps` Adam steps by plain PyTorch."""
+    torch.manual_seed(seed)
+    model = MLP()
+    opt = make_optimizer("adam", model.parameters())
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model
+
+
+def assert_same(a: nn.Module, b: nn.Module) -> None:
+    for p, q in zip(a.state_dict().values(), b.state_dict().values(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+@pytest.fixture
+def plain():
+    return plain_training
+
+
+@pytest.fixture
+def same():
+    return assert_same
