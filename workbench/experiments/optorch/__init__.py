@@ -1,29 +1,42 @@
-"""Experiments and plots of the notebook ``optorch`` (OpTorch: optimized deep learning architectures
+"""Experiments, plots and claims of the notebook ``optorch`` (OpTorch: optimized deep learning architectures
 for resource limited environments, Ahmed & Naveed, 2021).
 
-``pipelines``: the seven pipelines (B, E-D, M-P, S-C and combinations) and their measurements;
+``pipelines``: the seven pipelines (B, E-D, M-P, S-C and combinations), Fig 9 and Fig 10;
 ``planning``: sequential checkpoints measured (Figs 8 and 11, the planners, the unit floor);
-``peer``: torch's own activation-memory budget under torch.compile beside our planner;
-``plots``: the figures.
+``dataflow``: encoding capacity and sizes, selective batch sampling, loaders (Sec. II-A);
+``peers``: torch's own activation-memory budget under torch.compile beside our planner;
+``plots``: the figures; ``claims``: the paper's claims, our targets and checks, and the ledger.
 """
 
-from .peer import experiment_peer, hook_retained_bytes, meter_retained_bytes
+from . import claims
+from .dataflow import (
+    ENCODED_FORMS,
+    capacity_at,
+    exact_capacity,
+    experiment_capacity,
+    experiment_encoded_bytes,
+    experiment_loaders,
+    experiment_sbs,
+)
+from .peers import experiment_peer, hook_retained_bytes, meter_retained_bytes, peer_comparison
 from .pipelines import (
     PIPELINES,
     Pipeline,
     autoencoder,
-    build_model,
     experiment_pipeline_memory,
-    experiment_sbs,
     experiment_time_accuracy,
     measure_step,
     prepare,
+    time_accuracy_summary,
 )
 from .planning import (
     experiment_checkpoint_position,
     experiment_floor,
     experiment_planner_pareto,
     experiment_sc_resnet,
+    floor_summary,
+    optimal_vs_uniform,
+    smallest_layer_rank,
     unit_floor,
 )
 from .plots import (
@@ -40,10 +53,12 @@ from .plots import (
 )
 
 __all__ = [
-    "PIPELINES", "Pipeline", "autoencoder", "build_model", "experiment_checkpoint_position",
-    "experiment_floor", "experiment_peer", "experiment_pipeline_memory", "experiment_planner_pareto", "experiment_sbs",
-    "experiment_sc_resnet", "experiment_time_accuracy", "hook_retained_bytes", "measure_step",
-    "meter_retained_bytes", "plot_capacity", "plot_checkpoint_position", "plot_loader_throughput",
-    "plot_memory_over_iteration", "plot_pareto", "plot_peer", "plot_pipeline_memory", "plot_prediction",
-    "plot_time_accuracy", "plot_unit_floor", "prepare", "unit_floor",
+    "ENCODED_FORMS", "PIPELINES", "Pipeline", "autoencoder", "capacity_at", "claims", "exact_capacity",
+    "experiment_capacity", "experiment_checkpoint_position", "experiment_encoded_bytes", "experiment_floor",
+    "experiment_loaders", "experiment_peer", "experiment_pipeline_memory", "experiment_planner_pareto",
+    "experiment_sbs", "experiment_sc_resnet", "experiment_time_accuracy", "floor_summary", "hook_retained_bytes",
+    "measure_step", "meter_retained_bytes", "optimal_vs_uniform", "peer_comparison", "plot_capacity",
+    "plot_checkpoint_position", "plot_loader_throughput", "plot_memory_over_iteration", "plot_pareto", "plot_peer",
+    "plot_pipeline_memory", "plot_prediction", "plot_time_accuracy", "plot_unit_floor", "prepare",
+    "smallest_layer_rank", "time_accuracy_summary", "unit_floor",
 ]

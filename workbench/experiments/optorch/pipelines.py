@@ -3,14 +3,13 @@
 Paper: Ahmed & Naveed, "OpTorch: optimized deep learning architectures for resource limited
 environments" (2021), Sec. III: pipelines B (baseline), E-D (parallel encoding-decoding,
 Sec. II-A-4), M-P (mixed precision, Sec. II-B-1), S-C (sequential checkpoints, Sec. II-B-2) and
-the combinations E-D+S-C, M-P+S-C and E-D+M-P+S-C; Fig 8 (memory over one ResNet-18
-iteration), Fig 9 (time vs accuracy), Fig 10 (memory per pipeline per model), Fig 11 (best
-checkpoint at the smallest layer), selective batch sampling (Algorithm 2) with encoding. The
-checkpoint-planning experiments (Figs 8 and 11, the planner front, the unit floor) live in
-``workbench.experiments.optorch.planning``, the peer comparison with torch's own
-activation-memory budget in ``...peer``, the plots in ``...plots``.
+the combinations E-D+S-C, M-P+S-C and E-D+M-P+S-C; Fig 9 (time vs accuracy) and Fig 10 (memory
+per pipeline per model). The checkpoint-planning experiments (Figs 8 and 11, the planner front,
+the unit floor) live in ``planning``, the data-flow experiments (encoding capacity, selective
+batch sampling, loaders) in ``dataflow``, torch's own activation-memory budget in ``peers``.
 
-Every experiment function returns a pandas DataFrame measured in the same run as its baseline.
+Networks come from :func:`workbench.models.build` (``width`` is its channel multiplier). Every
+experiment function returns a pandas DataFrame measured in the same run as its baseline.
 Memory is ``workbench.measure.MemoryMeter`` peak bytes of one training step (forward, loss,
 backward) with parameter gradients preallocated before the region. The batch crosses to the
 device inside the region for every pipeline (float32 for B, encoded for E-D), so the input is
@@ -20,6 +19,7 @@ counted alike: the figure is activations plus the input batch plus transient wei
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,26 +31,23 @@ from tqdm.auto import tqdm
 
 from workbench.checkpoint import sc
 from workbench.data import ImageSet, make_loader, normalize
-from workbench.data.encode import DecodeLayer, EncodedBatch, encode
+from workbench.data.encode import DecodeLayer, encode
 from workbench.data.prefetch import PrefetchLoader, ShuffledBatchSampler
-from workbench.data.sampling import (
-    ClassAugmenter, ClassImageAugmenter, CutMix, FlipCrop, MixUp, SelectiveBatchSampler,
-)
+from workbench.data.sampling import ClassImageAugmenter, FlipCrop
 from workbench.devices import seed_everything
 from workbench.measure import MemoryMeter
-from workbench.models.resnet import RESNETS, ResNet
+from workbench.models import build
 from workbench.train import train
 
 __all__ = [
     "PIPELINES",
     "Pipeline",
     "autoencoder",
-    "build_model",
     "experiment_pipeline_memory",
-    "experiment_sbs",
     "experiment_time_accuracy",
     "measure_step",
     "prepare",
+    "time_accuracy_summary",
 ]
 
 
@@ -74,14 +71,6 @@ PIPELINES = {p.name: p for p in (
     Pipeline(encode=True, checkpoint=True), Pipeline(mixed_precision=True, checkpoint=True),
     Pipeline(True, True, True),
 )}
-
-def build_model(name: str, *, num_classes: int = 10, in_channels: int = 3, width: int = 64,
-                stem: str = "cifar") -> ResNet:
-    """A ResNet from ``workbench.models``; ``width`` < 64 gives a narrow copy for CPU runs."""
-    if name not in RESNETS:
-        raise ValueError(f"model must be one of {sorted(RESNETS)}, got {name!r}")
-    return RESNETS[name](num_classes, stem=stem, in_channels=in_channels, width=width)
-
 
 def autoencoder(widths: Sequence[int] = (256, 128, 64, 8, 64, 128, 256, 256)) -> nn.Sequential:
     """Fig 11's 7-layer net: one child per layer (Linear + ReLU), a bottleneck in the middle."""
@@ -163,18 +152,21 @@ def _batch(batch: int, image_size: int, *, channels: int = 3, classes: int = 10,
 
 def experiment_pipeline_memory(
     models: Sequence[str] = ("resnet18", "resnet34", "resnet50"), *, batch: int = 16,
-    image_size: int = 32, width: int = 64, device: torch.device | str = "cpu",
+    image_size: int = 32, width: float = 1.0, device: torch.device | str = "cpu",
     pipelines: Sequence[str] = tuple(PIPELINES), seed: int = 0, progress: bool = True,
     stem: str = "cifar",
 ) -> pd.DataFrame:
-    """Fig 10: peak bytes of one training step per pipeline per model (ratio against B)."""
+    """Fig 10: peak bytes of one training step per pipeline per model (ratio against B).
+
+    ``width`` is the channel multiplier of :func:`workbench.models.build` (1.0: the published net).
+    """
     device = torch.device(device)
     images, labels = _batch(batch, image_size, seed=seed)
     rows = []
     for model in tqdm(models, desc="models", disable=not progress, leave=False):
         for name in pipelines:
             seed_everything(seed)
-            net = build_model(model, width=width, stem=stem)
+            net = build(model, width=width, stem=stem)
             m, _, _ = prepare(net, PIPELINES[name], device=device)
             m.train()
             peak, _ = measure_step(m, images, labels, PIPELINES[name], device=device)
@@ -182,7 +174,7 @@ def experiment_pipeline_memory(
     df = pd.DataFrame(rows)
     base = df[df.pipeline == "B"].set_index("model").peak_bytes
     df["ratio_vs_B"] = df.peak_bytes / df.model.map(base)
-    return df.assign(batch=batch, image_size=image_size, width=width, device=str(device))
+    return df.assign(batch=batch, image_size=image_size, width=width, stem=stem, device=str(device))
 
 
 class _TrainingThreadBatches:
@@ -211,7 +203,7 @@ class _TrainingThreadBatches:
 
 
 def experiment_time_accuracy(
-    train_set: ImageSet, test_set: ImageSet, *, model: str = "resnet18", width: int = 64,
+    train_set: ImageSet, test_set: ImageSet, *, model: str = "resnet18", width: float = 1.0,
     pipelines: Sequence[str] = tuple(PIPELINES), epochs: int = 2, batch_size: int = 16,
     lr: float = 0.05, seed: int = 0, device: torch.device | str = "cpu", scheme: str = "int64",
     augment: bool = True, progress: bool = True,
@@ -234,7 +226,7 @@ def experiment_time_accuracy(
             raise ValueError(f"pipeline must be one of {list(PIPELINES)}, got {name!r}")
         pipeline = PIPELINES[name]
         seed_everything(seed)
-        net = build_model(model, num_classes=train_set.num_classes, in_channels=c, width=width)
+        net = build(model, width=width, num_classes=train_set.num_classes, in_channels=c)
         m, dtype, scaler = prepare(net, pipeline, device=device)
         opt = torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
         test_loader = make_loader(test_set, 256, shuffle=False)
@@ -269,54 +261,20 @@ def experiment_time_accuracy(
                                 robust_cum_seconds=median_step * per_epoch * df.epoch))
     out = pd.concat(frames, ignore_index=True)
     return out.assign(model=model, width=width, batch_size=batch_size, device=str(device),
-                      train_images=len(train_set), augment=augment)
+                      dataset=train_set.name, image_shape="x".join(map(str, train_set.images.shape[1:])),
+                      train_images=len(train_set), test_images=len(test_set), augment=augment,
+                      threads=torch.get_num_threads(), cores=os.cpu_count())
 
 
-def experiment_sbs(
-    data: ImageSet, class_weights: Sequence[float], *, batch_size: int = 16, num_batches: int = 8,
-    flip_classes: Sequence[int] = (3,), mixup_class: int | None = 3, cutmix_class: int | None = 8,
-    scheme: str = "int64", seed: int = 0,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Selective batch sampling (Algorithm 2) through the encoded pipeline, as the paper runs it.
+def time_accuracy_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Fig 9's last epoch per pipeline, with its training time against B's.
 
-    A SelectiveBatchSampler picks each batch by class weights; the PrefetchLoader's thread
-    augments the uint8 images of ``flip_classes`` (random flip and crop) and encodes the batch;
-    the consumer decodes it (``DecodeLayer``) and mixes rows of ``mixup_class`` (MixUp) and
-    ``cutmix_class`` (CutMix) with soft targets. The same run without encoding gives the
-    reference. Returns (batches, shares): per batch the class counts, the mixed rows and the
-    largest difference from the unencoded run; per class the asked and the delivered share.
+    ``time_ratio_vs_B`` is the ratio of ``robust_cum_seconds`` (median step time x steps: the time
+    the paper plots, training for the given epochs); ``min_step_ratio_vs_B`` the ratio of the
+    fastest steps, a second estimator that load spikes on a shared machine distort least.
     """
-    k = data.num_classes
-    weights = list(class_weights)[:k]
-    hooks = {c: CutMix(1.0) for c in [cutmix_class] if c is not None and c < k}
-    hooks |= {c: MixUp(0.4) for c in [mixup_class] if c is not None and c < k}
-
-    def run(encoded: bool) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        sampler = SelectiveBatchSampler(data.labels, weights, batch_size, seed=seed, num_batches=num_batches)
-        before = ClassImageAugmenter({c: FlipCrop() for c in flip_classes if c < k}, k, seed=seed)
-        after = ClassAugmenter(hooks, k, seed=seed)
-        decode = DecodeLayer()
-        out = []
-        with PrefetchLoader(data, batch_size, batch_sampler=sampler, transform=before,
-                            scheme=scheme if encoded else None) as loader:
-            for inputs, labels in loader:
-                if isinstance(inputs, EncodedBatch):
-                    inputs = decode(inputs)
-                images, targets = after(inputs, labels)
-                out.append((images, targets, labels))
-        return out
-
-    encoded, plain = run(True), run(False)
-    rows = []
-    for i, ((x, t, y), (px, _, _)) in enumerate(zip(encoded, plain, strict=True)):
-        counts = torch.bincount(y, minlength=k).tolist()
-        rows.append({"batch": i, **{f"class {c}": n for c, n in enumerate(counts)},
-                     "mixed_rows": int((t.max(1).values < 1).sum()),
-                     "max_diff_vs_unencoded": float((x - px).abs().max())})
-    batches = pd.DataFrame(rows)
-    total = float(sum(weights))
-    delivered = torch.bincount(torch.cat([y for _, _, y in encoded]), minlength=k).double()
-    shares = pd.DataFrame({"class": range(k), "asked_share": [w / total for w in weights],
-                           "epoch_share": (delivered / delivered.sum()).tolist()})
-    shares["abs_error"] = (shares.epoch_share - shares.asked_share).abs()
-    return batches, shares.assign(batch_size=batch_size, num_batches=num_batches, scheme=scheme)
+    last = df.sort_values("epoch", kind="stable").groupby("pipeline", sort=False).tail(1).set_index("pipeline")
+    last = last.loc[[p for p in dict.fromkeys(df.pipeline) if p in last.index]]
+    last["time_ratio_vs_B"] = last.robust_cum_seconds / last.loc["B", "robust_cum_seconds"]
+    last["min_step_ratio_vs_B"] = last.min_step_s / last.loc["B", "min_step_s"]
+    return last.reset_index()

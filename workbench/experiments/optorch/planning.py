@@ -23,14 +23,18 @@ from workbench.checkpoint import (
 from workbench.data import normalize
 from workbench.devices import seed_everything
 from workbench.measure import MemoryMeter, time_interleaved
+from workbench.models import build
 
-from .pipelines import Pipeline, _batch, autoencoder, build_model, measure_step
+from .pipelines import Pipeline, _batch, autoencoder, measure_step
 
 __all__ = [
     "experiment_checkpoint_position",
     "experiment_floor",
     "experiment_planner_pareto",
     "experiment_sc_resnet",
+    "floor_summary",
+    "optimal_vs_uniform",
+    "smallest_layer_rank",
     "unit_floor",
 ]
 
@@ -60,7 +64,7 @@ def unit_floor(profile: LayerProfile) -> pd.DataFrame:
 
 
 def experiment_sc_resnet(
-    *, model: str = "resnet18", batch: int = 16, image_size: int = 32, width: int = 64,
+    *, model: str = "resnet18", batch: int = 16, image_size: int = 32, width: float = 1.0,
     device: torch.device | str = "cpu", repeats: int = 3, seed: int = 0, stem: str = "cifar",
     progress: bool = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -77,13 +81,21 @@ def experiment_sc_resnet(
     """
     device = torch.device(device)
     seed_everything(seed)
-    net = build_model(model, width=width, stem=stem).to(device)
+    net = build(model, width=width, stem=stem).to(device)
     images, labels = _batch(batch, image_size, seed=seed)
     sample = normalize(images).to(device)
     y = labels.to(device)
     loss = _ce(y)
+    # NOTE: one bar over every stage (two profiles, four measured variants, the timing rounds), so
+    # a large setting in the notebook's explore widget shows where it is instead of nothing.
+    bar = tqdm(total=6 + repeats + 1, desc=f"Fig 8 {model} {batch}x{image_size}px", disable=not progress,
+               leave=False)
+    bar.set_postfix_str("profiling units")
     prof = profile_layers(net, sample, loss_fn=loss)
+    bar.update()
+    bar.set_postfix_str("profiling blocks")
     prof_blocks = profile_layers(net, sample, loss_fn=loss, split_blocks=False)
+    bar.update()
     variants: dict[str, tuple[nn.Module, CheckpointPlan | None, LayerProfile]] = {}
     base = sc(net, 1)
     base.plan = plan_checkpoints(prof, segments=1)
@@ -99,7 +111,8 @@ def experiment_sc_resnet(
     variants["S-C optimal"] = (optimal, optimal.plan, prof)
     input_bytes = sample.untyped_storage().nbytes()
     rows, traces = [], []
-    for name, (m, plan, _) in tqdm(variants.items(), desc="variants", disable=not progress, leave=False):
+    for name, (m, plan, _) in variants.items():
+        bar.set_postfix_str(f"measuring {name}")
         pipeline = Pipeline(checkpoint=name != "B")
         peak, trace = measure_step(m, images, labels, pipeline, device=device, trace=True)
         traces.append(trace.assign(variant=name, progress=trace.event / max(len(trace) - 1, 1)))
@@ -107,14 +120,18 @@ def experiment_sc_resnet(
         rows.append({"variant": name, "peak_bytes": peak, "units": plan.segments[-1][1],
                      "segments": plan.num_segments, "kept": plan.kept,
                      "predicted_peak_bytes": predicted, "prediction_error": predicted / peak - 1})
+        bar.update()
 
     def step(m: nn.Module) -> Callable[[], None]:
         def run() -> None:
             m.zero_grad(set_to_none=False)
             loss(m(sample)).backward()
         return run
+    bar.set_postfix_str(f"timing {len(variants)} variants x {repeats} rounds")
     times = time_interleaved({k: step(m) for k, (m, _, _) in variants.items()}, repeats=repeats,
-                             device=device, progress=progress, desc="S-C timing")
+                             device=device)
+    bar.update(repeats + 1)
+    bar.close()
     df = pd.DataFrame(rows)
     df["median_s"] = [statistics.median(times[v]) for v in df.variant]
     df["min_s"] = [min(times[v]) for v in df.variant]
@@ -182,11 +199,19 @@ def experiment_checkpoint_position(
                      "predicted_peak_bytes": peak, "is_smallest": e == smallest})
     df = pd.DataFrame(rows)
     df["prediction_error"] = df.predicted_peak_bytes / df.measured_peak_bytes - 1
-    return df.assign(batch=batch, device=str(device))
+    return df.assign(batch=batch, widths=",".join(map(str, widths)), device=str(device))
+
+
+def smallest_layer_rank(position: pd.DataFrame) -> int:
+    """Rank (1 = lowest measured peak) of the checkpoint at the smallest layer among all single
+    checkpoints of :func:`experiment_checkpoint_position` (ties broken by position)."""
+    with_ckpt = position[position.boundary > 0].sort_values(["measured_peak_bytes", "boundary"])
+    smallest = position.loc[position.is_smallest.astype(bool), "boundary"].item()
+    return 1 + list(with_ckpt.boundary).index(smallest)
 
 
 def experiment_planner_pareto(
-    *, model: str = "resnet18", batch: int = 16, image_size: int = 32, width: int = 64,
+    *, model: str = "resnet18", batch: int = 16, image_size: int = 32, width: float = 1.0,
     budgets: int = 6, device: torch.device | str = "cpu", repeats: int = 3, seed: int = 0,
     progress: bool = True, stem: str = "cifar",
 ) -> pd.DataFrame:
@@ -200,7 +225,7 @@ def experiment_planner_pareto(
     """
     device = torch.device(device)
     seed_everything(seed)
-    net = build_model(model, width=width, stem=stem).to(device)
+    net = build(model, width=width, stem=stem).to(device)
     images, labels = _batch(batch, image_size, seed=seed)
     x, y = normalize(images).to(device), labels.to(device)
     prof = profile_layers(net, x, loss_fn=_ce(y))
@@ -257,7 +282,7 @@ def experiment_planner_pareto(
 
 def experiment_floor(
     stems: Sequence[str] = ("cifar", "imagenet"), *, model: str = "resnet18", batch: int = 16,
-    image_size: int = 32, width: int = 64, device: torch.device | str = "cpu", seed: int = 0,
+    image_size: int = 32, width: float = 1.0, device: torch.device | str = "cpu", seed: int = 0,
 ) -> pd.DataFrame:
     """:func:`unit_floor` per stem, as ratios to the baseline's predicted peak (input batch
     included), with ``min_plan_ratio``: the least predicted peak any plan reaches, same ratio."""
@@ -265,7 +290,7 @@ def experiment_floor(
     frames = []
     for stem in stems:
         seed_everything(seed)
-        net = build_model(model, width=width, stem=stem).to(device)
+        net = build(model, width=width, stem=stem).to(device)
         images, labels = _batch(batch, image_size, seed=seed)
         x, y = normalize(images).to(device), labels.to(device)
         prof = profile_layers(net, x, loss_fn=_ce(y), repeats=1)
@@ -276,3 +301,43 @@ def experiment_floor(
         frames.append(floor.assign(floor_ratio=(floor.floor_bytes + extra) / base, min_plan_ratio=lowest / base,
                                    stem=stem, model=model, batch=batch, image_size=image_size, width=width))
     return pd.concat(frames, ignore_index=True)
+
+
+def floor_summary(floors: pd.DataFrame) -> pd.DataFrame:
+    """The unit that sets the floor for each stem (:func:`experiment_floor`), with the least plan's ratio."""
+    worst = floors.groupby("stem", sort=False).floor_ratio.idxmax()
+    return floors.loc[worst, ["stem", "unit", "name", "floor_ratio", "min_plan_ratio"]].reset_index(drop=True)
+
+
+def optimal_vs_uniform(pareto: pd.DataFrame) -> pd.DataFrame:
+    """``optimal`` against ``uniform`` at every budget of :func:`experiment_planner_pareto` where both plan.
+
+    One row per such budget: ``differ`` (the two chose different plans), the ratio of their predicted
+    recomputation (the planner's own cost model), and the measured step-time ratio optimal/uniform
+    (``time_ratio``: min over repeats of each; ``time_ratio_lo``/``_hi``: the least and the most
+    favourable pairing of the repeats' extremes). Where the plans are equal the ratios are 1 by
+    construction, so only rows with ``differ`` say anything about the planners' measured time.
+    """
+    rows = []
+    for budget, group in pareto.groupby("budget_bytes", sort=True):
+        by = group.set_index("strategy")
+        if not {"optimal", "uniform"} <= set(by.index):
+            continue
+        opt, uni = by.loc["optimal"], by.loc["uniform"]
+        if _no_plan(opt.plan) or _no_plan(uni.plan):
+            continue
+        rows.append({"budget_bytes": budget, "differ": str(opt.plan) != str(uni.plan),
+                     "predicted_recompute_ratio": _ratio(opt.predicted_recompute_s, uni.predicted_recompute_s),
+                     "time_ratio": opt.min_s / uni.min_s, "time_ratio_lo": opt.min_s / uni.max_s,
+                     "time_ratio_hi": opt.max_s / uni.min_s})
+    columns = ["budget_bytes", "differ", "predicted_recompute_ratio", "time_ratio", "time_ratio_lo", "time_ratio_hi"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _no_plan(plan) -> bool:
+    return plan is None or (isinstance(plan, float) and math.isnan(plan)) or str(plan) == "None"
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b for recomputation times, 1 where both are 0 (neither plan recomputes)."""
+    return 1.0 if a == b else a / b if b else math.inf

@@ -40,10 +40,11 @@ from workbench.checkpoint import evaluate_plan, plan_checkpoints, profile_layers
 from workbench.data import normalize
 from workbench.devices import seed_everything
 from workbench.measure import MemoryMeter, time_interleaved
+from workbench.models import build
 
-from .pipelines import _batch, autoencoder, build_model
+from .pipelines import _batch, autoencoder
 
-__all__ = ["experiment_peer", "hook_retained_bytes", "meter_retained_bytes"]
+__all__ = ["experiment_peer", "hook_retained_bytes", "meter_retained_bytes", "peer_comparison"]
 
 
 def _key(t: torch.Tensor) -> int:
@@ -84,7 +85,7 @@ def meter_retained_bytes(step: Callable[[], tuple[torch.Tensor, torch.Tensor]],
 def experiment_peer(
     *, model: str = "autoencoder", fractions: Sequence[float] = (1.0, 0.5, 0.25, 0.0),
     widths: Sequence[int] = (256, 128, 64, 8, 64, 128, 256, 256), batch: int = 2048,
-    width: int = 16, image_size: int = 16, repeats: int = 3, seed: int = 0,
+    width: float = 0.25, image_size: int = 16, repeats: int = 3, seed: int = 0,
     device: torch.device | str = "cpu", backend: str = "inductor", progress: bool = True,
 ) -> pd.DataFrame:
     """Our planner and torch's activation-memory budget at the same fractions, side by side.
@@ -93,8 +94,9 @@ def experiment_peer(
     (ours only; its budget is ``least + fraction x (baseline - least)`` predicted peak),
     step-time ratio against the eager baseline in paired interleaved rounds (min, median, and
     the spread over rounds), and for ours the plan's predicted peak. ``model`` is
-    ``"autoencoder"`` (Fig 11's net, ``widths``, ``batch``) or a ResNet name (``width``,
-    ``image_size``, ``batch``); ``backend`` is torch.compile's.
+    ``"autoencoder"`` (Fig 11's net, ``widths``, ``batch``) or a ResNet name (``width``, the channel
+    multiplier of :func:`workbench.models.build`, ``image_size``, ``batch``); ``backend`` is
+    torch.compile's.
     """
     for f in fractions:
         if not 0.0 <= f <= 1.0:
@@ -109,13 +111,13 @@ def experiment_peer(
             return out.square().mean()
         scale = f"autoencoder {tuple(widths)}, batch {batch}"
     else:
-        net = build_model(model, width=width).to(device)
+        net = build(model, width=width).to(device)
         images, labels = _batch(batch, image_size, seed=seed)
         x, y = normalize(images).to(device), labels.to(device)
 
         def loss_fn(out: torch.Tensor) -> torch.Tensor:
             return nn.functional.cross_entropy(out, y)
-        scale = f"{model} width {width}, {batch} images {image_size}x{image_size}"
+        scale = f"{model} width x{width:g}, {batch} images {image_size}x{image_size}"
     for p in net.parameters():
         p.grad = torch.zeros_like(p)
     exclude = [*net.parameters(), *net.buffers(), x]
@@ -173,3 +175,25 @@ def _ratios(times: dict) -> dict[str, float]:
     return {"min_s": min(times["x"]), "time_ratio": min(times["x"]) / min(times["B"]),
             "time_ratio_median": statistics.median(times["x"]) / statistics.median(times["B"]),
             "time_ratio_lo": min(rounds), "time_ratio_hi": max(rounds)}
+
+
+def peer_comparison(peer: pd.DataFrame) -> pd.DataFrame:
+    """Ours against torch's at every fraction of :func:`experiment_peer` where both were measured.
+
+    ``retained_ratio``: our retained bytes / torch's; ``time_ratio``: our step-time ratio against the
+    eager baseline / torch's (each min over repeats), with ``time_ratio_lo``/``_hi`` the least and the
+    most favourable pairing of the two methods' per-round spreads. Empty when the peer was not run.
+    """
+    columns = ["fraction", "retained_ratio", "time_ratio", "time_ratio_lo", "time_ratio_hi"]
+    if peer is None or peer.empty:
+        return pd.DataFrame(columns=columns)
+    is_ours = peer.method.str.startswith("ours")
+    ours, theirs = peer[is_ours].set_index("fraction"), peer[~is_ours].set_index("fraction")
+    both = [f for f in ours.index if f in theirs.index and pd.notna(ours.retained_bytes[f])]
+    return pd.DataFrame({
+        "fraction": both,
+        "retained_ratio": [ours.retained_bytes[f] / theirs.retained_bytes[f] for f in both],
+        "time_ratio": [ours.time_ratio[f] / theirs.time_ratio[f] for f in both],
+        "time_ratio_lo": [ours.time_ratio_lo[f] / theirs.time_ratio_hi[f] for f in both],
+        "time_ratio_hi": [ours.time_ratio_hi[f] / theirs.time_ratio_lo[f] for f in both],
+    }, columns=columns)
