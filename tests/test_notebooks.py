@@ -1,12 +1,14 @@
 """Every notebook runs through the report runner at the smoke profile, is committed stripped, and stays
 clean under the nbstripout git filter that `make` installs."""
 
+import importlib
 import json
 import shutil
 import subprocess
 import sys
 
 import nbformat
+import pandas as pd
 import pytest
 
 from workbench.devices import repo_root
@@ -87,4 +89,18 @@ def test_every_notebook_builds_at_smoke(tmp_path):
         judged = [c["claim"] for c in data["claims"]
                   if c.get("source") == "paper" and c["verdict"] not in ("not run at this scale", "not run")]
         assert not judged, f"{name} judges paper claims at smoke: {judged}"
+        _rejudge(name, data)
     assert (out / "index.html").exists() and (out / "smoke" / "index.html").exists()
+
+
+def _rejudge(name, data):
+    """results.json alone re-judges the notebook: its claims read only saved records and parameters, and
+    the rows (with verdicts on, as at the cpu profile) come out for every claim without error."""
+    claims = importlib.import_module(f"workbench.experiments.{name}.claims")
+    records = {k: pd.DataFrame(v) for k, v in data["records"].items()}
+    env = data["environment"]
+    again = claims.ledger(records, data["parameters"], device=env["device_name"], device_class="cpu", verdicts=False)
+    assert [r["claim"] for r in again.rows] == [c["claim"] for c in data["claims"]]
+    assert [r["verdict"] for r in again.rows] == [c["verdict"] for c in data["claims"]]
+    judged = claims.ledger(records, data["parameters"], device=env["device_name"], device_class="cpu", verdicts=True)
+    assert len(judged.rows) == len(claims.CLAIMS)
