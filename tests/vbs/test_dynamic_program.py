@@ -43,6 +43,7 @@ def test_bad_input(worked_example):
         vbs.plan(worked_example, memory=-1, batch=1)
     with pytest.raises(ValueError, match="exceeds"):
         vbs.Planner(worked_example, memory=10**9)
+    assert vbs.plan(worked_example, memory=10**9, batch=2).time_per_sample == pytest.approx(9.0)  # picks a unit
     with pytest.raises(ValueError, match="for this Planner"):
         vbs.Planner(worked_example, memory=7).plan(memory=8, batch=1)
     with pytest.raises(TypeError):
@@ -155,3 +156,72 @@ def test_branched_steps_hold_the_group_input_and_output(random_branched):
         assert sum(s.batch for s in step.branches[0] if s.layer == 1) == step.batch
         assert all(s.reserved >= step.reserved + group for br in step.branches for s in br)
         assert step.branches[2] == ()
+
+
+# --- plan() picks its unit; its infeasibility message names the true smallest budget -----------
+
+
+def _in_bytes(tables: vbs.LayerProfile, rng, scale: int = 1_000_003) -> vbs.LayerProfile:
+    """The same tables in bytes: every memory entry x `scale` plus up to 999 bytes of jitter."""
+
+    def mem(a: np.ndarray) -> np.ndarray:
+        return np.where(a > 0, a * scale + rng.integers(0, 1000, a.shape), 0)
+
+    out = vbs.LayerProfile(tables.time, mem(tables.inp), mem(tables.out), mem(tables.ws), tables.names)
+    out.branches = {i: [_in_bytes(p, rng, scale) for p in ps] for i, ps in tables.branches.items()}
+    out.merge = dict(tables.merge)
+    out.__post_init__()
+    return out
+
+
+def test_plan_picks_its_unit_for_a_profile_in_bytes(random_branched):
+    rng = np.random.default_rng(5)
+    tables = _in_bytes(random_branched(rng, 4), rng)
+    memory = 3 * vbs.smallest_budget(tables, batch=4)  # tens of MB, in bytes
+    with pytest.raises(ValueError, match="exceeds"):  # the exact DP cannot take a table this size
+        vbs.dp(tables, memory=memory, batch=4)
+    p = vbs.plan(tables, memory=memory, batch=4)
+    assert p.peak_bytes <= memory and p.unit_bytes == -(-memory // vbs.DEFAULT_RESOLUTION)
+    assert p.memory <= vbs.DEFAULT_RESOLUTION and p.time_per_sample <= vbs.fbs(tables, memory=memory,
+                                                                               batch=4).time_per_sample
+    coarse = vbs.plan(tables, memory=memory, batch=4, resolution=16)
+    assert coarse.memory <= 16 and coarse.peak_bytes <= memory
+    assert vbs.plan(tables, memory=memory, batch=4, resolution=4096).time_per_sample <= coarse.time_per_sample
+    with pytest.raises(ValueError, match="resolution must be an int >= 1"):
+        vbs.plan(tables, memory=memory, batch=4, resolution=0)
+
+
+def test_plan_serves_every_budget_from_the_smallest_one_in_bytes(random_linear, random_branched):
+    for seed in range(4):
+        rng = np.random.default_rng(200 + seed)
+        small = random_branched(rng, 3) if seed % 2 else random_linear(rng, 4, 3)[0]
+        tables = _in_bytes(small, rng)
+        floor = vbs.smallest_budget(tables, batch=3)
+        with pytest.raises(ValueError, match=f"smallest feasible budget is {floor} units"):
+            vbs.plan(tables, memory=floor - 1, batch=3)
+        # just above the floor the DP's rounded tables leave no room: the schedule of least memory fits
+        for memory in (floor, floor + 1, floor + 5000, floor + floor // 100):
+            p = vbs.plan(tables, memory=memory, batch=3)
+            assert p.peak_bytes <= memory and all(sum(bs) == 3 for bs in p.layer_batches.values())
+
+
+def test_the_infeasibility_message_names_the_true_smallest_budget(random_linear, random_branched):
+    """The smallest budget `plan` accepts, found by trying every budget, is the one the message
+    names; the DP's own floor was named before, although Greedy-VBS fits in less."""
+    below_dp = 0
+    for seed in range(40, 50):
+        rng = np.random.default_rng(seed)
+        B = int(rng.integers(2, 7))
+        tables = random_branched(rng, B) if seed % 2 else random_linear(rng, int(rng.integers(2, 8)), B)[0]
+        for batch in range(2, B + 1):
+            upper = vbs.fbs_peak(tables, batch=batch, size=1)
+            fits = [m for m in range(upper + 1) if _feasible(vbs.plan, tables, m, batch) is not None]
+            true = fits[0]
+            assert fits == list(range(true, upper + 1))  # every budget from the smallest one up
+            with pytest.raises(ValueError, match=f"the smallest feasible budget is {true} units"):
+                vbs.plan(tables, memory=true - 1, batch=batch)
+            dp_floor = vbs.Planner(tables, memory=upper).smallest_feasible(batch)
+            with pytest.raises(ValueError, match=f"the smallest feasible budget is {dp_floor} units"):
+                vbs.dp(tables, memory=dp_floor - 1, batch=batch)
+            below_dp += true < dp_floor
+    assert below_dp >= 1  # cases where the DP's floor (the old message) was not the smallest budget

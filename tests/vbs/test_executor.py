@@ -5,6 +5,8 @@ import pytest
 import torch
 from torch import nn
 
+from vbs_custom_nets import CUSTOM
+
 from workbench import vbs
 from workbench.models import googlenet, squeezenet1_0
 
@@ -97,3 +99,121 @@ def test_executor_rejects_a_plan_for_another_model(nets):
         vbs.Executor(nets["linear"](), p)(torch.randn(3, 3, 8, 8))
     with pytest.raises(TypeError, match="Plan"):
         vbs.Executor(nets["linear"](), "plan")
+
+
+# --- never silently wrong ---------------------------------------------------------------------
+
+
+class BatchMix(nn.Module):
+    """Subtracts the batch mean: a sample's output depends on the other samples of its phase."""
+
+    def forward(self, x):
+        return x - x.mean(0, keepdim=True)
+
+
+class Scale(nn.Module):
+    """Multiplies by a Python float, which torch.fx fixes when it traces."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.factor = 1.0
+
+    def forward(self, x):
+        return x * self.factor
+
+
+def _phased(model: nn.Module, batch: int = 5, size: int = 2) -> vbs.Plan:
+    """Every layer in phases of `size` (the last one the remainder)."""
+    return vbs.fixed_batch_plan(synthetic_tables(model, batch, 0), batch=batch, size=size)
+
+
+@pytest.mark.parametrize("net", list(CUSTOM))
+def test_custom_forwards_run_correctly(net):
+    """The look-alike block (body/shortcut/relu, another forward) and a user's own models: every
+    plan's outputs equal model(x)."""
+    model = CUSTOM[net]()
+    x = torch.randn(5, 3, 8, 8)
+    with torch.no_grad():
+        want = model(x)
+    tables = synthetic_tables(model, 5, 1)
+    for p in [*_plans(tables, 5).values(), _phased(model)]:
+        result = vbs.run(model, p, x, measure_memory=False)
+        assert result.checked
+        torch.testing.assert_close(result.outputs, want)
+
+
+def test_a_stage_that_mixes_samples_is_refused_by_name():
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), BatchMix(), nn.Flatten(), nn.Linear(4 * 64, 2)).eval()
+    x = torch.randn(5, 3, 8, 8)
+    p = _phased(model)
+    with pytest.raises(vbs.ExecutionMismatch, match=r"stage 1 '1' gives other outputs in phases of \[2, 2, 1\]"):
+        vbs.run(model, p, x)
+    ex = vbs.Executor(model, p)
+    with pytest.raises(vbs.ExecutionMismatch, match="No outputs are returned"):
+        ex(x)
+    # only an explicit opt-out returns the (different) outputs
+    unchecked = vbs.run(model, p, x, check=False, measure_memory=False)
+    assert not unchecked.checked
+    with torch.no_grad():
+        assert not torch.allclose(unchecked.outputs, model(x))
+    whole = vbs.run(model, vbs.fixed_batch_plan(synthetic_tables(model, 5, 0), batch=5, size=5), x)
+    assert whole.checked
+
+
+def test_a_trace_that_no_longer_matches_the_forward_is_refused():
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), Scale(), nn.Flatten()).eval()
+    ex = vbs.Executor(model, _phased(model))
+    model[1].factor = 2.0  # the stages were traced with 1.0
+    with pytest.raises(vbs.ExecutionMismatch, match="torch.fx's trace of Sequential does not compute"):
+        ex(torch.randn(5, 3, 4, 4))
+
+
+def test_a_stage_that_departs_from_the_forward_is_named(nets):
+    model = nets["linear"]()
+    ex = vbs.Executor(model, _phased(model))
+    ex.stages[2].module = nn.Sequential(nn.MaxPool2d(2), nn.Identity())  # "5": was a MaxPool2d(2) alone...
+    ex.stages[3].module = nn.Sequential(nn.Conv2d(32, 4, 1), nn.ReLU())  # "6": other weights
+    with pytest.raises(vbs.ExecutionMismatch, match="stage 3 '6' does not reproduce its part of Sequential"):
+        ex(torch.randn(5, 3, 8, 8))
+
+
+def test_the_check_costs_one_forward_on_the_first_batch_only(nets):
+    model = nets["resnet18"]()
+    calls = []
+    model.register_forward_hook(lambda *a: calls.append(1))
+    x = torch.randn(5, 3, 8, 8)
+    ex = vbs.Executor(model, _phased(model))
+    first = ex(x)
+    assert len(calls) == 1 and ex.checked
+    torch.testing.assert_close(ex(x), first)
+    assert len(calls) == 1
+    vbs.run(model, _phased(model), x)
+    assert len(calls) == 2
+    vbs.run(model, _phased(model), x, check=False)
+    assert len(calls) == 2
+
+
+def test_inputs_changed_in_place_are_checked_against_the_original():
+    model = nn.Sequential(nn.ReLU(inplace=True), nn.Conv2d(3, 4, 1)).eval()  # the first layer writes into x
+    x = torch.randn(5, 3, 4, 4)
+    want = model(x.clone())
+    result = vbs.run(model, _phased(model), x, measure_memory=False)
+    torch.testing.assert_close(result.outputs, want)
+
+
+def test_tolerances_follow_the_dtype_and_the_output_scale():
+    assert vbs.tolerances(torch.zeros(3)) == (1.3e-6, 1e-5)
+    rtol, atol = vbs.tolerances(torch.full((3,), 100.0))
+    assert rtol == 1.3e-6 and atol == pytest.approx(1.3e-4)
+    assert vbs.tolerances(torch.zeros(3, dtype=torch.float16))[0] == 1e-3
+    assert vbs.tolerances(torch.zeros(3, dtype=torch.bfloat16))[0] == 1.6e-2
+
+
+@pytest.mark.parametrize("net", ["branched", "resnet18"])
+def test_the_least_memory_plan_executes(net, nets):
+    model = nets[net]()
+    tables = synthetic_tables(model, 4, 2)
+    p = vbs.least_memory_plan(tables, batch=4)
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(vbs.run(model, p, x, measure_memory=False).outputs, model(x))

@@ -1,7 +1,11 @@
 """workbench.vbs.graph: a network as the main path of stages the planner works on (Section III)."""
 
+import warnings
+
 import pytest
 import torch
+from torch import nn
+from vbs_custom_nets import CUSTOM, DataDependent, UserNet, look_alike_net
 
 from workbench import vbs
 from workbench.models import build, googlenet, mobilenet_v1, resnet18, resnet50, squeezenet1_0
@@ -58,3 +62,52 @@ def test_bad_models():
         vbs.stages_of("resnet")
     with pytest.raises(ValueError, match="no layers"):
         vbs.stages_of(torch.nn.Sequential())
+
+
+# --- the stages follow the real forward (torch.fx), not attribute names -----------------------
+
+
+@pytest.mark.parametrize("net", list(CUSTOM))
+def test_custom_forwards_are_decomposed_by_what_they_do(net):
+    model = CUSTOM[net]()
+    x = torch.randn(3, 3, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # all of these trace: no fallback
+        stages = vbs.stages_of(model)
+    with torch.no_grad():
+        torch.testing.assert_close(vbs.run_stages(stages, x), model(x))
+    assert len({s.name for s in stages}) == len(stages)
+
+
+def test_a_look_alike_block_is_no_residual_block():
+    stages = vbs.stages_of(look_alike_net())
+    # relu(body) - 0.5 * shortcut is no sum of branches: one stage that runs that part of the graph
+    assert [s.name for s in stages] == ["0", "1", "2", "4"] and not any(s.is_branch for s in stages)
+    summed = vbs.stages_of(CUSTOM["look_alike_sum"]())
+    block = summed[1]
+    assert block.name == "1" and block.is_branch and block.merge == "add" and block.post is None
+    assert [[n for n, _ in br] for br in block.branches] == [["1.body", "1.body.3"], ["1.shortcut"]]
+    assert isinstance(block.branches[0][1][1][-1], nn.ReLU)  # bundled with the conv before it, inside the branch
+
+
+def test_a_user_model_decomposes():
+    stages = vbs.stages_of(UserNet())
+    assert [s.name for s in stages] == ["conv1", "add", "adaptive_avg_pool2d", "fc"]
+    block = stages[1]
+    assert block.is_branch and block.merge == "add" and block.post is not None  # the ReLU after the sum
+    assert [[n for n, _ in br] for br in block.branches] == [["conv2"], ["proj"]]
+    b = vbs.stages_of(CUSTOM["branchy"]())
+    assert sum(s.is_branch for s in b) == 0 and len(b) >= 4  # gate, 3-sum, nested: run as they are
+
+
+def test_an_untraceable_module_warns_and_stays_whole():
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), DataDependent(), nn.Conv2d(4, 2, 1)).eval()
+    with pytest.warns(UserWarning, match=r"module '1' \(DataDependent\).*TraceError.*one opaque stage"):
+        stages = vbs.stages_of(model)
+    assert [s.name for s in stages] == ["0", "1", "2"] and isinstance(stages[1].module, DataDependent)
+    x = torch.randn(2, 3, 5, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(vbs.run_stages(stages, x), model(x))
+    with pytest.warns(UserWarning, match=r"forward of DataDependent could not be traced.*whole model"):
+        whole = vbs.decompose(DataDependent())
+    assert len(whole.stages) == 1 and whole.traced is None and "DataDependent" in whole.opaque

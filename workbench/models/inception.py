@@ -5,8 +5,8 @@ convolution has a bias and a ReLU, local response normalisation after the first 
 convolutional stages, and nine inception modules whose four branches (1x1; 1x1 -> 3x3;
 1x1 -> 5x5; 3x3 max-pool -> 1x1) are concatenated along channels. The model is an
 `nn.Sequential` whose children are the stem layers, one child per inception module, then
-pooling and the classifier; an `Inception` module exposes `branches` and `merge = "cat"`, which
-is how `workbench.vbs` sees it as a branch group. `width` scales every channel count (1.0 is the
+pooling and the classifier; an `Inception` module's forward concatenates its `branches`, which
+`workbench.vbs` reads off the traced forward as a branch group. `width` scales every channel count (1.0 is the
 paper's network; narrower copies keep CPU runs short). Global average pooling replaces the
 fixed 7x7 pool so that small inputs also work (identical at 224x224).
 """

@@ -5,8 +5,8 @@ The paper's Table 1: a 7x7 stride-2 convolution (96 maps), eight Fire modules wi
 after conv1, fire4 and fire8, dropout, a 1x1 convolution to the classes, ReLU and global average
 pooling. A Fire module is a 1x1 *squeeze* convolution followed by an *expand* layer whose 1x1 and
 3x3 convolutions run in parallel and are concatenated. `Fire` is an `nn.Sequential` of the
-squeeze layer and a `FireExpand` module that exposes `branches` and `merge = "cat"`, which is how
-`workbench.vbs` sees the expand layer as a branch group. `width` scales every channel count.
+squeeze layer and a `FireExpand` module whose forward concatenates its `branches`, which
+`workbench.vbs` reads off the traced forward as a branch group. `width` scales every channel count.
 """
 
 from __future__ import annotations

@@ -13,21 +13,27 @@ and Greedy-VBS, and `Plan.method` says which ("vbs", "fbs" or "greedy").
 Example::
 
     from workbench import vbs
-    tables = vbs.measure_layers(model, torch.randn(3, 224, 224), 12).coarsen(256 * 1024)  # 256 KiB units
-    p = vbs.plan(tables, memory=80, batch=12)          # 80 units = 20 MiB
-    print(p.method, p.layer_batches, p.time_per_sample, vbs.fbs(tables, memory=80, batch=12).time_per_sample)
-    result = vbs.run(model, p, images)                 # result.outputs == model(images)
+    tables = vbs.measure_layers(model, torch.randn(3, 224, 224), 12)   # in bytes
+    p = vbs.plan(tables, memory=20 * 2**20, batch=12)   # 20 MiB; plan picks its unit (`resolution`)
+    print(p.method, p.layer_batches, p.time_per_sample, p.peak_bytes)
+    result = vbs.run(model, p, images)                 # result.outputs == model(images), checked
+
+`smallest_budget` is the least memory a request fits in (what `plan`'s error names). The layers
+are read from the model's real forward (`torch.fx`, `stages_of`); the executor checks its first
+batch against `model(x)` and raises `ExecutionMismatch` rather than return wrong outputs.
 """
 
 from .baselines import fbs, fbs_peak, fixed_batch_plan, greedy_vbs
-from .dynamic_program import MAX_TABLE_CELLS, Planner, dp, plan
-from .executor import Executor, RunResult, run
-from .graph import Stage, run_stages, stages_of
+from .dynamic_program import DEFAULT_RESOLUTION, MAX_TABLE_CELLS, Planner, dp, plan
+from .executor import ExecutionMismatch, Executor, RunResult, run, tolerances
+from .floor import least_memory_plan, smallest_budget
+from .graph import Decomposition, Stage, decompose, run_stages, stages_of
 from .layers import LayerProfile, measure_layers, unit_for
 from .schedule import Plan, Step, check_request, uniform_step
 
 __all__ = [
-    "MAX_TABLE_CELLS", "Executor", "LayerProfile", "Plan", "Planner", "RunResult", "Stage", "Step", "check_request",
-    "dp", "fbs", "fbs_peak", "fixed_batch_plan", "greedy_vbs", "measure_layers", "plan", "run", "run_stages",
-    "stages_of", "uniform_step", "unit_for",
+    "DEFAULT_RESOLUTION", "MAX_TABLE_CELLS", "Decomposition", "ExecutionMismatch", "Executor", "LayerProfile",
+    "Plan", "Planner", "RunResult", "Stage", "Step", "check_request", "decompose", "dp", "fbs", "fbs_peak",
+    "fixed_batch_plan", "greedy_vbs", "least_memory_plan", "measure_layers", "plan", "run", "run_stages",
+    "smallest_budget", "stages_of", "tolerances", "uniform_step", "unit_for",
 ]

@@ -36,13 +36,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .baselines import fbs, fbs_peak, greedy_vbs
+from .baselines import fbs, greedy_vbs
+from .floor import least_memory_plan, need, padded, reserves, smallest_budget
 from .layers import LayerProfile
 from .schedule import Plan, Step, check_request
 
-__all__ = ["Planner", "dp", "plan", "MAX_TABLE_CELLS"]
+__all__ = ["Planner", "dp", "plan", "MAX_TABLE_CELLS", "DEFAULT_RESOLUTION"]
 
 MAX_TABLE_CELLS = 15_000_000
+DEFAULT_RESOLUTION = 256
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,11 +65,6 @@ def _shift(a: np.ndarray, s: np.ndarray) -> np.ndarray:
     win = np.lib.stride_tricks.sliding_window_view(pad, m1, axis=-1)
     grids = np.indices(lead, sparse=True)
     return win[(*grids, top - np.minimum(s, top))]
-
-
-def _padded(t: np.ndarray) -> np.ndarray:
-    """Prepend a zero column so that index b means batch size b (0 = nothing)."""
-    return np.concatenate([np.zeros((t.shape[0], 1), dtype=t.dtype), t], axis=1)
 
 
 class _Chain:
@@ -125,13 +122,6 @@ class _Chain:
         return float(self.opt[self.n - 1][0, b, m]) if self.n else 0.0
 
 
-def _need(p: LayerProfile, *, first_in: bool = True) -> np.ndarray:
-    inp = p.inp.copy()
-    if not first_in and p.n_layers:
-        inp[0] = 0
-    return _padded(inp + p.ws + p.out)
-
-
 class Planner:
     """Solves the DP of `layers` once for memory 0..`memory` units and batch 1..B.
 
@@ -146,35 +136,33 @@ class Planner:
         cells = n * (n + 1) // 2 * (B + 1) * (M + 1)
         if cells > MAX_TABLE_CELLS:
             raise ValueError(f"DP table of {cells:,} cells (layers {n}, batch {B}, memory {M} units) exceeds "
-                             f"{MAX_TABLE_CELLS:,}; use a coarser unit (LayerProfile.coarsen)")
+                             f"{MAX_TABLE_CELLS:,}; use plan(), which picks its unit (`resolution`), or a "
+                             f"coarser unit (LayerProfile.coarsen)")
         self.layers, self.memory = layers, M
         mem = np.arange(M + 1)
-        self.need = _need(layers)
-        base = np.where(self.need[:, :, None] <= mem, _padded(layers.time)[:, :, None], np.inf)
+        self.need = need(layers)
+        base = np.where(self.need[:, :, None] <= mem, padded(layers.time)[:, :, None], np.inf)
         base[:, 0] = np.inf
         self.branch_chains: dict[int, list[_Chain]] = {}
         self.branch_need: dict[int, list[np.ndarray]] = {}
         for s, parts in layers.branches.items():
-            group = _padded(layers.inp[s] + layers.out[s][None])[0]
+            group = padded(layers.inp[s] + layers.out[s][None])[0]
             chains, needs, total = [], [], np.zeros((B + 1, M + 1))
             for p in parts:
-                need = _need(p, first_in=False)
-                in_res, out_res = _padded(p.inp), _padded(p.out)
-                if p.n_layers:
-                    in_res[0], out_res[-1] = 0, 0  # held by the group's input / output
-                b_base = np.where(need[:, :, None] <= mem, _padded(p.time)[:, :, None], np.inf)
-                chain = _Chain(b_base, in_res, out_res)
+                n_p = need(p, first_in=False)
+                b_base = np.where(n_p[:, :, None] <= mem, padded(p.time)[:, :, None], np.inf)
+                chain = _Chain(b_base, *reserves(p, branch=True))  # first in / last out: the group's
                 chains.append(chain)
-                needs.append(need)
+                needs.append(n_p)
                 if p.n_layers:
                     total = total + chain.opt[p.n_layers - 1][0]
             shifted = _shift(total, group)
-            merge = _padded(layers.time[s][None])[0]
+            merge = padded(layers.time[s][None])[0]
             base[s] = shifted + merge[:, None]
             base[s, 0] = np.inf
             self.branch_chains[s], self.branch_need[s] = chains, needs
         self.base = base
-        self.main = _Chain(base, _padded(layers.inp), _padded(layers.out))
+        self.main = _Chain(base, padded(layers.inp), padded(layers.out))
 
     def curve(self, batch: int) -> np.ndarray:
         """The DP's seconds per sample for budgets 0..memory (inf where infeasible)."""
@@ -196,7 +184,8 @@ class Planner:
         if not isinstance(m, (int, np.integer)) or not 0 <= m <= self.memory:
             raise ValueError(f"memory must be an int in 0..{self.memory} for this Planner, got {m!r}")
         if not np.isfinite(self.main.value(batch, m)):
-            raise ValueError(_infeasible(self.layers, int(m), batch, "the DP"))
+            raise ValueError(_infeasible(self.layers, int(m), batch, "the DP",
+                                         smallest_budget(self.layers, batch=batch, method="dp")))
         steps = self._opt(self.main, None, 0, self.main.n - 1, batch, int(m), int(m))
         return Plan("vbs", int(m), int(batch), self.layers.unit_bytes, list(self.layers.names), steps)
 
@@ -230,44 +219,64 @@ class Planner:
         return Step(k, b, total - m, group, seconds, branches)
 
 
-def _infeasible(layers: LayerProfile, memory: int, batch: int, what: str) -> str:
-    upper = fbs_peak(layers, batch=batch, size=1)
-    smallest = None
-    try:
-        smallest = Planner(layers, memory=upper).smallest_feasible(batch)
-    except ValueError:  # table too large to search exactly: give the single-sample schedule's need
-        pass
-    hint = (f"the smallest feasible budget is {smallest} units" if smallest is not None
-            else f"a feasible budget is {upper} units (one sample at a time)")
+def _infeasible(layers: LayerProfile, memory: int, batch: int, what: str, smallest: int) -> str:
     return (f"memory={memory} units ({memory * layers.unit_bytes} bytes) is infeasible for {what} with a "
-            f"request of {batch}; {hint} ({(smallest or upper) * layers.unit_bytes} bytes)")
+            f"request of {batch}; the smallest feasible budget is {smallest} units ({smallest * layers.unit_bytes} "
+            f"bytes)")
 
 
 def dp(layers: LayerProfile, *, memory: int, batch: int) -> Plan:
     """The paper's DP alone (method "vbs"): the fastest nested schedule for `batch` samples in
-    `memory` units. Raises ValueError naming the smallest feasible budget when none fits."""
+    `memory` units, exact in `layers`' unit (`plan` picks a coarser one for large budgets).
+    Raises ValueError naming the DP's smallest feasible budget when none fits."""
     return Planner(layers, memory=memory).plan(memory=memory, batch=batch)
 
 
-def plan(layers: LayerProfile, *, memory: int, batch: int) -> Plan:
-    """The fastest feasible plan for `batch` samples in `memory` units: the best predicted time
-    per sample of the DP (`dp`), FBS (`fbs`) and Greedy-VBS (`greedy_vbs`); `Plan.method` says
-    which one ("vbs", "fbs" or "greedy"; on a tie the DP, then FBS).
+def _factor(layers: LayerProfile, memory: int, resolution: int | None) -> int:
+    """How many of `layers`' units make one planning unit, for about `resolution` units in `memory`."""
+    if resolution is None:
+        n, B = layers.n_layers, layers.max_batch
+        fits = MAX_TABLE_CELLS // (n * (n + 1) // 2 * (B + 1)) - 1  # the largest table allowed
+        resolution = max(1, min(DEFAULT_RESOLUTION, fits))
+    elif not isinstance(resolution, (int, np.integer)) or resolution < 1:
+        raise ValueError(f"resolution must be an int >= 1 (memory units across the budget), got {resolution!r}")
+    return max(1, -(-int(memory) // int(resolution)))
+
+
+def plan(layers: LayerProfile, *, memory: int, batch: int, resolution: int | None = None) -> Plan:
+    """The fastest feasible plan for `batch` samples in `memory` units (of `layers.unit_bytes`
+    bytes): the best predicted time per sample of the DP (`dp`), FBS (`fbs`) and Greedy-VBS
+    (`greedy_vbs`); `Plan.method` says which one ("vbs", "fbs" or "greedy"; on a tie the DP,
+    then FBS).
+
+    The unit is chosen here: the DP works in units of k x `layers.unit_bytes`, k the smallest
+    whole number giving at most `resolution` units across `memory` (default `DEFAULT_RESOLUTION`,
+    fewer when the DP's table would exceed `MAX_TABLE_CELLS`), so a profile in bytes needs no
+    `coarsen`. Its tables are rounded up to that unit and the budget down, so its plan also fits
+    in `memory`; the plan is in that unit (`Plan.unit_bytes`, `Plan.memory`), `peak_bytes` in
+    bytes. FBS and Greedy-VBS run on `layers` as given. Where the rounding leaves the DP no room
+    although a nested schedule fits, the DP's plan is the nested schedule of least memory
+    (`least_memory_plan`); so every budget from the smallest feasible one up gets a plan.
 
     The DP is optimal only among the paper's nested schedules; Greedy-VBS's layer-by-layer
-    schedules lie outside them and are sometimes faster. Raises the DP's ValueError (naming its
-    smallest feasible budget) when none of the three fits.
+    schedules lie outside them and are sometimes faster. Raises ValueError naming the smallest
+    budget in which any of the three fits (`smallest_budget(..., method="any")`) when none does.
     """
     check_request(layers, memory, batch)
-    best, error = None, None
-    for method in (dp, fbs, greedy_vbs):
+    k = _factor(layers, memory, resolution)
+    coarse = layers.coarsen(layers.unit_bytes * k) if k > 1 else layers
+    candidates = []
+    planner = Planner(coarse, memory=memory // k)
+    if np.isfinite(planner.main.value(batch, memory // k)):
+        candidates.append(planner.plan(memory=memory // k, batch=batch))
+    elif k > 1 and smallest_budget(layers, batch=batch, method="dp") <= memory:
+        candidates.append(least_memory_plan(layers, batch=batch, memory=memory))
+    for method in (fbs, greedy_vbs):
         try:
-            candidate = method(layers, memory=memory, batch=batch)
-        except ValueError as err:
-            error = error or err
+            candidates.append(method(layers, memory=memory, batch=batch))
+        except ValueError:
             continue
-        if best is None or candidate.time_per_sample < best.time_per_sample:
-            best = candidate
-    if best is None:
-        raise error
-    return best
+    if not candidates:
+        raise ValueError(_infeasible(layers, memory, batch, "plan() (the DP, FBS and Greedy-VBS)",
+                                     smallest_budget(layers, batch=batch, method="any")))
+    return min(candidates, key=lambda p: p.time_per_sample)  # the first of equals: DP, FBS, greedy
