@@ -155,3 +155,9 @@ def test_a_spread_that_holds_the_whole_band_is_inconclusive():
     assert rule.verdict(100, spread=(90, 110)) == "not reproduced"
     assert between(0.15, 0.20, partly_rel=0.5).verdict(0.5, spread=(0.01, 0.6)) == "inconclusive"
     assert at_least(2, partly=1).verdict(0.5, spread=(0.4, 0.9)) == "not reproduced"
+
+
+def test_rules_describe_themselves_without_scientific_notation():
+    assert within(83e6, rel=0.25).describe() == "reproduced if within 25% of 83,000,000"
+    assert between(1.3e7, 1.4e7).describe() == "reproduced if in [13,000,000, 14,000,000]"
+    assert at_most(0.0001, partly=0.001).describe() == "reproduced if measured <= 0.0001; partly if <= 0.001"

@@ -115,19 +115,19 @@ class Rule:
     def describe(self) -> str:
         if self.kind in ("at_least", "at_most"):
             op, worse = (">=", "<") if self.kind == "at_least" else ("<=", ">")
-            text = f"reproduced if measured {op} {self.target:g}"
+            text = f"reproduced if measured {op} {_number(self.target)}"
             if self.partly is not None:
-                text += f"; partly if {op} {self.partly:g}"
+                text += f"; partly if {op} {_number(self.partly)}"
         else:
-            text = (f"reproduced if within {self.rel:.0%} of {self.target:g}" if self.kind == "within"
-                    else f"reproduced if in [{self.target:g}, {self.upper:g}]")
+            text = (f"reproduced if within {self.rel:.0%} of {_number(self.target)}" if self.kind == "within"
+                    else f"reproduced if in [{_number(self.target)}, {_number(self.upper)}]")
             if self.better is not None:
                 text += f"; better than claimed if {self.better}"
             if self.partly_rel is not None:
                 text += f"; partly if worse by at most {self.partly_rel:.0%}"
             worse = "<" if self.better == "higher" else ">"
         if self.refuted is not None:
-            text += f"; refuted if {worse} {self.refuted:g}"
+            text += f"; refuted if {worse} {_number(self.refuted)}"
         return text
 
 
