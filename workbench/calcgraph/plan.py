@@ -19,15 +19,19 @@ dichotomic search (Algorithm 1) over it.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
+from numbers import Real
 
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
 from ..measure import MemoryMeter
-from .tracker import _Trace, _Tracker, _trace
+from .tracker import _Trace, _TraceError, _Tracker, _trace
 
 __all__ = [
     "ZONES", "CompiledGraph", "make_optimizer", "measure_required_bytes", "plan_training", "search_max",
@@ -42,6 +46,36 @@ _OPTIMIZERS = ("adam", "adamw", "sgd")
 _CUDA_BLOCK = 512
 
 OptimizerSpec = str | Callable[..., torch.optim.Optimizer]
+
+
+class _DtypeMismatch(ValueError):
+    """The model's floating parameters and the input disagree on dtype (raised before any step)."""
+
+
+def _build_model(build: Callable[[], nn.Module], device: torch.device, tracing: bool) -> nn.Module:
+    try:
+        with device:
+            return build().train()
+    except RuntimeError as error:
+        if not tracing or "Couldn't swap" not in str(error):
+            raise
+    # NOTE: under FakeTensorMode, `Module._apply` swaps each parameter for its converted copy
+    # (`.to(torch.bfloat16)` in a factory) and torch refuses to swap a fake tensor that has a weak
+    # reference. The factory then runs on the meta device outside the fake mode (no memory, no swap)
+    # and the finished model's tensors are materialised as fake ones of the same dtypes and shapes.
+    with unset_fake_temporarily(), torch.device("meta"):
+        model = build().train()
+    return model.to_empty(device=device)
+
+
+def _check_dtypes(model: nn.Module, input_dtype: torch.dtype) -> None:
+    floats = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if input_dtype.is_floating_point and floats and input_dtype not in floats:
+        names = ", ".join(sorted(str(d) for d in floats))
+        raise _DtypeMismatch(
+            f"the model's parameters are {names} but the input is {input_dtype}: the real step would fail on "
+            f"a dtype mismatch; pass a sample_input of the model's dtype (or input_dtype=...) or convert the model"
+        )
 
 
 def make_optimizer(
@@ -71,25 +105,27 @@ def training_program(
     build: Callable[[], nn.Module], input_shape: Sequence[int], batch_size: int, *,
     loss: Callable | None = None, optimizer: OptimizerSpec = "adam", lr: float = 1e-3,
     device: torch.device | str = "cpu", steps: int = 2, persistent_grads: bool = False,
-    annotate: _Tracker | None = None,
+    annotate: _Tracker | None = None, input_dtype: torch.dtype = torch.float32,
 ) -> None:
     """Build model and optimizer, then `steps` training steps on a batch created each step.
 
     The program that `plan_training` traces under fake tensors and `measure_required_bytes` runs for
     real, so that both count exactly the same tensors. `persistent_grads` keeps gradient
     buffers for the whole run (zeroed in place, as a `Heap` does) instead of freeing them.
+    Inputs are `randn` of `input_dtype`, or zeros for an integer dtype (token ids); a floating input
+    dtype that no floating parameter has is refused before any step.
     """
     device = torch.device(device)
     loss = loss or F.cross_entropy
     # NOTE: built under the device so that parameters are born there: moving them afterwards swaps
     # tensors, which torch refuses for fake tensors that the tracker holds weak references to.
-    with device:
-        model = build().train()
+    model = _build_model(build, device, tracing=annotate is not None)
     # "cuda" names the current CUDA device: a parameter on cuda:0 is already in place
     elsewhere = [t for t in [*model.parameters(), *model.buffers()] if t.device.type != device.type
                  or (device.index is not None and t.device.index != device.index)]
     if elsewhere:
         model = model.to(device)
+    _check_dtypes(model, input_dtype)
     if annotate is not None:
         annotate.watch_model(model)
     if persistent_grads:
@@ -101,7 +137,10 @@ def training_program(
     for step in range(steps):
         if annotate is not None:
             annotate.mark(f"step{step + 1}")
-        x = torch.randn(batch_size, *input_shape, device=device)
+        if input_dtype.is_floating_point:
+            x = torch.randn(batch_size, *input_shape, device=device, dtype=input_dtype)
+        else:
+            x = torch.zeros(batch_size, *input_shape, device=device, dtype=input_dtype)
         y = torch.zeros(batch_size, dtype=torch.long, device=device)
         if annotate is not None:
             annotate.tag(x, "forward", "input", "input")
@@ -192,12 +231,14 @@ class CompiledGraph:
     """The compiled memory plan of one training program, affine in the batch size."""
 
     def __init__(self, program: Callable[[int, _Tracker], None], *, device: torch.device,
-                 trace_sizes: Sequence[int] = (1, 2, 3), description: str = "") -> None:
+                 trace_sizes: Sequence[int] = (2, 3, 4), description: str = "",
+                 input_shape: Sequence[int] | None = None) -> None:
         if len(trace_sizes) < 2 or min(trace_sizes) < 1 or len(set(trace_sizes)) != len(trace_sizes):
             raise ValueError(f"trace_sizes needs >= 2 distinct sizes >= 1, got {trace_sizes}")
         self._program = program
         self.device = device
         self.description = description
+        self._input_shape = tuple(input_shape) if input_shape is not None else None
         self._exact: dict[int, _Trace] = {}
         s1, s2, *checks = trace_sizes
         t1, t2 = self._traced(s1), self._traced(s2)
@@ -229,7 +270,17 @@ class CompiledGraph:
 
     def _traced(self, size: int) -> _Trace:
         if size not in self._exact:
-            self._exact[size] = _trace(lambda tracker: self._program(size, tracker))
+            try:
+                self._exact[size] = _trace(lambda tracker: self._program(size, tracker))
+            except _TraceError as failure:
+                if isinstance(failure.error, _DtypeMismatch):
+                    raise _DtypeMismatch(str(failure.error)) from None
+                shape = f"input [{size}, {', '.join(map(str, self._input_shape))}]" if self._input_shape else "input"
+                where = failure.module or "the training program"
+                raise ValueError(
+                    f"{where} refused the {shape} (per-example shape {self._input_shape}, batch {size}, "
+                    f"{failure.phase}): {failure}"
+                ) from None
         return self._exact[size]
 
     # sizes and timeline ----------------------------------------------------------------------
@@ -266,12 +317,18 @@ class CompiledGraph:
     def max_batch_size(self, memory_budget: float, *, margin: float = 0.0, limit: int = 2**24) -> int:
         """Largest batch whose prediction fits `memory_budget * (1 - margin)` (Algorithm 1).
 
-        Zero trial runs: only the plan is evaluated. Raises ValueError when batch 1 does not fit.
+        Zero trial runs: only the plan is evaluated. `memory_budget` is a finite number of bytes
+        > 0. Raises ValueError when batch 1 does not fit, and when even batch `limit` fits (the
+        answer lies beyond the search: pass a larger `limit`).
         """
-        if not 0.0 <= margin < 1.0:
-            raise ValueError(f"margin must be in [0, 1), got {margin}")
-        if not memory_budget > 0:
-            raise ValueError(f"memory_budget must be > 0 bytes, got {memory_budget}")
+        if isinstance(margin, bool) or not isinstance(margin, Real) or not 0.0 <= margin < 1.0:
+            raise ValueError(f"margin must be a number in [0, 1), got {margin!r}")
+        if isinstance(memory_budget, bool) or not isinstance(memory_budget, Real):
+            raise TypeError(f"memory_budget must be a number of bytes in (0, inf), got {memory_budget!r}")
+        if not (math.isfinite(memory_budget) and memory_budget > 0):
+            raise ValueError(f"memory_budget must be a finite number of bytes in (0, inf), got {memory_budget!r}")
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+            raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
         cap = memory_budget * (1.0 - margin)
         one = self.required_bytes(1)
         if one > cap:
@@ -280,7 +337,13 @@ class CompiledGraph:
                 f"with margin {margin} ({cap:.0f} bytes usable)"
             )
         best, self.last_search_evaluations = search_max(
-            lambda b: self.required_bytes(b) <= cap, int(cap // one), limit=limit)
+            lambda b: self.required_bytes(b) <= cap, int(min(cap // one, limit)), limit=limit)
+        if best >= limit:
+            raise ValueError(
+                f"batch size {limit} (the search limit) still fits the budget {memory_budget:.4g} bytes "
+                f"(needs {self.required_bytes(limit)} bytes): the largest batch is beyond the search; "
+                f"pass a larger limit"
+            )
         return best
 
     # zones -----------------------------------------------------------------------------------
@@ -345,14 +408,20 @@ def plan_training(
     model: nn.Module | Callable[[], nn.Module], sample_input: torch.Tensor | Sequence[int], *,
     loss: Callable | None = None, optimizer: OptimizerSpec = "adam", lr: float = 1e-3,
     device: torch.device | str | None = None, persistent_grads: bool = False,
-    trace_sizes: Sequence[int] = (1, 2, 3),
+    trace_sizes: Sequence[int] = (2, 3, 4), input_dtype: torch.dtype | None = None,
 ) -> CompiledGraph:
     """Compile one training step's memory plan without allocating real memory.
 
     `model` is a module (deep-copied into fake tensors) or a zero-argument factory;
     `sample_input` a tensor whose first dimension is the batch (or the per-example shape).
-    Labels are class indices (cross-entropy) unless `loss` says otherwise.
+    Labels are class indices (cross-entropy) unless `loss` says otherwise. The input's dtype is
+    `input_dtype`, else the sample tensor's, else float32. # NOTE: traced at batches 2, 3 and 4 by
+    default (BatchNorm refuses a batch of one in training); batch 1 comes from the affine fit.
     """
+    if input_dtype is None:
+        input_dtype = sample_input.dtype if isinstance(sample_input, torch.Tensor) else torch.float32
+    if not isinstance(input_dtype, torch.dtype):
+        raise TypeError(f"input_dtype must be a torch.dtype, got {input_dtype!r}")
     if isinstance(sample_input, torch.Tensor):
         if sample_input.dim() < 2:
             raise ValueError(f"sample_input must be [batch, ...], got shape {tuple(sample_input.shape)}")
@@ -374,12 +443,12 @@ def plan_training(
 
     def program(size: int, tracker: _Tracker) -> None:
         training_program(build, input_shape, size, loss=loss, optimizer=optimizer, lr=lr, device=dev,
-                         persistent_grads=persistent_grads, annotate=tracker)
+                         persistent_grads=persistent_grads, annotate=tracker, input_dtype=input_dtype)
 
     name = optimizer if isinstance(optimizer, str) else "custom"
-    graph = CompiledGraph(program, device=dev, trace_sizes=trace_sizes,
-                          description=f"input {input_shape}, optimizer {name}")
-    graph.input_shape = input_shape
+    graph = CompiledGraph(program, device=dev, trace_sizes=trace_sizes, input_shape=input_shape,
+                          description=f"input {input_shape} {input_dtype}, optimizer {name}")
+    graph.input_shape, graph.input_dtype = input_shape, input_dtype
     graph.build, graph.loss, graph.optimizer, graph.lr = build, loss, optimizer, lr
     graph.persistent_grads = persistent_grads
     return graph

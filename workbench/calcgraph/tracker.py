@@ -9,7 +9,9 @@ with its zone (forward, gradient, optimizer, workspace), kind and name. `Compile
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +43,7 @@ class _Tracker(LiveStorageMode):
         self.spec: dict = {}
         self._handles: list = []
         self._modules: list[str] = [""]
+        self.layers: dict[str, str] = {}  # module label -> class name
         self._phase = "build"
 
     # allocation timeline -------------------------------------------------------------------
@@ -82,6 +85,7 @@ class _Tracker(LiveStorageMode):
             self.tag(b, "forward", "buffer", name)
         for name, module in model.named_modules():
             label = name or type(module).__name__
+            self.layers[label] = type(module).__name__
             self._handles.append(module.register_forward_pre_hook(lambda _m, _a, label=label: self._enter(label)))
             self._handles.append(module.register_forward_hook(lambda *_: self._leave()))
 
@@ -118,12 +122,46 @@ class _Trace:
     signature: tuple = field(repr=False, default=())
 
 
+class _TraceError(Exception):
+    """A training program that failed under fake tensors: where (layer, phase) and the error itself."""
+
+    def __init__(self, error: BaseException, module: str, phase: str) -> None:
+        super().__init__(f"{type(error).__name__}: {_last_line(error)}")
+        self.error, self.module, self.phase = error, module, phase
+
+
+def _last_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_logs() -> Iterator[None]:
+    # NOTE: FakeTensorMode logs the full traceback of every meta kernel that raises (a wrong input shape
+    # gives a page of it) before the error itself propagates; the planner re-raises a short message.
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _trace(program: Callable[[_Tracker], None]) -> _Trace:
     tracker = _Tracker()
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        with tracker:
-            program(tracker)
-    tracker.close()
+    try:
+        with _quiet_fake_tensor_logs(), FakeTensorMode(allow_non_fake_inputs=True):
+            with tracker:
+                program(tracker)
+    except Exception as error:
+        label = tracker._modules[-1]
+        kind = tracker.layers.get(label, "")
+        where = f"layer '{label}' ({kind})" if label and kind != label else (f"layer {label}" if label else "")
+        raise _TraceError(error, where, tracker._phase) from error
+    finally:
+        tracker.unwatch()
+        tracker.close()
     signature = tuple((e, tracker.info[e]["op"]) if e >= 0 else (e, "free") for e in tracker.events)
     return _Trace(np.asarray(tracker.sizes, dtype=np.int64), tracker.info,
                   np.asarray(tracker.events, dtype=np.int64), tracker.marks, tracker.spec, signature)

@@ -1,0 +1,94 @@
+"""CalcGraph's planner refuses bad input with a short message that names it (issue 18): budgets, a
+search beyond its limit, a wrong sample shape, a dtype mismatch; bf16 factories and BatchNorm1d plan."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from workbench.calcgraph import measure_required_bytes, plan_training
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def bf16_mlp() -> nn.Module:
+    return mlp().to(torch.bfloat16)
+
+
+def bn1d_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return plan_training(mlp, (8,))
+
+
+@pytest.mark.parametrize("budget", [math.inf, -math.inf, math.nan, -1.0, 0, -(2**20)])
+def test_bad_budgets_are_refused_with_the_value_and_the_range(graph, budget):
+    with pytest.raises(ValueError, match=r"memory_budget must be a finite number of bytes in \(0, inf\), got "
+                       + (repr(budget).replace("(", r"\(").replace(")", r"\)") if budget else "0")):
+        graph.max_batch_size(budget)
+
+
+@pytest.mark.parametrize("budget", ["1e6", None, True, [1e6]])
+def test_non_numeric_budgets_are_refused(graph, budget):
+    with pytest.raises(TypeError, match=r"memory_budget must be a number of bytes in \(0, inf\), got"):
+        graph.max_batch_size(budget)
+
+
+@pytest.mark.parametrize("margin", [math.nan, -0.1, 1.0, "0.1"])
+def test_bad_margins_are_refused(graph, margin):
+    with pytest.raises(ValueError, match=r"margin must be a number in \[0, 1\)"):
+        graph.max_batch_size(1e6, margin=margin)
+
+
+def test_a_budget_beyond_the_search_limit_raises_instead_of_returning_the_limit(graph):
+    with pytest.raises(ValueError, match="search limit"):
+        graph.max_batch_size(1e30)
+    with pytest.raises(ValueError, match="batch size 64 .* still fits"):
+        graph.max_batch_size(1e9, limit=64)
+    b = graph.max_batch_size(1e6)
+    assert graph.required_bytes(b) <= 1e6 < graph.required_bytes(b + 1)
+    assert graph.max_batch_size(1e6, limit=b + 1) == b  # the answer inside the limit is returned
+
+
+def test_a_wrong_sample_shape_names_the_input_and_the_layer(capfd):
+    with pytest.raises(ValueError) as info:
+        plan_training(mlp, (9,))
+    message = str(info.value)
+    assert "input [2, 9]" in message and "per-example shape (9,)" in message
+    assert "layer '0' (Linear)" in message and "reduction dim" in message
+    assert len(message) < 400 and "Traceback" not in message
+    assert info.value.__suppress_context__  # no page of FakeTensor traceback behind it
+    assert "Traceback" not in capfd.readouterr().err  # nor logged by the fake tensor mode
+
+
+def test_a_dtype_mismatch_is_named_before_any_step():
+    with pytest.raises(ValueError, match=r"parameters are torch.bfloat16 but the input is torch.float32"):
+        plan_training(bf16_mlp, (8,))
+    with pytest.raises(ValueError, match=r"parameters are torch.bfloat16 but the input is torch.float32"):
+        measure_required_bytes(bf16_mlp, (8,), 2)  # the real program refuses it the same way
+
+
+def test_a_bf16_factory_plans_and_matches_its_real_run():
+    graph = plan_training(bf16_mlp, torch.zeros(2, 8, dtype=torch.bfloat16))
+    assert graph.input_dtype == torch.bfloat16 and graph.affine
+    assert {dtype for _, _, dtype in graph.spec["parameters"]} == {torch.bfloat16}
+    for b in (1, 8, 64):
+        measured = measure_required_bytes(bf16_mlp, (8,), b, input_dtype=torch.bfloat16)
+        torch.testing.assert_close(float(graph.required_bytes(b)), float(measured), rtol=0.02, atol=0)
+    assert plan_training(bf16_mlp, (8,), input_dtype=torch.bfloat16).required_bytes(8) == graph.required_bytes(8)
+
+
+def test_a_batchnorm1d_model_plans_by_default():
+    graph = plan_training(bn1d_mlp, (8,))
+    assert graph.affine
+    for b in (2, 16):
+        measured = measure_required_bytes(bn1d_mlp, (8,), b)
+        torch.testing.assert_close(float(graph.required_bytes(b)), float(measured), rtol=0.02, atol=0)
+    with pytest.raises(ValueError, match="trace_sizes"):
+        plan_training(bn1d_mlp, (8,), trace_sizes=(2,))
