@@ -4,18 +4,22 @@ A training step's memory is compiled before it runs (`plan_training`, Section 3.
 the peak for any batch size and the largest batch for a budget with zero trial runs. A
 pre-allocated `Heap` holds parameters, gradients and optimizer state and switches models in
 and out with one copy per zone (Section 3.3); `train_many` trains many models in one budget
-(Sections 4.4-4.5). `BudgetGuard` makes a memory budget real on CPU for trial-based peers.
+(Sections 4.4-4.5). `BudgetGuard` makes a memory budget real on CPU for trial-based peers. A plan can be calibrated
+against the allocator (`plan_training(..., calibrate=True)`): the workspaces and scratch real
+kernels allocate beyond their fake tensors.
 """
 
 from .guard import BudgetGuard, cuda_memory_budget
 from .heap import Heap, HeapSnapshot
 from .many import max_parallel_models, plan_parallel_training, train_many
 from .plan import (
-    ZONES, CompiledGraph, make_optimizer, measure_required_bytes, plan_training, search_max, training_program,
+    CALIBRATED_ZONE, ZONES, CompiledGraph, make_optimizer, measure_required_bytes, plan_training, search_max,
+    training_program,
 )
 
 __all__ = [
-    "ZONES", "BudgetGuard", "CompiledGraph", "Heap", "HeapSnapshot", "cuda_memory_budget", "make_optimizer",
+    "CALIBRATED_ZONE", "ZONES", "BudgetGuard", "CompiledGraph", "Heap", "HeapSnapshot", "cuda_memory_budget",
+    "make_optimizer",
     "max_parallel_models", "measure_required_bytes", "plan_parallel_training", "plan_training", "search_max",
     "train_many", "training_program",
 ]

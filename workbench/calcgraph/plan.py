@@ -26,11 +26,14 @@ from numbers import Real
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from ..measure import MemoryMeter
+from .program import (
+    _OPTIMIZERS, OptimizerSpec, _DtypeMismatch, make_optimizer, measure_required_bytes, training_program,
+)
+from ..measure import AllocatorMeter
+from .calibrate import Calibration
+from .calibrate import calibrate as _fit_calibration
 from .tracker import _Trace, _TraceError, _Tracker, _trace
 
 __all__ = [
@@ -39,153 +42,12 @@ __all__ = [
 ]
 
 ZONES = ("forward", "gradient", "optimizer", "workspace")
-_OPTIMIZERS = ("adam", "adamw", "sgd")
+# bytes a calibrated plan adds from real kernels (Calibration): scratch and tensors larger than their meta size
+CALIBRATED_ZONE = "workspace (calibrated)"
 # NOTE: the CUDA caching allocator hands out blocks in multiples of 512 bytes; on CUDA each
 # planned allocation is rounded up the same way (block splitting is not modelled: the issue's
 # CUDA tolerance of 5% covers it).
 _CUDA_BLOCK = 512
-
-OptimizerSpec = str | Callable[..., torch.optim.Optimizer]
-
-
-class _DtypeMismatch(ValueError):
-    """The model's floating parameters and the input disagree on dtype (raised before any step)."""
-
-
-def _build_model(build: Callable[[], nn.Module], device: torch.device, tracing: bool) -> nn.Module:
-    try:
-        with device:
-            return build().train()
-    except RuntimeError as error:
-        if not tracing or "Couldn't swap" not in str(error):
-            raise
-    # NOTE: under FakeTensorMode, `Module._apply` swaps each parameter for its converted copy
-    # (`.to(torch.bfloat16)` in a factory) and torch refuses to swap a fake tensor that has a weak
-    # reference. The factory then runs on the meta device outside the fake mode (no memory, no swap)
-    # and the finished model's tensors are materialised as fake ones of the same dtypes and shapes.
-    with unset_fake_temporarily(), torch.device("meta"):
-        model = build().train()
-    return model.to_empty(device=device)
-
-
-def _check_dtypes(model: nn.Module, input_dtype: torch.dtype) -> None:
-    floats = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    if input_dtype.is_floating_point and floats and input_dtype not in floats:
-        names = ", ".join(sorted(str(d) for d in floats))
-        raise _DtypeMismatch(
-            f"the model's parameters are {names} but the input is {input_dtype}: the real step would fail on "
-            f"a dtype mismatch; pass a sample_input of the model's dtype (or input_dtype=...) or convert the model"
-        )
-
-
-def make_optimizer(
-    spec: OptimizerSpec, params, *, lr: float = 1e-3, device: torch.device | str | None = None,
-) -> torch.optim.Optimizer:
-    """"adam", "adamw", "sgd" (momentum 0.9) or a callable `spec(params)`.
-
-    # NOTE: `foreach` is fixed from the device, not left to torch's default: torch picks the
-    # foreach kernels only for plain CUDA tensors, so a fake tensor would silently take the
-    # single-tensor path and plan a different program from the one that runs.
-    """
-    if callable(spec):
-        return spec(params)
-    if spec not in _OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {_OPTIMIZERS} or a callable, got {spec!r}")
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
-    foreach = torch.device(device or "cpu").type == "cuda"
-    if spec == "adam":
-        return torch.optim.Adam(params, lr=lr, foreach=foreach)
-    if spec == "adamw":
-        return torch.optim.AdamW(params, lr=lr, foreach=foreach)
-    return torch.optim.SGD(params, lr=lr, momentum=0.9, foreach=foreach)
-
-
-def training_program(
-    build: Callable[[], nn.Module], input_shape: Sequence[int], batch_size: int, *,
-    loss: Callable | None = None, optimizer: OptimizerSpec = "adam", lr: float = 1e-3,
-    device: torch.device | str = "cpu", steps: int = 2, persistent_grads: bool = False,
-    annotate: _Tracker | None = None, input_dtype: torch.dtype = torch.float32,
-) -> None:
-    """Build model and optimizer, then `steps` training steps on a batch created each step.
-
-    The program that `plan_training` traces under fake tensors and `measure_required_bytes` runs for
-    real, so that both count exactly the same tensors. `persistent_grads` keeps gradient
-    buffers for the whole run (zeroed in place, as a `Heap` does) instead of freeing them.
-    Inputs are `randn` of `input_dtype`, or zeros for an integer dtype (token ids); a floating input
-    dtype that no floating parameter has is refused before any step.
-    """
-    device = torch.device(device)
-    loss = loss or F.cross_entropy
-    # NOTE: built under the device so that parameters are born there: moving them afterwards swaps
-    # tensors, which torch refuses for fake tensors that the tracker holds weak references to.
-    model = _build_model(build, device, tracing=annotate is not None)
-    # "cuda" names the current CUDA device: a parameter on cuda:0 is already in place
-    elsewhere = [t for t in [*model.parameters(), *model.buffers()] if t.device.type != device.type
-                 or (device.index is not None and t.device.index != device.index)]
-    if elsewhere:
-        model = model.to(device)
-    _check_dtypes(model, input_dtype)
-    if annotate is not None:
-        annotate.watch_model(model)
-    if persistent_grads:
-        for p in model.parameters():
-            p.grad = torch.zeros_like(p)
-            if annotate is not None:
-                annotate.tag(p.grad, "gradient", "gradient", annotate.names.get(id(p), "?") + ".grad")
-    opt = make_optimizer(optimizer, model.parameters(), lr=lr, device=device)
-    for step in range(steps):
-        if annotate is not None:
-            annotate.mark(f"step{step + 1}")
-        if input_dtype.is_floating_point:
-            x = torch.randn(batch_size, *input_shape, device=device, dtype=input_dtype)
-        else:
-            x = torch.zeros(batch_size, *input_shape, device=device, dtype=input_dtype)
-        y = torch.zeros(batch_size, dtype=torch.long, device=device)
-        if annotate is not None:
-            annotate.tag(x, "forward", "input", "input")
-            annotate.tag(y, "forward", "input", "target")
-            with torch.autograd.graph.saved_tensors_hooks(annotate.pack, lambda t: t):
-                value = loss(model(x), y)
-        else:
-            value = loss(model(x), y)
-        value.backward()
-        del value
-        if annotate is not None:
-            annotate.tag_grads(model)
-        opt.step()
-        if annotate is not None:
-            annotate.tag_state(opt)
-        opt.zero_grad(set_to_none=not persistent_grads)
-        del x, y
-    if annotate is not None:
-        annotate.mark("end")
-        annotate.spec = {
-            "parameters": [(n, tuple(p.shape), p.dtype) for n, p in model.named_parameters()],
-            "buffers": [(n, tuple(b.shape), b.dtype) for n, b in model.named_buffers()],
-            "state": [[(k, tuple(v.shape), v.dtype, v.device.type) for k, v in opt.state[p].items()
-                       if isinstance(v, torch.Tensor)] for p in model.parameters()],
-        }
-        annotate.unwatch()
-
-
-def measure_required_bytes(
-    build: Callable[[], nn.Module], input_shape: Sequence[int], batch_size: int, **kwargs,
-) -> int:
-    """Measured truth: `MemoryMeter`'s peak over a real run of `training_program`."""
-    device = torch.device(kwargs.get("device") or "cpu")
-    kwargs["device"] = device
-    if device.type == "cuda":
-        # NOTE: cuBLAS and cuBLASLt keep per-process workspaces that the first matmul allocates
-        # through torch's allocator and that live as long as the process (measured on an H100,
-        # torch 2.11: 68 MB). They are no tensor of the program, so a plan cannot count them; one
-        # unmetered step at batch 1 creates them before the meter opens, as in any process that
-        # has already trained.
-        training_program(build, input_shape, 1, **{**kwargs, "steps": 1})
-        torch.cuda.empty_cache()
-    with MemoryMeter(device) as meter:
-        training_program(build, input_shape, batch_size, **kwargs)
-    return meter.peak_bytes
 
 
 def search_max(fits: Callable[[int], bool], first_guess: int, *, limit: int = 2**24) -> tuple[int, int]:
@@ -267,6 +129,8 @@ class CompiledGraph:
         # shapes of parameters, buffers and optimizer state: what a `Heap` lays out
         self.spec = t2.spec
         self.evaluations = 0
+        self.calibration: Calibration | None = None
+        self.calibration_error = pd.DataFrame(columns=["batch_size", "predicted", "allocator", "error"])
 
     def _traced(self, size: int) -> _Trace:
         if size not in self._exact:
@@ -289,6 +153,8 @@ class CompiledGraph:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if self.affine:
             sizes, trace = self.intercept + self.slope * int(batch_size), self._base
+            if self.calibration is not None:
+                sizes = np.maximum(0, sizes + self.calibration.size_delta(int(batch_size)))
         else:
             trace = self._traced(int(batch_size))
             sizes = trace.sizes
@@ -305,22 +171,81 @@ class CompiledGraph:
         delta = np.where(ev >= 0, sizes[np.maximum(ev, 0)], -sizes[np.maximum(-ev - 1, 0)])
         return np.cumsum(delta)
 
+    def _scratch(self, batch_size: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Calibrated scratch at each event (bytes above the live level while the op at it runs) and
+        the op call index that needs it (-1 where none)."""
+        extra, which = np.zeros(length, dtype=np.int64), np.full(length, -1)
+        if self.calibration is None or not length:
+            return extra, which
+        scratch = self.calibration.scratch(batch_size)
+        for call, (_, pos) in enumerate(self._base.calls):
+            if pos >= 1 and scratch[call] > extra[pos - 1]:
+                extra[pos - 1], which[pos - 1] = scratch[call], call
+        return extra, which
+
+    def live_bytes(self, batch_size: int, *, inputs: bool = True) -> np.ndarray:
+        """Live bytes at each event with the calibrated scratch of the op running there (the timeline
+        itself for an uncalibrated plan)."""
+        timeline = self.timeline(batch_size, inputs=inputs)
+        return timeline + self._scratch(batch_size, len(timeline))[0]
+
     def required_bytes(self, batch_size: int, *, inputs: bool = True) -> int:
-        """Predicted peak live tensor bytes of the program (model, optimizer and two steps).
+        """Predicted peak live bytes of the program (model, optimizer and two steps).
 
         `inputs=False` leaves out the batch's own tensors, for loops that slice batches out of
-        a data set already in memory.
+        a data set already in memory. A calibrated plan includes the kernels' scratch.
         """
         self.evaluations += 1
-        return int(self.timeline(batch_size, inputs=inputs).max(initial=0))
+        return int(self.live_bytes(batch_size, inputs=inputs).max(initial=0))
 
-    def max_batch_size(self, memory_budget: float, *, margin: float = 0.0, limit: int = 2**24) -> int:
+    def step_peaks(self, batch_size: int) -> dict[str, int]:
+        """Predicted peak of the model build, the first step (optimizer state created) and the
+        steady-state step (state already allocated)."""
+        live = self.live_bytes(batch_size)
+        marks = self._base.marks if self.affine else self._traced(batch_size).marks
+        bounds = {"build": (0, marks.get("step1", 0)), "first_step": (marks.get("step1", 0), marks.get("step2", 0)),
+                  "steady_state": (marks.get("step2", 0), marks.get("end", len(live)))}
+        return {k: int(live[a:b].max(initial=0)) for k, (a, b) in bounds.items()}
+
+    def calibrate(self, sizes: Sequence[int] = (1, 2, 4, 16, 32), *,
+                  check: Sequence[int] = (8, 64)) -> CompiledGraph:
+        """Add the bytes real kernels allocate beyond their fake tensors (see `calibrate.py`),
+        measured in real training steps at the small batch `sizes`, and measure the calibrated
+        prediction's error against `AllocatorMeter` at the `check` sizes (`calibration_error`,
+        covered by `max_batch_size`'s default margin). CPU only; returns the graph."""
+        if self.device.type != "cpu":
+            raise ValueError(f"calibration reads the CPU allocator; this plan is for {self.device}")
+        if not self.affine:
+            raise ValueError("calibration needs a plan affine in the batch size (see `nonaffine`)")
+        self.calibration = None
+        self.calibration = _fit_calibration(self._base, lambda s: self._sizes(s)[0], self._program, sizes)
+        rows = []
+        for size in check:
+            with AllocatorMeter(self.device) as meter:
+                self._program(int(size), None)
+            predicted = self.required_bytes(int(size))
+            rows.append({"batch_size": int(size), "predicted": predicted, "allocator": meter.peak_bytes,
+                         "error": (predicted - meter.peak_bytes) / meter.peak_bytes})
+        self.calibration_error = pd.DataFrame(rows, columns=["batch_size", "predicted", "allocator", "error"])
+        return self
+
+    @property
+    def default_margin(self) -> float:
+        """`max_batch_size`'s margin: 0 for an uncalibrated plan (it counts tensors only); for a calibrated
+        one 2% plus the largest under-prediction measured at the check sizes."""
+        if self.calibration is None:
+            return 0.0
+        under = max(0.0, -float(self.calibration_error["error"].min())) if len(self.calibration_error) else 0.0
+        return min(0.5, 0.02 + under)
+
+    def max_batch_size(self, memory_budget: float, *, margin: float | None = None, limit: int = 2**24) -> int:
         """Largest batch whose prediction fits `memory_budget * (1 - margin)` (Algorithm 1).
 
         Zero trial runs: only the plan is evaluated. `memory_budget` is a finite number of bytes
         > 0. Raises ValueError when batch 1 does not fit, and when even batch `limit` fits (the
-        answer lies beyond the search: pass a larger `limit`).
+        answer lies beyond the search: pass a larger `limit`). `margin` None is `default_margin`.
         """
+        margin = self.default_margin if margin is None else margin
         if isinstance(margin, bool) or not isinstance(margin, Real) or not 0.0 <= margin < 1.0:
             raise ValueError(f"margin must be a number in [0, 1), got {margin!r}")
         if isinstance(memory_budget, bool) or not isinstance(memory_budget, Real):
@@ -373,14 +298,24 @@ class CompiledGraph:
         of those rows sum to `required_bytes(batch_size)` when the peak is in that step.
         """
         frame = self.variables(batch_size)
-        timeline = self.timeline(batch_size)
+        timeline = self.live_bytes(batch_size)
         # the last event at the peak level: the steady-state step reaches the same peak as the first
         peak_at = len(timeline) - 1 - int(timeline[::-1].argmax()) if len(timeline) else 0
         marks = (self._base.marks if self.affine else self._traced(batch_size).marks)
         start, end = marks.get("step2", 0), marks.get("end", len(timeline))
         steady = frame[(frame["born"] < end) & (frame["died"] >= start)].copy()
         steady["live_at_peak"] = (steady["born"] <= peak_at) & (steady["died"] > peak_at)
-        steady["zone"] = pd.Categorical(steady["zone"], categories=list(ZONES), ordered=True)
+        zones = list(ZONES)
+        if self.calibration is not None:  # tensors the real kernel makes larger, and scratch, are calibrated
+            zones.append(CALIBRATED_ZONE)
+            steady.loc[self.calibration.size_delta(batch_size)[steady.index] != 0, "zone"] = CALIBRATED_ZONE
+            extra, which = self._scratch(batch_size, len(timeline))
+            calls = self._base.calls
+            scratch = [{"zone": CALIBRATED_ZONE, "kind": "scratch", "name": f"{calls[which[e]][0]} scratch",
+                        "op": calls[which[e]][0], "phase": "step2", "bytes": int(extra[e]), "born": e,
+                        "live_at_peak": e == peak_at} for e in np.nonzero(extra)[0] if start <= e < end]
+            steady = pd.concat([steady, pd.DataFrame(scratch, columns=list(steady.columns))], ignore_index=True)
+        steady["zone"] = pd.Categorical(steady["zone"], categories=zones, ordered=True)
         cols = ["zone", "kind", "name", "op", "phase", "bytes", "live_at_peak"]
         return steady.sort_values(["zone", "born"])[cols].reset_index(drop=True)
 
@@ -391,8 +326,9 @@ class CompiledGraph:
         z = self.zones(batch_size)
         at_peak = z[z["live_at_peak"]].groupby("zone", observed=False)["bytes"].sum()
         total = z.groupby("zone", observed=False)["bytes"].sum()
-        return pd.DataFrame({"zone": list(ZONES), "bytes_at_peak": [int(at_peak.get(k, 0)) for k in ZONES],
-                             "bytes_allocated_in_step": [int(total.get(k, 0)) for k in ZONES]})
+        zones = list(z["zone"].cat.categories)
+        return pd.DataFrame({"zone": zones, "bytes_at_peak": [int(at_peak.get(k, 0)) for k in zones],
+                             "bytes_allocated_in_step": [int(total.get(k, 0)) for k in zones]})
 
     def persistent_bytes(self) -> int:
         """Bytes of parameters, buffers, gradients and optimizer state (batch-independent)."""
@@ -409,6 +345,7 @@ def plan_training(
     loss: Callable | None = None, optimizer: OptimizerSpec = "adam", lr: float = 1e-3,
     device: torch.device | str | None = None, persistent_grads: bool = False,
     trace_sizes: Sequence[int] = (2, 3, 4), input_dtype: torch.dtype | None = None,
+    calibrate: bool = False,
 ) -> CompiledGraph:
     """Compile one training step's memory plan without allocating real memory.
 
@@ -417,6 +354,8 @@ def plan_training(
     Labels are class indices (cross-entropy) unless `loss` says otherwise. The input's dtype is
     `input_dtype`, else the sample tensor's, else float32. # NOTE: traced at batches 2, 3 and 4 by
     default (BatchNorm refuses a batch of one in training); batch 1 comes from the affine fit.
+    `calibrate=True` adds what real kernels allocate beyond their fake tensors, measured in real
+    steps at small batches (`CompiledGraph.calibrate`).
     """
     if input_dtype is None:
         input_dtype = sample_input.dtype if isinstance(sample_input, torch.Tensor) else torch.float32
@@ -451,4 +390,4 @@ def plan_training(
     graph.input_shape, graph.input_dtype = input_shape, input_dtype
     graph.build, graph.loss, graph.optimizer, graph.lr = build, loss, optimizer, lr
     graph.persistent_grads = persistent_grads
-    return graph
+    return graph.calibrate() if calibrate else graph

@@ -23,6 +23,8 @@ from workbench.measure import LiveStorageMode
 
 __all__: list[str] = []  # internal to workbench.calcgraph
 
+CALL_PREFIX = "calcgraph.call#"
+
 
 class _Tracker(LiveStorageMode):
     """Records each storage created by an aten op (an allocation) and when it is freed.
@@ -45,6 +47,18 @@ class _Tracker(LiveStorageMode):
         self._modules: list[str] = [""]
         self.layers: dict[str, str] = {}  # module label -> class name
         self._phase = "build"
+        self.calls: list[tuple[str, int]] = []  # each dispatched op: (name, events recorded after it)
+        self.profiled = False  # mark each op call for torch.profiler (calibration runs)
+        self.call_marks: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.profiled:
+            with torch.profiler.record_function(f"{CALL_PREFIX}{len(self.calls)}"):
+                out = super().__torch_dispatch__(func, types, args, kwargs)
+        else:
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.calls.append((func.__name__, len(self.events)))
+        return out
 
     # allocation timeline -------------------------------------------------------------------
     def _released(self, key: int, nbytes: int) -> None:
@@ -65,6 +79,7 @@ class _Tracker(LiveStorageMode):
     # tags ------------------------------------------------------------------------------------
     def mark(self, phase: str) -> None:
         self.marks[phase] = len(self.events)
+        self.call_marks[phase] = len(self.calls)
         self._phase = phase
 
     def tag(self, tensor: torch.Tensor, zone: str, kind: str, name: str) -> None:
@@ -120,6 +135,8 @@ class _Trace:
     marks: dict[str, int]
     spec: dict
     signature: tuple = field(repr=False, default=())
+    calls: list[tuple[str, int]] = field(repr=False, default_factory=list)
+    call_marks: dict[str, int] = field(repr=False, default_factory=dict)
 
 
 class _TraceError(Exception):
@@ -148,10 +165,13 @@ def _quiet_fake_tensor_logs() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _trace(program: Callable[[_Tracker], None]) -> _Trace:
+def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: bool = False) -> _Trace:
+    """Run `program` under the tracker: under fake tensors (a plan), or for real (`fake=False`, calibration)."""
     tracker = _Tracker()
+    tracker.profiled = profiled
     try:
-        with _quiet_fake_tensor_logs(), FakeTensorMode(allow_non_fake_inputs=True):
+        with _quiet_fake_tensor_logs(), (FakeTensorMode(allow_non_fake_inputs=True) if fake
+                                         else contextlib.nullcontext()):
             with tracker:
                 program(tracker)
     except Exception as error:
@@ -164,4 +184,5 @@ def _trace(program: Callable[[_Tracker], None]) -> _Trace:
         tracker.close()
     signature = tuple((e, tracker.info[e]["op"]) if e >= 0 else (e, "free") for e in tracker.events)
     return _Trace(np.asarray(tracker.sizes, dtype=np.int64), tracker.info,
-                  np.asarray(tracker.events, dtype=np.int64), tracker.marks, tracker.spec, signature)
+                  np.asarray(tracker.events, dtype=np.int64), tracker.marks, tracker.spec, signature,
+                  tracker.calls, tracker.call_marks)

@@ -1,0 +1,155 @@
+"""Calibrating CalcGraph's plan against the allocator: the bytes fake tensors cannot see.
+
+Support for Sections 3.2 and 4.3 of "CalcGraph: taming the high costs of deep learning using
+models (2022)" (memory known before execution). A plan traced under fake tensors counts the
+tensors each aten op returns, with the sizes the op's meta kernel reports. Real kernels can differ
+in two ways: a tensor they return is larger than its meta size (oneDNN's `mkldnn_rnn_layer`
+returns a workspace its meta kernel reports as 0 bytes), and they allocate scratch that is freed
+before they return and never becomes a tensor (oneDNN convolution and BatchNorm buffers).
+
+`calibrate` runs the same training program for real at a few small batch sizes under the
+profiler's allocator events, with every op call marked (`record_function`), and finds for each
+op call of the training steps (i) the real size of each tensor it returns, and (ii) its scratch:
+the allocator's peak inside the call above its level when the call returns. Both are fitted
+affine in the batch size, call by call, so that the plan predicts them at any batch size.
+
+# NOTE: the build phase is not calibrated (a factory may take another path under fake tensors,
+# see program._build_model); the training steps' op calls are matched by name (see `calibrate`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .tracker import CALL_PREFIX, _Trace, _TraceError, _Tracker, _trace
+
+__all__: list[str] = []  # used through CompiledGraph.calibrate
+
+
+@dataclass
+class _Observed:
+    trace: _Trace
+    scratch: np.ndarray  # per op call, bytes above the call's return level
+
+
+def _observe(program: Callable[[_Tracker], None]) -> _Observed:
+    """One real run of `program` under the tracker and the profiler's CPU allocator events."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        raise RuntimeError("calibration needs torch.profiler, which is already running; stop it first")
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with profiler:
+        trace = _trace(program, fake=False, profiled=True)
+    events = profiler.profiler.kineto_results.events()
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events
+                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    times = np.asarray([t for t, _ in memory], dtype=np.int64)
+    level = np.cumsum(np.asarray([n for _, n in memory], dtype=np.int64))
+    scratch = np.zeros(len(trace.calls), dtype=np.int64)
+    for e in events:
+        name = e.name()
+        if not name.startswith(CALL_PREFIX):
+            continue
+        index = int(name[len(CALL_PREFIX):])
+        lo, hi = np.searchsorted(times, e.start_ns(), "left"), np.searchsorted(times, e.end_ns(), "right")
+        if hi > lo and index < len(scratch):
+            scratch[index] = max(0, int(level[lo:hi].max() - level[hi - 1]))
+    return _Observed(trace, scratch)
+
+
+def _steps(trace: _Trace) -> tuple[int, int, list[str], tuple]:
+    """First allocation and first call of the training steps, the steps' op calls and allocation ops."""
+    start = trace.marks.get("step1", 0)
+    first_alloc = int(sum(1 for e in trace.events[:start] if e >= 0))
+    first_call = trace.call_marks.get("step1", 0)
+    ops = [op for op, _ in trace.calls[first_call:]]
+    allocs = tuple(trace.info[i]["op"] for i in range(first_alloc, len(trace.info)))
+    return first_alloc, first_call, ops, allocs
+
+
+@dataclass
+class Calibration:
+    """Per-allocation size corrections and per-call scratch measured at `sizes`, affine in the batch
+    size between two neighbouring sizes and beyond the first and last two (piecewise linear).
+
+    # NOTE: piecewise rather than one line: oneDNN rounds its buffers (the LSTM workspace is 28 KiB
+    # per example at batches 2-4 and 24 KiB from 16 on), so a line through two small batches
+    # over-predicts large ones by 12%; a line through the two largest sizes extrapolates.
+    """
+
+    sizes: np.ndarray
+    size_delta_at: np.ndarray  # [len(sizes), planned allocations] (0 outside the training steps)
+    scratch_at: np.ndarray  # [len(sizes), planned op calls]
+    skipped: dict[int, str]  # calibration sizes whose real run failed, with the error
+
+    def _at(self, values: np.ndarray, batch_size: int) -> np.ndarray:
+        i = int(np.clip(np.searchsorted(self.sizes, batch_size) - 1, 0, len(self.sizes) - 2))
+        s0, s1 = self.sizes[i], self.sizes[i + 1]
+        return values[i] + (values[i + 1] - values[i]) * (batch_size - s0) / (s1 - s0)
+
+    def size_delta(self, batch_size: int) -> np.ndarray:
+        return np.rint(self._at(self.size_delta_at, batch_size)).astype(np.int64)
+
+    def scratch(self, batch_size: int) -> np.ndarray:
+        return np.maximum(0, np.rint(self._at(self.scratch_at, batch_size))).astype(np.int64)
+
+
+def _align(planned: Sequence[str], real: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """For each real element the planned one it stands for (matched op names, else the last matched one
+    before it, else the first planned), and which planned elements the real run has (matched)."""
+    matcher = difflib.SequenceMatcher(None, list(planned), list(real), autojunk=False)
+    match = np.full(len(real), -1)
+    found = np.zeros(len(planned), dtype=bool)
+    for a, b, n in matcher.get_matching_blocks():
+        match[b:b + n] = np.arange(a, a + n)
+        found[a:a + n] = True
+    last = 0
+    for j in range(len(real)):
+        last = match[j] = match[j] if match[j] >= 0 else last
+    return match, found
+
+
+def calibrate(
+    planned: _Trace, plan_sizes: Callable[[int], np.ndarray], program: Callable[[int, _Tracker], None],
+    sizes: Sequence[int],
+) -> Calibration:
+    """Fit the corrections to the plan (`planned`: its trace, `plan_sizes`: its allocation sizes at a
+    batch size) from real runs of `program` at `sizes` (>= 2 distinct small batch sizes).
+
+    # NOTE: fake tensors dispatch ops a real run does not (device queries, copies of fake constants),
+    # so the steps' op calls and allocations are aligned by op name (difflib). A planned allocation the
+    # real run lacks is removed (delta -size); a real allocation the plan lacks is added to the planned
+    # allocation before it; a real call's scratch goes to the planned call it matches (or follows).
+    """
+    if len(sizes) < 2 or len(set(sizes)) != len(sizes) or min(sizes) < 1:
+        raise ValueError(f"calibration needs >= 2 distinct batch sizes >= 1, got {tuple(sizes)}")
+    deltas, scratches, used, skipped = [], [], [], {}
+    for size in sorted(int(s) for s in sizes):
+        try:
+            real = _observe(lambda tracker, size=size: program(size, tracker))
+        except _TraceError as error:  # e.g. BatchNorm1d refuses a batch of one
+            skipped[size] = str(error)
+            continue
+        p_alloc, p_call, p_ops, p_allocs = _steps(planned)
+        r_alloc, r_call, r_ops, r_allocs = _steps(real.trace)
+        if not r_ops:
+            raise ValueError(f"cannot calibrate at batch {size}: the real run dispatched no op in its steps")
+        delta = np.zeros(len(planned.sizes), dtype=np.int64)
+        match, found = _align(p_allocs, r_allocs)
+        real_sizes, plan_at = real.trace.sizes[r_alloc:], plan_sizes(size)[p_alloc:]
+        delta[p_alloc:][~found] = -plan_at[~found]
+        for j, i in enumerate(match):
+            delta[p_alloc + i] += real_sizes[j] - (plan_at[i] if found[i] else 0)
+        scratch = np.zeros(len(planned.calls), dtype=np.int64)
+        match, _ = _align(p_ops, r_ops)
+        np.maximum.at(scratch, p_call + match, real.scratch[r_call:])
+        deltas.append(delta)
+        scratches.append(scratch)
+        used.append(size)
+    if len(used) < 2:
+        raise ValueError(f"calibration needs real runs at >= 2 batch sizes; failed at {skipped}")
+    return Calibration(np.asarray(used), np.stack(deltas), np.stack(scratches), skipped)

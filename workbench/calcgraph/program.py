@@ -1,0 +1,165 @@
+"""The training program CalcGraph plans and runs (Sections 3.1-3.2 of "CalcGraph: taming the high costs
+of deep learning using models (2022)"): build the model and optimizer, then forward, loss, backward and
+optimizer step, twice. The same function runs under fake tensors (the plan), for real under a meter (the
+truth) and for real under the profiler (calibration), so that all count the same tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from ..measure import MemoryMeter
+from .tracker import _Tracker
+
+__all__ = ["OptimizerSpec", "make_optimizer", "measure_required_bytes", "training_program"]
+
+_OPTIMIZERS = ("adam", "adamw", "sgd")
+
+OptimizerSpec = str | Callable[..., torch.optim.Optimizer]
+
+
+class _DtypeMismatch(ValueError):
+    """The model's floating parameters and the input disagree on dtype (raised before any step)."""
+
+
+def _build_model(build: Callable[[], nn.Module], device: torch.device, tracing: bool) -> nn.Module:
+    try:
+        with device:
+            return build().train()
+    except RuntimeError as error:
+        if not tracing or "Couldn't swap" not in str(error):
+            raise
+    # NOTE: under FakeTensorMode, `Module._apply` swaps each parameter for its converted copy
+    # (`.to(torch.bfloat16)` in a factory) and torch refuses to swap a fake tensor that has a weak
+    # reference. The factory then runs on the meta device outside the fake mode (no memory, no swap)
+    # and the finished model's tensors are materialised as fake ones of the same dtypes and shapes.
+    with unset_fake_temporarily(), torch.device("meta"):
+        model = build().train()
+    return model.to_empty(device=device)
+
+
+def _check_dtypes(model: nn.Module, input_dtype: torch.dtype) -> None:
+    floats = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if input_dtype.is_floating_point and floats and input_dtype not in floats:
+        names = ", ".join(sorted(str(d) for d in floats))
+        raise _DtypeMismatch(
+            f"the model's parameters are {names} but the input is {input_dtype}: the real step would fail on "
+            f"a dtype mismatch; pass a sample_input of the model's dtype (or input_dtype=...) or convert the model"
+        )
+
+
+def make_optimizer(
+    spec: OptimizerSpec, params, *, lr: float = 1e-3, device: torch.device | str | None = None,
+) -> torch.optim.Optimizer:
+    """"adam", "adamw", "sgd" (momentum 0.9) or a callable `spec(params)`.
+
+    # NOTE: `foreach` is fixed from the device, not left to torch's default: torch picks the
+    # foreach kernels only for plain CUDA tensors, so a fake tensor would silently take the
+    # single-tensor path and plan a different program from the one that runs.
+    """
+    if callable(spec):
+        return spec(params)
+    if spec not in _OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {_OPTIMIZERS} or a callable, got {spec!r}")
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    foreach = torch.device(device or "cpu").type == "cuda"
+    if spec == "adam":
+        return torch.optim.Adam(params, lr=lr, foreach=foreach)
+    if spec == "adamw":
+        return torch.optim.AdamW(params, lr=lr, foreach=foreach)
+    return torch.optim.SGD(params, lr=lr, momentum=0.9, foreach=foreach)
+
+
+def training_program(
+    build: Callable[[], nn.Module], input_shape: Sequence[int], batch_size: int, *,
+    loss: Callable | None = None, optimizer: OptimizerSpec = "adam", lr: float = 1e-3,
+    device: torch.device | str = "cpu", steps: int = 2, persistent_grads: bool = False,
+    annotate: _Tracker | None = None, input_dtype: torch.dtype = torch.float32,
+) -> None:
+    """Build model and optimizer, then `steps` training steps on a batch created each step.
+
+    The program that `plan_training` traces under fake tensors and `measure_required_bytes` runs for
+    real, so that both count exactly the same tensors. `persistent_grads` keeps gradient
+    buffers for the whole run (zeroed in place, as a `Heap` does) instead of freeing them.
+    Inputs are `randn` of `input_dtype`, or zeros for an integer dtype (token ids); a floating input
+    dtype that no floating parameter has is refused before any step.
+    """
+    device = torch.device(device)
+    loss = loss or F.cross_entropy
+    # NOTE: built under the device so that parameters are born there: moving them afterwards swaps
+    # tensors, which torch refuses for fake tensors that the tracker holds weak references to.
+    model = _build_model(build, device, tracing=annotate is not None)
+    # "cuda" names the current CUDA device: a parameter on cuda:0 is already in place
+    elsewhere = [t for t in [*model.parameters(), *model.buffers()] if t.device.type != device.type
+                 or (device.index is not None and t.device.index != device.index)]
+    if elsewhere:
+        model = model.to(device)
+    _check_dtypes(model, input_dtype)
+    if annotate is not None:
+        annotate.watch_model(model)
+    if persistent_grads:
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+            if annotate is not None:
+                annotate.tag(p.grad, "gradient", "gradient", annotate.names.get(id(p), "?") + ".grad")
+    opt = make_optimizer(optimizer, model.parameters(), lr=lr, device=device)
+    for step in range(steps):
+        if annotate is not None:
+            annotate.mark(f"step{step + 1}")
+        if input_dtype.is_floating_point:
+            x = torch.randn(batch_size, *input_shape, device=device, dtype=input_dtype)
+        else:
+            x = torch.zeros(batch_size, *input_shape, device=device, dtype=input_dtype)
+        y = torch.zeros(batch_size, dtype=torch.long, device=device)
+        if annotate is not None:
+            annotate.tag(x, "forward", "input", "input")
+            annotate.tag(y, "forward", "input", "target")
+            with torch.autograd.graph.saved_tensors_hooks(annotate.pack, lambda t: t):
+                value = loss(model(x), y)
+        else:
+            value = loss(model(x), y)
+        value.backward()
+        del value
+        if annotate is not None:
+            annotate.tag_grads(model)
+        opt.step()
+        if annotate is not None:
+            annotate.tag_state(opt)
+        opt.zero_grad(set_to_none=not persistent_grads)
+        del x, y
+    if annotate is not None:
+        annotate.mark("end")
+        annotate.spec = {
+            "parameters": [(n, tuple(p.shape), p.dtype) for n, p in model.named_parameters()],
+            "buffers": [(n, tuple(b.shape), b.dtype) for n, b in model.named_buffers()],
+            "state": [[(k, tuple(v.shape), v.dtype, v.device.type) for k, v in opt.state[p].items()
+                       if isinstance(v, torch.Tensor)] for p in model.parameters()],
+        }
+        annotate.unwatch()
+
+
+def measure_required_bytes(
+    build: Callable[[], nn.Module], input_shape: Sequence[int], batch_size: int, **kwargs,
+) -> int:
+    """Measured truth: `MemoryMeter`'s peak over a real run of `training_program`."""
+    device = torch.device(kwargs.get("device") or "cpu")
+    kwargs["device"] = device
+    if device.type == "cuda":
+        # NOTE: cuBLAS and cuBLASLt keep per-process workspaces that the first matmul allocates
+        # through torch's allocator and that live as long as the process (measured on an H100,
+        # torch 2.11: 68 MB). They are no tensor of the program, so a plan cannot count them; one
+        # unmetered step at batch 1 creates them before the meter opens, as in any process that
+        # has already trained.
+        training_program(build, input_shape, 1, **{**kwargs, "steps": 1})
+        torch.cuda.empty_cache()
+    with MemoryMeter(device) as meter:
+        training_program(build, input_shape, batch_size, **kwargs)
+    return meter.peak_bytes
+
+
