@@ -10,6 +10,10 @@ from workbench.calcgraph import make_optimizer, plan_training
 from workbench.models import MLP
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "large_batch: a zoo case at a large batch (deselect with -m 'not large_batch')")
+
+
 @pytest.fixture(scope="module")
 def mlp_heap_graph():
     return plan_training(MLP, (1, 28, 28), persistent_grads=True)

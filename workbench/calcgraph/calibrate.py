@@ -20,6 +20,7 @@ affine in the batch size, call by call, so that the plan predicts them at any ba
 from __future__ import annotations
 
 import difflib
+import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ def _observe(program: Callable[[_Tracker], None]) -> _Observed:
     """One real run of `program` under the tracker and the profiler's CPU allocator events."""
     if torch.autograd.profiler._is_profiler_enabled:
         raise RuntimeError("calibration needs torch.profiler, which is already running; stop it first")
+    gc.collect()  # garbage of an earlier run freed inside the profiler would lower its count
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
     with profiler:
         trace = _trace(program, fake=False, profiled=True)

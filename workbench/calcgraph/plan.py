@@ -19,6 +19,7 @@ dichotomic search (Algorithm 1) over it.
 from __future__ import annotations
 
 import copy
+import gc
 import math
 from collections.abc import Callable, Sequence
 from numbers import Real
@@ -207,8 +208,8 @@ class CompiledGraph:
                   "steady_state": (marks.get("step2", 0), marks.get("end", len(live)))}
         return {k: int(live[a:b].max(initial=0)) for k, (a, b) in bounds.items()}
 
-    def calibrate(self, sizes: Sequence[int] = (1, 2, 4, 16, 32), *,
-                  check: Sequence[int] = (8, 64)) -> CompiledGraph:
+    def calibrate(self, sizes: Sequence[int] = (1, 2, 4, 8, 32), *,
+                  check: Sequence[int] = (16, 64)) -> CompiledGraph:
         """Add the bytes real kernels allocate beyond their fake tensors (see `calibrate.py`),
         measured in real training steps at the small batch `sizes`, and measure the calibrated
         prediction's error against `AllocatorMeter` at the `check` sizes (`calibration_error`,
@@ -221,6 +222,7 @@ class CompiledGraph:
         self.calibration = _fit_calibration(self._base, lambda s: self._sizes(s)[0], self._program, sizes)
         rows = []
         for size in check:
+            gc.collect()  # garbage of an earlier run freed inside the meter would lower its count
             with AllocatorMeter(self.device) as meter:
                 self._program(int(size), None)
             predicted = self.required_bytes(int(size))
@@ -372,6 +374,7 @@ def plan_training(
     if isinstance(model, nn.Module):
         template = model
         build = lambda: copy.deepcopy(template)  # noqa: E731
+        build._calcgraph_copy = True  # see program._build_model
     elif callable(model):
         build = model
     else:

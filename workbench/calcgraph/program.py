@@ -27,20 +27,33 @@ class _DtypeMismatch(ValueError):
     """The model's floating parameters and the input disagree on dtype (raised before any step)."""
 
 
-def _build_model(build: Callable[[], nn.Module], device: torch.device, tracing: bool) -> nn.Module:
-    try:
+def _build_model(build: Callable[[], nn.Module], device: torch.device) -> nn.Module:
+    """Run the factory: for real, or, under fake tensors, on the meta device and then materialised.
+
+    # NOTE: under FakeTensorMode, `Module._apply` swaps each parameter for its converted copy
+    # (`.to(torch.bfloat16)` in a factory) and torch refuses, at random (measured: 4 of 6 tries in
+    # torch 2.13), to swap a fake tensor that has a weak reference. A plan must trace the same program
+    # at every batch size, so under fake tensors a factory always runs on the meta device outside the
+    # fake mode (no memory, no swap) and its tensors are then materialised as fake ones of the same
+    # dtypes and shapes; parameters the factory ties together stay tied. A deep copy of a module
+    # (`plan_training(module, ...)`) converts nothing and runs as is.
+    """
+    fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+    if not fake or getattr(build, "_calcgraph_copy", False):
         with device:
             return build().train()
-    except RuntimeError as error:
-        if not tracing or "Couldn't swap" not in str(error):
-            raise
-    # NOTE: under FakeTensorMode, `Module._apply` swaps each parameter for its converted copy
-    # (`.to(torch.bfloat16)` in a factory) and torch refuses to swap a fake tensor that has a weak
-    # reference. The factory then runs on the meta device outside the fake mode (no memory, no swap)
-    # and the finished model's tensors are materialised as fake ones of the same dtypes and shapes.
     with unset_fake_temporarily(), torch.device("meta"):
         model = build().train()
-    return model.to_empty(device=device)
+    tied: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(param), []).append(name)
+    model = model.to_empty(device=device)
+    for first, *others in (names for names in tied.values() if len(names) > 1):
+        shared = model.get_parameter(first)
+        for name in others:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, shared)
+    return model
 
 
 def _check_dtypes(model: nn.Module, input_dtype: torch.dtype) -> None:
@@ -94,7 +107,7 @@ def training_program(
     loss = loss or F.cross_entropy
     # NOTE: built under the device so that parameters are born there: moving them afterwards swaps
     # tensors, which torch refuses for fake tensors that the tracker holds weak references to.
-    model = _build_model(build, device, tracing=annotate is not None)
+    model = _build_model(build, device)
     # "cuda" names the current CUDA device: a parameter on cuda:0 is already in place
     elsewhere = [t for t in [*model.parameters(), *model.buffers()] if t.device.type != device.type
                  or (device.index is not None and t.device.index != device.index)]

@@ -1,0 +1,159 @@
+"""A held-out zoo of small networks on which CalcGraph's plan is judged against the allocator.
+
+Support for Sections 3.2 and 4.3 of "CalcGraph: taming the high costs of deep learning using
+models (2022)": memory known before execution. Each case is a tiny model (so that the whole zoo
+runs in seconds on a CPU) exercising a different kind of kernel: attention, recurrent cells,
+BatchNorm, embeddings, dropout and in-place ops, depthwise and grouped convolutions, upsampling,
+bfloat16 and three optimizers. `accuracy_table` plans each (calibrated or not) and measures the
+same training program with `AllocatorMeter`, whose counting shares nothing with the plan.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..measure import AllocatorMeter
+from .plan import plan_training
+from .program import training_program
+
+__all__ = ["ZOO", "ZooCase", "accuracy_table"]
+
+
+@dataclass(frozen=True)
+class ZooCase:
+    """A model factory, its per-example input shape and how it trains."""
+
+    build: Callable[[], nn.Module]
+    shape: tuple[int, ...]
+    optimizer: str = "adam"
+    input_dtype: torch.dtype = torch.float32
+    note: str = field(default="")
+
+
+class _Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(self.encoder(x).mean(1))
+
+
+class _Recurrent(nn.Module):
+    def __init__(self, cell: type[nn.RNNBase]) -> None:
+        super().__init__()
+        self.rnn = cell(16, 32, num_layers=2, batch_first=True)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+class _Attention(nn.Module):
+    """Token embedding, one head of scaled dot-product attention, mean pooling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(64, 16)
+        self.qkv = nn.Linear(16, 48)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, tokens):
+        q, k, v = self.qkv(self.embed(tokens)).chunk(3, dim=-1)
+        return self.head(F.scaled_dot_product_attention(q, k, v).mean(1))
+
+
+class _InPlace(nn.Module):
+    """Dropout and in-place activations and arithmetic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 64), nn.Linear(64, 10)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x):
+        h = F.relu(self.a(x), inplace=True)
+        h = self.drop(h).mul_(0.5).add_(1.0)
+        return self.b(F.relu_(h))
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def _cnn(*layers: nn.Module, channels: int = 8) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), *layers, nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(channels, 10))
+
+
+ZOO: dict[str, ZooCase] = {
+    "transformer encoder": ZooCase(_Encoder, (8, 16)),
+    "lstm": ZooCase(lambda: _Recurrent(nn.LSTM), (12, 16)),
+    "gru": ZooCase(lambda: _Recurrent(nn.GRU), (12, 16)),
+    "batchnorm 1d": ZooCase(lambda: nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(),
+                                                  nn.Linear(64, 10)), (32,)),
+    "batchnorm 2d": ZooCase(lambda: _cnn(nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                                         nn.BatchNorm2d(8)), (3, 16, 16)),
+    "embedding + sdpa": ZooCase(_Attention, (12,), input_dtype=torch.long),
+    "dropout + in-place": ZooCase(_InPlace, (32,)),
+    "depthwise conv": ZooCase(lambda: _cnn(nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=8)), (3, 16, 16)),
+    "grouped conv": ZooCase(lambda: _cnn(nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=4)), (3, 16, 16)),
+    "upsampling": ZooCase(lambda: _cnn(nn.Upsample(scale_factor=2, mode="bilinear"), nn.ReLU(),
+                                       nn.Upsample(scale_factor=2, mode="nearest")), (3, 8, 8)),
+    "bf16 mlp": ZooCase(lambda: _mlp().to(torch.bfloat16), (32,), input_dtype=torch.bfloat16),
+    "sgd momentum": ZooCase(_mlp, (32,), optimizer="sgd"),
+    "adamw cnn": ZooCase(lambda: _cnn(nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1)), (3, 16, 16), optimizer="adamw"),
+}
+
+
+def _allocator_peak(case: ZooCase, batch_size: int) -> int:
+    gc.collect()  # garbage of an earlier run freed inside the meter would lower its count
+    with AllocatorMeter("cpu") as meter:
+        training_program(case.build, case.shape, batch_size, optimizer=case.optimizer, input_dtype=case.input_dtype)
+    return meter.peak_bytes
+
+
+def accuracy_table(
+    cases: Mapping[str, ZooCase] | Iterable[str] | None = None, batch_sizes: Sequence[int] = (1, 8, 64, 256), *,
+    calibrate: bool = True,
+) -> pd.DataFrame:
+    """Plan each case (calibrated against the allocator at small batches, or not) and judge its
+    predicted peak against `AllocatorMeter` over a real run of the same training program (CPU).
+
+    Rows: model, batch_size, predicted, allocator (bytes), error = (predicted - allocator) / allocator,
+    uncalibrated_predicted and uncalibrated_error (the fake-tensor plan alone), margin (the default
+    margin `max_batch_size` would use). `cases`: names in `ZOO`, a mapping of `ZooCase`, or all of ZOO.
+    A batch the real step refuses (BatchNorm1d at 1) has allocator and error NaN.
+    """
+    if cases is None:
+        cases = ZOO
+    elif not isinstance(cases, Mapping):
+        unknown = [name for name in cases if name not in ZOO]
+        if unknown:
+            raise ValueError(f"unknown zoo cases {unknown}; known: {sorted(ZOO)}")
+        cases = {name: ZOO[name] for name in cases}
+    rows = []
+    for name, case in cases.items():
+        graph = plan_training(case.build, case.shape, optimizer=case.optimizer, input_dtype=case.input_dtype)
+        raw = {int(b): graph.required_bytes(int(b)) for b in batch_sizes}
+        if calibrate:
+            graph.calibrate()
+        for b, plain in raw.items():
+            try:
+                real = _allocator_peak(case, b)
+            except (RuntimeError, ValueError):  # e.g. BatchNorm1d cannot train on a batch of one
+                real = float("nan")
+            predicted = graph.required_bytes(b)
+            rows.append({"model": name, "batch_size": b, "predicted": predicted, "allocator": real,
+                         "error": (predicted - real) / real, "uncalibrated_predicted": plain,
+                         "uncalibrated_error": (plain - real) / real, "margin": graph.default_margin})
+    return pd.DataFrame(rows)
