@@ -45,12 +45,24 @@ CONSISTENT = "Consistency, not evidence: the plan's peak"
 CUDA_TARGET = "Prediction within 5% on CUDA"
 
 
-def test_known_before_execution_is_judged_only_against_the_cuda_allocator():
+def _allocator_errors(errors, tracker_errors=None, allocator="cpu allocator (torch.profiler)"):
+    tracker_errors = tracker_errors if tracker_errors is not None else [0.0] * len(errors)
+    return {"prediction_error": pd.DataFrame({
+        "model": "mlp", "batch_size": range(1, len(errors) + 1), "error": tracker_errors, "meter": TRACKER,
+        "allocator_error": errors, "allocator": allocator})}
+
+
+def test_known_before_execution_is_judged_only_against_the_allocator():
     # at_most(0.01, partly=0.05) on the worst |error|; the sign of an error does not matter
     cases = {0.01: "reproduced", -0.05: "partly", 0.0501: "not reproduced"}
     for error, expected in cases.items():
+        # records from before the allocator column: the CUDA rows' error (the caching allocator)
         assert verdict(KNOWN, _errors([0.0, error], ALLOCATOR), device_class="gpu") == expected
-    # On CPU the only measure shares the plan's counting rule: never a verdict on the paper
+        # on CPU too, against AllocatorMeter's count (the c10 allocator): never the tracker's column
+        assert verdict(KNOWN, _allocator_errors([0.0, error], tracker_errors=[0.0, 0.0])) == expected
+    assert verdict(KNOWN, _allocator_errors([0.0, 0.0], tracker_errors=[0.3, 0.3])) == "reproduced"
+    assert measured(KNOWN, _allocator_errors([0.02, -0.3])) == pytest.approx(0.3)
+    # a CPU run measured only by the tracker (its counting rule is the plan's): never a verdict on the paper
     tracked = _errors([0.0, 0.2], TRACKER)
     assert verdict(KNOWN, tracked) == "not run at this scale"
     assert verdict(KNOWN, {}) == "not run at this scale"

@@ -10,6 +10,10 @@ def test_prediction_table_names_its_meter(one_thread):
     assert set(df["meter"]) == {"live-storage tracker"} and df["affine"].all()
     assert (df["error"].abs() < 0.01).all()
     assert cgx.meter_name("cuda:0") == "cuda allocator" and cgx.meter_name("cpu") == "live-storage tracker"
+    # beside the tracker, the independent measure: AllocatorMeter's count of the same run
+    assert set(df["allocator"]) == {"cpu allocator (torch.profiler)"}
+    assert (df["allocator_bytes"] > 0).all()
+    assert (df["allocator_error"] == (df["predicted_bytes"] - df["allocator_bytes"]) / df["allocator_bytes"]).all()
 
 
 def test_calcheap_layout_is_the_static_size_at_batch_10000():
