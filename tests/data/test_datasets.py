@@ -9,42 +9,6 @@ from workbench.data import (
     ImageSet, load_cifar10, load_cifar100, load_digits, load_mnist, make_loader, normalize,
     synthetic_images,
 )
-from workbench.devices import environment, pick_device, seed_everything
-from workbench.models import MLP, resnet18, resnet34, resnet50
-
-
-@pytest.mark.parametrize("factory,params", [
-    (resnet18, 11_689_512), (resnet34, 21_797_672), (resnet50, 25_557_032),
-])
-def test_imagenet_resnets_have_the_reference_parameter_counts(factory, params):
-    model = factory(1000, stem="imagenet")
-    assert sum(p.numel() for p in model.parameters()) == params
-    assert model.as_sequential() is model
-
-
-def test_cifar_resnet18_is_a_flat_sequence():
-    model = resnet18(10)
-    names = [name for name, _ in model.named_children()]
-    assert names[:3] == ["conv1", "bn1", "relu"] and names[-3:] == ["avgpool", "flatten", "fc"]
-    assert len(names) == 3 + 8 + 3
-    x = torch.randn(2, 3, 32, 32)
-    out = x
-    for layer in model:
-        out = layer(out)
-    torch.testing.assert_close(out, model(x))
-    assert out.shape == (2, 10)
-
-
-def test_bad_model_arguments():
-    with pytest.raises(ValueError, match="stem must be one of"):
-        resnet18(stem="tiny")
-    with pytest.raises(ValueError, match="width must be >= 1"):
-        resnet50(width=0)
-    narrow = resnet34(width=16)
-    assert narrow.fc.in_features == 16 * 8 and narrow(torch.randn(1, 3, 32, 32)).shape == (1, 10)
-    with pytest.raises(ValueError, match="activation must be one of"):
-        MLP(activation="swish")
-    assert MLP()(torch.randn(5, 1, 28, 28)).shape == (5, 10)
 
 
 def test_digits_are_real_uint8_images():
@@ -137,19 +101,3 @@ def test_missing_dataset_says_where_to_put_it(tmp_path):
         load_cifar10(tmp_path)
     with pytest.raises(FileNotFoundError, match="mnist"):
         load_mnist(tmp_path)
-
-
-def test_devices(monkeypatch):
-    monkeypatch.setenv("WORKBENCH_DEVICE", "cpu")
-    assert pick_device() == torch.device("cpu")
-    with pytest.raises(ValueError, match="not supported"):
-        pick_device("meta")
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="CUDA is not available"):
-            pick_device("cuda")
-    env = environment("cpu")
-    assert {"torch", "device_name", "threads", "cpu_model", "git_commit"} <= set(env)
-    seed_everything(3)
-    a = torch.rand(3)
-    seed_everything(3)
-    assert torch.equal(a, torch.rand(3))

@@ -2,7 +2,7 @@
 loses nothing, and every value on the index page is escaped.
 
 Runner tests replace papermill's executor by an in-process fake (the runner's logic is what is under
-test; tests/test_foundation_report.py runs real kernels).
+test; tests/report/test_runner.py runs real kernels).
 """
 
 import errno
