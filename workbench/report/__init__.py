@@ -9,8 +9,8 @@ folder's `run.json` and `results.json`, plus `reports/index.html` linking the pr
 
 from .index import write_index
 from .ledger import (
-    CHECK, DEVICE_CLASSES, SOURCES, VERDICTS, Claim, Ledger, Measured, Rule, at_least, at_most, between,
-    device_class, format_value, judge, ledger_html, tally, within,
+    CHECK, DEVICE_CLASSES, SOURCES, VERDICTS, Claim, Ledger, Measured, Records, Rule, at_least, at_most, between,
+    device_class, finite, format_value, judge, ledger_html, record_frame, tally, within,
 )
 from .results import (
     KERNEL_NAME, PAPERS, PROFILES, RESERVED, Paper, UsageError, capture_parameters, notebook_repository,
@@ -20,7 +20,8 @@ from .runner import available_notebooks, build_reports, load_profile
 
 __all__ = [
     "PROFILES", "KERNEL_NAME", "RESERVED", "VERDICTS", "CHECK", "SOURCES", "DEVICE_CLASSES", "Rule", "at_least",
-    "at_most", "within", "between", "Ledger", "tally", "Claim", "Measured", "judge", "device_class",
+    "at_most", "within", "between", "Ledger", "tally", "Claim", "Measured", "Records", "judge",
+    "record_frame", "finite", "device_class",
     "format_value", "ledger_html", "capture_parameters", "save_results", "UsageError", "available_notebooks",
     "load_profile",
     "build_reports", "write_index", "Paper", "PAPERS", "paper_citation", "notebook_repository",

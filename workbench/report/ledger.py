@@ -19,7 +19,8 @@ import pandas as pd
 
 __all__ = [
     "VERDICTS", "CHECK", "SOURCES", "DEVICE_CLASSES", "Rule", "at_least", "at_most", "within", "between",
-    "Ledger", "tally", "Claim", "Measured", "judge", "device_class", "format_value", "ledger_html",
+    "Ledger", "tally", "Claim", "Measured", "Records", "judge",
+    "record_frame", "finite", "device_class", "format_value", "ledger_html",
 ]
 
 # Verdicts of paper claims and targets, best first; "inconclusive" when the spread straddles a threshold;
@@ -284,6 +285,23 @@ class Measured:
 
 
 Records = Mapping[str, pd.DataFrame]
+
+
+def record_frame(records: Records, name: str) -> pd.DataFrame | None:
+    """The record `name` when this run saved it with at least one row, else None (a claim's `measure`
+    then returns None: not measured in this run)."""
+    df = records.get(name)
+    return df if isinstance(df, pd.DataFrame) and len(df) else None
+
+
+def finite(value) -> float | None:
+    """`value` as a float, or None when it is missing or NaN (JSON stores NaN as null)."""
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
 MeasureFn = Callable[[Records, Mapping], "Measured | None"]
 
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from workbench.measure import format_bytes
-from workbench.report import Claim, Ledger, Measured, at_least, at_most, judge, within
+from workbench.report import Claim, Ledger, Measured, Records, at_least, at_most, judge, record_frame, within
 
 from .peers import PLAN, TRUTH
 from .prediction import ALLOCATORS, METERS, PAPER_HEAP_BATCH
@@ -35,17 +35,11 @@ from .single_model import max_accuracy_difference
 __all__ = ["CLAIMS", "PAPER_HEAP_BYTES", "ledger"]
 
 PAPER_HEAP_BYTES = 83e6  # Section 4.3: "for a batch size of 10,000, we need a CalcHeap of 83MB"
-Records = Mapping[str, pd.DataFrame]
 _MLP = "MLP 784-64-64-10, Adam"
 _NO_TENSORFLOW = ("TensorFlow is not part of this workbench: it is not installed and the experiments are "
                   "PyTorch only (no TensorFlow version of the paper's MLP)")
 _SAME_RULE = ("the plan, MemoryMeter's CPU tracker and the budget guard count live storages with one rule "
               "(workbench.measure.LiveStorageMode)")
-
-
-def _frame(records: Records, name: str) -> pd.DataFrame | None:
-    df = records.get(name)
-    return df if isinstance(df, pd.DataFrame) and len(df) else None
 
 
 def _mib(values) -> str:
@@ -67,7 +61,7 @@ def _spread(lo: float, hi: float) -> tuple[float, float] | None:
 
 def _prediction(meter: str, absent: str):
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _frame(records, "prediction_error")
+        df = record_frame(records, "prediction_error")
         if df is None:
             return None
         rows = df[df["meter"] == meter] if "meter" in df else df.iloc[0:0]
@@ -85,7 +79,7 @@ def _prediction(meter: str, absent: str):
 def _known_before_execution(records: Records, params: Mapping) -> Measured | None:
     """The plan against the allocator (`allocator_error`); records from before that column existed
     fall back to the CUDA rows' `error` (the caching allocator there too)."""
-    df = _frame(records, "prediction_error")
+    df = record_frame(records, "prediction_error")
     if df is None:
         return None
     if "allocator_error" not in df:
@@ -106,7 +100,7 @@ def _known_before_execution(records: Records, params: Mapping) -> Measured | Non
 
 
 def _calcheap(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "calcheap")
+    df = record_frame(records, "calcheap")
     if df is None or int(df["batch_size"].iloc[0]) != PAPER_HEAP_BATCH:
         return None
     return Measured(float(df["static_bytes"].sum()), scale=(
@@ -124,7 +118,7 @@ def _data_scale(df: pd.DataFrame) -> str:
 
 
 def _accuracy_difference(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "accuracy")
+    df = record_frame(records, "accuracy")
     if df is None:
         return None
     return Measured(max_accuracy_difference(df), scale=(
@@ -133,7 +127,7 @@ def _accuracy_difference(records: Records, params: Mapping) -> Measured | None:
 
 
 def _single(records: Records) -> tuple[pd.Series, pd.Series, pd.DataFrame] | None:
-    df = _frame(records, "single_model")
+    df = record_frame(records, "single_model")
     if df is None:
         return None
     by = df.set_index("framework")
@@ -166,7 +160,7 @@ def _time_ratio(records: Records, params: Mapping) -> Measured | None:
 
 
 def _ran(records: Records) -> pd.DataFrame | None:
-    df = _frame(records, "many_models")
+    df = record_frame(records, "many_models")
     if df is None or "speedup" not in df:
         return None
     ran = df[df["run"].astype(bool) & df["speedup"].notna()]
@@ -226,7 +220,7 @@ def _switch_target(records: Records, params: Mapping) -> Measured | None:
 
 
 def _parallel(records: Records) -> pd.DataFrame | None:
-    df = _frame(records, "parallel")
+    df = record_frame(records, "parallel")
     return df if df is not None and "pytorch_models" in df else None
 
 
@@ -255,7 +249,7 @@ def _plan_vs_layout(records: Records, params: Mapping) -> Measured | None:
 
 
 def _peers(records: Records) -> tuple[pd.Series, pd.Series, str] | None:
-    df = _frame(records, "peers")
+    df = record_frame(records, "peers")
     if df is None:
         return None
     by = df.set_index("method")

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from workbench.measure import format_bytes
-from workbench.report import Claim, Ledger, Measured, at_most, between, judge, within
+from workbench.report import Claim, Ledger, Measured, Records, at_most, between, finite, judge, record_frame, within
 
 from .memory import LABELS
 from .timing import contiguity_ratio
@@ -31,26 +31,13 @@ __all__ = ["CLAIMS", "PAPER_DEPTH", "BASE_DEPTH", "ledger"]
 
 PAPER_DEPTH = 160  # Section 5: the deepest naive model in 12 GB, and the depth of the "22%" and "10x" claims
 BASE_DEPTH = 40  # Section 5: "roughly 10 times as much as a 40 layer network"
-Records = Mapping[str, pd.DataFrame]
 _FEATURE_MAPS = ("Memory is the peak of one training step's live tensors (MemoryMeter) with gradient buffers "
                  "allocated before: feature maps + workspace; parameters and gradients, identical in every form "
                  "and under 1% at the paper's batch of 64, are left out of the ratios.")
 
 
-def _frame(records: Records, name: str) -> pd.DataFrame | None:
-    df = records.get(name)
-    return df if isinstance(df, pd.DataFrame) and len(df) else None
-
-
-def _number(value) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return None if math.isnan(value) else value
-
-
 def _row(records: Records, name: str, **where) -> pd.Series | None:
-    df = _frame(records, name)
+    df = record_frame(records, name)
     if df is None or any(k not in df for k in where):
         return None
     for k, v in where.items():
@@ -60,7 +47,7 @@ def _row(records: Records, name: str, **where) -> pd.Series | None:
 
 def _peak(records: Records, form: str, depth: int, column: str = "activation_peak_bytes") -> float | None:
     row = _row(records, "memory", form=form, depth=depth)
-    return None if row is None else _number(row[column])
+    return None if row is None else finite(row[column])
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -81,7 +68,7 @@ def _sweep_scale(records: Records) -> str:
 def _exponent(form: str):
     def measure(records: Records, params: Mapping) -> Measured | None:
         row = _row(records, "fits", form=form)
-        value = None if row is None or _frame(records, "memory") is None else _number(row["local_exponent"])
+        value = None if row is None or record_frame(records, "memory") is None else finite(row["local_exponent"])
         if value is None:
             return None
         return Measured(value, scale=_sweep_scale(records) + ", two deepest points")
@@ -116,7 +103,7 @@ def _per_block(records: Records, params: Mapping) -> Measured | None:
 
 def _budget_ratio(records: Records, params: Mapping) -> Measured | None:
     row = _row(records, "budget", form="shared_max")
-    value = None if row is None or _frame(records, "memory") is None else _number(row["depth_ratio"])
+    value = None if row is None or record_frame(records, "memory") is None else finite(row["depth_ratio"])
     if value is None:
         return None
     capped = bool(row["limited_by_sweep"])
@@ -135,7 +122,7 @@ def _extrapolated(form: str, column: str, *, also: str | None = None, also_label
     gives the same verdict. A search that hit its depth limit reaches up to +inf as well."""
     def measure(records: Records, params: Mapping) -> Measured | None:
         row = _row(records, "at_scale", form=form)
-        value = None if row is None or _frame(records, "memory") is None else _number(row[column])
+        value = None if row is None or record_frame(records, "memory") is None else finite(row[column])
         if value is None:
             return None
         scale = (f"extrapolated per sample from {_sweep_scale(records)} to batch {int(row['batch_size'])}, "
@@ -143,7 +130,7 @@ def _extrapolated(form: str, column: str, *, also: str | None = None, also_label
                  "context, cuDNN workspace or fragmentation), so an upper bound on depth")
         other = None if also is None else _row(records, "at_scale", form=also)
         if other is not None:
-            scale += f"; {also_label or also}: {_fmt(_number(other[column]), ',.0f')}"
+            scale += f"; {also_label or also}: {_fmt(finite(other[column]), ',.0f')}"
         return Measured(value, spread=(-math.inf, math.inf if bool(row["capped"]) else value), scale=scale)
     return measure
 
@@ -173,7 +160,7 @@ def _param_ratio(records: Records, params: Mapping) -> Measured | None:
 def _time_ratio(form: str, to: str):
     def measure(records: Records, params: Mapping) -> Measured | None:
         r = _row(records, "timing", form=form)
-        value = None if r is None or f"ratio_to_{to}" not in r else _number(r[f"ratio_to_{to}"])
+        value = None if r is None or f"ratio_to_{to}" not in r else finite(r[f"ratio_to_{to}"])
         if value is None:
             return None
         return Measured(value, spread=(float(r[f"ratio_to_{to}_min"]), float(r[f"ratio_to_{to}_max"])), scale=(
@@ -184,7 +171,7 @@ def _time_ratio(form: str, to: str):
 
 def _bn_share(records: Records, params: Mapping) -> Measured | None:
     r = _row(records, "bn_share", variant="with BN")
-    value = None if r is None or "bn_forward_share" not in r else _number(r["bn_forward_share"])
+    value = None if r is None or "bn_forward_share" not in r else finite(r["bn_forward_share"])
     if value is None:
         return None
     return Measured(value, spread=(float(r["bn_forward_share_min"]), float(r["bn_forward_share_max"])), scale=(
@@ -194,7 +181,7 @@ def _bn_share(records: Records, params: Mapping) -> Measured | None:
 
 
 def _contiguity(records: Records, params: Mapping) -> Measured | None:
-    conv = _frame(records, "conv")
+    conv = record_frame(records, "conv")
     if conv is None or not (conv["layout"] == "non-contiguous").any():
         return None
     value, lo, hi = contiguity_ratio(conv)
@@ -206,7 +193,7 @@ def _contiguity(records: Records, params: Mapping) -> Measured | None:
 
 
 def _parity(records: Records, params: Mapping) -> Measured | None:
-    p = _frame(records, "parity")
+    p = record_frame(records, "parity")
     if p is None:
         return None
     r = p.iloc[0]
@@ -216,7 +203,7 @@ def _parity(records: Records, params: Mapping) -> Measured | None:
 
 
 def _same_parameters(records: Records, params: Mapping) -> Measured | None:
-    m = _frame(records, "memory")
+    m = record_frame(records, "memory")
     if m is None:
         return None
     distinct = m.dropna(subset=["params"]).groupby("depth")["params"].nunique()

@@ -15,20 +15,14 @@ from collections.abc import Callable, Mapping
 
 import pandas as pd
 
-from workbench.report import Claim, Ledger, Measured, at_most, between, judge, within
+from workbench.report import Claim, Ledger, Measured, Records, at_most, between, judge, record_frame, within
 
 from .dataflow import ENCODED_FORMS, exact_capacity
 from .planning import smallest_layer_rank
 
 __all__ = ["CLAIMS", "ledger"]
 
-Records = Mapping[str, pd.DataFrame]
 R50 = "resnet50"  # the model of the Fig 10 text; its rows read "not run at this scale" when it was not run
-
-
-def _frame(records: Records, name: str) -> pd.DataFrame | None:
-    df = records.get(name)
-    return None if df is None or len(df) == 0 else df
 
 
 def _width(value) -> str:
@@ -74,7 +68,7 @@ def _fig11_scale(df: pd.DataFrame) -> str:
 def _sc(variant: str, column: str, spread: tuple[str, str] | None = None, note: str = "") -> Callable:
     """A column of one Fig 8 variant (sc_summary), with its spread columns."""
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _frame(records, "sc_summary")
+        df = record_frame(records, "sc_summary")
         if df is None or variant not in set(df.variant):
             return None
         row = df.set_index("variant").loc[variant]
@@ -84,7 +78,7 @@ def _sc(variant: str, column: str, spread: tuple[str, str] | None = None, note: 
 
 
 def _units_in_blocks(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "sc_summary")
+    df = record_frame(records, "sc_summary")
     if df is None or not {"S-C optimal", "S-C optimal, block boundaries"} <= set(df.variant):
         return None
     peak = df.set_index("variant").peak_bytes
@@ -96,7 +90,7 @@ def _prediction_errors(records: Records) -> tuple[pd.Series, str] | None:
     parts, scales = [], []
     for name, scale in (("planner_pareto", _pareto_scale), ("sc_summary", _sc_scale),
                         ("fig11_checkpoint_position", _fig11_scale)):
-        df = _frame(records, name)
+        df = record_frame(records, name)
         if df is not None:
             parts.append(pd.to_numeric(df.prediction_error, errors="coerce").dropna())
             scales.append(scale(df))
@@ -119,7 +113,7 @@ def _worst_prediction_error(records: Records, params: Mapping) -> Measured | Non
 def _fig10(pipeline: str, model: str | None = R50) -> Callable:
     """Fig 10's peak ratio against B of `pipeline` for `model` (None: the lowest over the models run)."""
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _frame(records, "fig10_pipeline_memory")
+        df = record_frame(records, "fig10_pipeline_memory")
         if df is None:
             return None
         rows = df[(df.pipeline == pipeline) & ((df.model == model) if model else True)]
@@ -132,7 +126,7 @@ def _fig10(pipeline: str, model: str | None = R50) -> Callable:
 
 
 def _encoded_saving(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "encoded_bytes")
+    df = record_frame(records, "encoded_bytes")
     if df is None:
         return None
     exact = df[df.form.isin(ENCODED_FORMS)]
@@ -142,7 +136,7 @@ def _encoded_saving(records: Records, params: Mapping) -> Measured | None:
 
 
 def _int64_size(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "encoded_bytes")
+    df = record_frame(records, "encoded_bytes")
     if df is None:
         return None
     return Measured(float(df.set_index("form").size_vs_uint8["int64"]),
@@ -153,7 +147,7 @@ def _capacity(scheme: str, claimed: int) -> Callable:
     """The most images per element `scheme` round-trips exactly; measured once the study went past the
     claim or saw the scheme fail (a smaller study that stays exact throughout cannot tell)."""
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _frame(records, "encoding_capacity")
+        df = record_frame(records, "encoding_capacity")
         if df is None or scheme not in set(df.scheme):
             return None
         tried = int(df[df.scheme == scheme].per_element.max())
@@ -167,7 +161,7 @@ def _capacity(scheme: str, claimed: int) -> Callable:
 def _fig9(value: Callable[[pd.DataFrame], float], spread: Callable[[pd.DataFrame], float] | None = None) -> Callable:
     """A value of Fig 9's summary (last epoch per pipeline, indexed by pipeline), with a second estimator."""
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _frame(records, "fig9_summary")
+        df = record_frame(records, "fig9_summary")
         if df is None:
             return None
         last = df.set_index("pipeline")
@@ -185,12 +179,12 @@ def _acc_gap(name: str) -> Callable[[pd.DataFrame], float]:
 
 
 def _smallest_rank(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "fig11_checkpoint_position")
+    df = record_frame(records, "fig11_checkpoint_position")
     return None if df is None else Measured(smallest_layer_rank(df), scale=_fig11_scale(df))
 
 
 def _optimal_vs_uniform_time(records: Records, params: Mapping) -> Measured | None:
-    df, pareto = _frame(records, "planner_optimal_vs_uniform"), _frame(records, "planner_pareto")
+    df, pareto = record_frame(records, "planner_optimal_vs_uniform"), record_frame(records, "planner_pareto")
     if pareto is None:
         return None
     differ = df[df.differ.astype(bool)] if df is not None else pd.DataFrame()
@@ -202,7 +196,7 @@ def _optimal_vs_uniform_time(records: Records, params: Mapping) -> Measured | No
 
 
 def _optimal_vs_uniform_predicted(records: Records, params: Mapping) -> Measured | None:
-    df, pareto = _frame(records, "planner_optimal_vs_uniform"), _frame(records, "planner_pareto")
+    df, pareto = record_frame(records, "planner_optimal_vs_uniform"), record_frame(records, "planner_pareto")
     if df is None or pareto is None:
         return None
     return Measured(float(df.predicted_recompute_ratio.max()),
@@ -211,7 +205,7 @@ def _optimal_vs_uniform_predicted(records: Records, params: Mapping) -> Measured
 
 def _peer(column: str, spread: bool = False) -> Callable:
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df, peer = _frame(records, "peer_comparison"), _frame(records, "peer")
+        df, peer = record_frame(records, "peer_comparison"), record_frame(records, "peer")
         if df is None or peer is None:
             return Measured(None, scale="peer not run (peer_fractions is empty)")
         lo_hi = (df.time_ratio_lo.max(), df.time_ratio_hi.max()) if spread else None
@@ -221,7 +215,7 @@ def _peer(column: str, spread: bool = False) -> Callable:
 
 
 def _sbs_shares(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "selective_shares")
+    df = record_frame(records, "selective_shares")
     if df is None:
         return None
     drawn = int(df.batch_size.iloc[0]) * int(df.num_batches.iloc[0])
@@ -231,7 +225,7 @@ def _sbs_shares(records: Records, params: Mapping) -> Measured | None:
 
 
 def _sbs_encoded(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "selective_batches")
+    df = record_frame(records, "selective_batches")
     if df is None:
         return None
     return Measured(float(df.max_diff_vs_unencoded.max()), scale=f"{len(df)} batches")

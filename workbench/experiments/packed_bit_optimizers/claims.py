@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 import pandas as pd
 
-from workbench.report import Claim, Ledger, Measured, at_least, at_most, between, judge, within
+from workbench.report import Claim, Ledger, Measured, Records, at_least, at_most, between, judge, record_frame, within
 
 from .accuracy import paired_gap
 from .bench import find_row, saving_ceiling
@@ -23,14 +23,8 @@ from .steps import rounds_ratio
 
 __all__ = ["CLAIMS", "ledger"]
 
-Records = Mapping[str, pd.DataFrame]
 _HARD = "synthetic (harder)"
 _TORCH = "torch AdamW fused (fp32)"
-
-
-def _get(records: Records, name: str) -> pd.DataFrame | None:
-    df = records.get(name)
-    return df if isinstance(df, pd.DataFrame) and len(df) else None
 
 
 # ------------------------------------------------------------------------------ memory (Fig 2, Table 3)
@@ -47,7 +41,7 @@ def _mem_scale(df: pd.DataFrame, params: Mapping) -> str:
 
 def _fig2(per_param: bool) -> Callable[[Records, Mapping], Measured | None]:
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _get(records, "memory")
+        df = record_frame(records, "memory")
         amp = find_row(df, format="amp", step_in_backward=False)
         ours = find_row(df, format="fp16+8", step_in_backward=True)
         if amp is None or ours is None:
@@ -60,7 +54,7 @@ def _fig2(per_param: bool) -> Callable[[Records, Mapping], Measured | None]:
 
 def _table3_memory(baseline: str) -> Callable[[Records, Mapping], Measured | None]:
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _get(records, "memory_resnet18")
+        df = record_frame(records, "memory_resnet18")
         base = find_row(df, format=baseline, step_in_backward=False)
         ours = find_row(df, format="fp16+8", step_in_backward=True)
         if base is None or ours is None:
@@ -93,7 +87,7 @@ def _acc_scale(df: pd.DataFrame, params: Mapping) -> str:
 def _gap(which: str, first: str, second: str) -> Callable[[Records, Mapping], Measured | None]:
     """accuracy(first) - accuracy(second) in points: mean over seeds, spread lowest..highest seed."""
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _get(records, "accuracy")
+        df = record_frame(records, "accuracy")
         if df is None:
             return None
         regime = _regime(which, params)
@@ -108,7 +102,7 @@ def _gap(which: str, first: str, second: str) -> Callable[[Records, Mapping], Me
 def _paper_scale_accuracy(fmt: str) -> Callable[[Records, Mapping], Measured | None]:
     """Top-1 accuracy (%) of ``fmt`` only when the run is Table 3's (ResNet-18 on CIFAR-10)."""
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _get(records, "accuracy")
+        df = record_frame(records, "accuracy")
         if df is None or params.get("acc_dataset") != "cifar10" or params.get("acc_model") != "resnet18":
             return None
         sub = df[(df["regime"] == "cifar10") & (df["format"] == fmt)]
@@ -128,7 +122,7 @@ def _fused(name: str, params: Mapping) -> str:
 
 
 def _speed_scale(records: Records, params: Mapping) -> str:
-    acc, df = _get(records, "accuracy"), _get(records, "step_time")
+    acc, df = record_frame(records, "accuracy"), record_frame(records, "step_time")
     hard = None if acc is None else acc[acc["regime"] == _HARD]
     task = hard["task"].iloc[0] if hard is not None and len(hard) and "task" in hard else "the harder task's model"
     fp32 = find_row(df, format="fp32")
@@ -142,7 +136,7 @@ def _vs_amp(fmt: Callable[[Mapping], str], time_saved: bool) -> Callable[[Record
     """From ``speedup_vs_amp`` (AMP time / the format's time): time saved (1 - 1/s) or AMP's speed
     over the format's (1/s)."""
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _get(records, "step_time")
+        df = record_frame(records, "step_time")
         row = find_row(df, format=fmt(params))
         if row is None or "speedup_vs_amp" not in row:
             return None
@@ -157,7 +151,7 @@ def _round_ratio(name: Callable[[Mapping], str], base: Callable[[Mapping], str],
     """Paired per-round ratio base time / name time: as time saved (1 - 1/r) or as a time ratio
     name / base (1/r)."""
     def measure(records: Records, params: Mapping) -> Measured | None:
-        rounds = _get(records, "step_time_rounds")
+        rounds = record_frame(records, "step_time_rounds")
         got = None if rounds is None else rounds_ratio(rounds, name(params), base(params))
         if got is None:
             return None
@@ -173,7 +167,7 @@ def _round_ratio(name: Callable[[Mapping], str], base: Callable[[Mapping], str],
 
 def _table2(memory: bool) -> Callable[[Records, Mapping], Measured | None]:
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _get(records, "fused_backward")
+        df = record_frame(records, "fused_backward")
         base = find_row(df, format="fp32", step_in_backward=False)
         sib = find_row(df, format="fp32", step_in_backward=True)
         if base is None or sib is None:
@@ -204,7 +198,7 @@ def _best_packed(df: pd.DataFrame, aligned: bool) -> pd.DataFrame:
 
 def _share_vs_torch(records: Records, params: Mapping) -> Measured | None:
     """Fig 3: the best byte-aligned packed step's bandwidth share over torch's fused AdamW's."""
-    df = _get(records, "throughput")
+    df = record_frame(records, "throughput")
     packed = None if df is None else _best_packed(df, aligned=True)
     if packed is None or packed.empty:
         return None
@@ -218,7 +212,7 @@ def _share_vs_torch(records: Records, params: Mapping) -> Measured | None:
 
 def _unaligned_vs_aligned(records: Records, params: Mapping) -> Measured | None:
     """Fig 3: the best non-byte-aligned k's bandwidth share over the best of k = 8/16 (None unless both run)."""
-    df = _get(records, "throughput")
+    df = record_frame(records, "throughput")
     if df is None:
         return None
     shares = [_best_packed(df, aligned=a)["bandwidth_fraction"] for a in (False, True)]
@@ -229,7 +223,7 @@ def _unaligned_vs_aligned(records: Records, params: Mapping) -> Measured | None:
 
 def _steps_vs_torch(records: Records, params: Mapping) -> Measured | None:
     """Our target: the best packed k = 8/16 step's steps/s over torch's fused AdamW (median steps)."""
-    df = _get(records, "throughput")
+    df = record_frame(records, "throughput")
     packed = None if df is None else _best_packed(df, aligned=True)
     if packed is None or packed.empty:
         return None
@@ -243,7 +237,7 @@ def _steps_vs_torch(records: Records, params: Mapping) -> Measured | None:
 
 
 def _errors(records: Records, panel: str) -> tuple[pd.Series, str] | None:
-    df = _get(records, "addition_error")
+    df = record_frame(records, "addition_error")
     sub = None if df is None else df[df["panel"] == panel]
     if sub is None or sub.empty:
         return None

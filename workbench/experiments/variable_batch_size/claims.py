@@ -19,13 +19,12 @@ named budget (20, 25, 30 MB) is read at the swept budget within 1 MB of it, else
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
-from workbench.report import Claim, Ledger, Measured, at_least, at_most, judge, within
+from workbench.report import Claim, Ledger, Measured, Records, at_least, at_most, finite, judge, record_frame, within
 
 from .budgets import LOOSE_MB, TIGHT_MB
 from .gains import PAPER_BUDGET_MB, TABLE_II, TABLE_III
@@ -33,23 +32,10 @@ from .tables import LABELS, PAPER_IMAGE_SIZE
 
 __all__ = ["CLAIMS", "PAPER_REQUEST", "ledger"]
 
-Records = Mapping[str, pd.DataFrame]
 PAPER_REQUEST = 12  # Section IV: "In all these experiments, the input request size is set to 12"
 _MIB = 2**20
 _GAIN = ("Section IV: 'the overall throughput gain, which is defined as the percentage reduction in per image "
          "inference time for our algorithm over the baseline': (t_FBS - t_VBS) / t_FBS x 100, at most 100%.")
-
-
-def _frame(records: Records, name: str) -> pd.DataFrame | None:
-    df = records.get(name)
-    return df if isinstance(df, pd.DataFrame) and len(df) else None
-
-
-def _number(value) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return None if math.isnan(value) else value
 
 
 def _scale(params: Mapping) -> str:
@@ -59,7 +45,7 @@ def _scale(params: Mapping) -> str:
 
 
 def _spread(params: Mapping, lo, hi) -> tuple[float, float] | None:
-    lo, hi = _number(lo), _number(hi)
+    lo, hi = finite(lo), finite(hi)
     return (lo, hi) if params.get("exec_repeats", 1) > 1 and lo is not None and hi is not None else None
 
 
@@ -67,17 +53,17 @@ def _spread(params: Mapping, lo, hi) -> tuple[float, float] | None:
 
 
 def _fig1(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "time_vs_batch")
+    df = record_frame(records, "time_vs_batch")
     if df is None or "resnet50" not in set(df.network):
         return None
     r = df[df.network == "resnet50"].sort_values("batch")
-    return Measured(_number(r.relative_to_batch_1.iloc[-1]),
+    return Measured(finite(r.relative_to_batch_1.iloc[-1]),
                     scale=f"ResNet-50, batches 1-{int(r.batch.max())}; {_scale(params)}")
 
 
 def _fig2(end: str):
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _frame(records, "layer_memory")
+        df = record_frame(records, "layer_memory")
         paper_scale = params.get("image_size") == PAPER_IMAGE_SIZE and params.get("width") == 1.0
         if df is None or not paper_scale or set(df.network) != {"resnet50"}:
             return None  # the MB of Fig 2 exist only at 224x224 and full width
@@ -91,12 +77,12 @@ def _fig2(end: str):
 
 def _table_ii(network: str, label: str):
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _frame(records, "table_ii")
+        df = record_frame(records, "table_ii")
         if df is None or network not in set(df.network) or f"executed_{label}_pct" not in df:
             return None
         row = df.set_index("network").loc[network]
         where = f"< {TIGHT_MB:g}" if label == "tight" else f"> {LOOSE_MB:g}"
-        return Measured(_number(row[f"executed_{label}_pct"]),
+        return Measured(finite(row[f"executed_{label}_pct"]),
                         spread=_spread(params, row.get(f"executed_{label}_lo"), row.get(f"executed_{label}_hi")),
                         scale=f"{network}, max over {int(row[f'points_{label}'])} budgets {where} paper-equivalent "
                               f"MB; {_scale(params)}")
@@ -104,16 +90,16 @@ def _table_ii(network: str, label: str):
 
 
 def _shrink(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "table_ii")
+    df = record_frame(records, "table_ii")
     if df is None or "executed_tight_pct" not in df or "executed_loose_pct" not in df:
         return None
     diff = (df.executed_tight_pct - df.executed_loose_pct).dropna()
-    return Measured(_number(diff.mean()) if len(diff) else None,
+    return Measured(finite(diff.mean()) if len(diff) else None,
                     scale=f"mean over {len(diff)} networks; {_scale(params)}")
 
 
 def _fig7_faster(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "gains")
+    df = record_frame(records, "gains")
     if df is None or "executed_gain_vs_fbs_pct" not in df:
         return None
     # NOTE: where the DP's plan is FBS's (predicted gain 0) executed differences are noise, not a claim
@@ -136,7 +122,7 @@ def _near(df: pd.DataFrame, mb: float) -> pd.DataFrame:
 
 def _fig7_batch(mb: float, method: str):
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _frame(records, "sweep")
+        df = record_frame(records, "sweep")
         if df is None or params.get("request") != PAPER_REQUEST:
             return None
         rows = _near(df[(df.network == "resnet50") & (df.request == PAPER_REQUEST)], mb)
@@ -155,7 +141,7 @@ def _fig7_batch(mb: float, method: str):
 
 
 def _requests(records: Records) -> pd.DataFrame | None:
-    return _frame(records, "requests")
+    return record_frame(records, "requests")
 
 
 def _vbs_beats_greedy(records: Records, params: Mapping) -> Measured | None:
@@ -194,7 +180,7 @@ def _greedy_beats_fbs(records: Records, params: Mapping) -> Measured | None:
 
 
 def _at_20mb(records: Records, name: str, params: Mapping) -> pd.DataFrame | None:
-    df = _frame(records, name)
+    df = record_frame(records, name)
     if df is None or params.get("request") != PAPER_REQUEST or set(df.network) != {"googlenet"}:
         return None
     return df if abs(float(df.paper_mb.iloc[0]) - PAPER_BUDGET_MB) <= 1.0 else None
@@ -207,13 +193,13 @@ def _fig9(what: str):
             return None
         scale = f"GoogLeNet at {df.paper_mb.iloc[0]:.1f} paper-equivalent MB; {_scale(params)}"
         if what == "fbs":
-            return Measured(_number(df.fbs_batch.iloc[0]), scale=scale)
+            return Measured(finite(df.fbs_batch.iloc[0]), scale=scale)
         if what == "inception_5b":
             row = df[df.name == "inception_5b"]
             return Measured(float(row.max_batch.iloc[0]), scale=scale) if len(row) else None
         ranks = df[["need_bytes_per_sample", "max_batch"]].rank()
         rho = ranks.need_bytes_per_sample.corr(ranks.max_batch)
-        return Measured(_number(rho), scale=f"{len(df)} main-path layers; {scale}")
+        return Measured(finite(rho), scale=f"{len(df)} main-path layers; {scale}")
     return measure
 
 
@@ -223,7 +209,7 @@ def _table_iii(method: str):
         if df is None:
             return None
         rows = df[df[f"paper_{method}_unused_fraction"].notna()]
-        return Measured(_number(rows[f"{method}_unused_fraction"].mean()) if len(rows) else None,
+        return Measured(finite(rows[f"{method}_unused_fraction"].mean()) if len(rows) else None,
                         scale=f"GoogLeNet at {df.paper_mb.iloc[0]:.1f} paper-equivalent MB, mean over the "
                               f"{len(rows)} layers Table III lists; {_scale(params)}")
     return measure
@@ -233,7 +219,7 @@ def _table_iii(method: str):
 
 
 def _worked(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "worked_example")
+    df = record_frame(records, "worked_example")
     if df is None:
         return None
     t = df.set_index("method").time_per_sample
@@ -241,18 +227,18 @@ def _worked(records: Records, params: Mapping) -> Measured | None:
 
 
 def _dp_vs_fbs(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "gains")
-    return None if df is None else Measured(_number(df.gain_vs_fbs_pct.min()), scale=_scale(params))
+    df = record_frame(records, "gains")
+    return None if df is None else Measured(finite(df.gain_vs_fbs_pct.min()), scale=_scale(params))
 
 
 def _outputs(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "sweep")
-    return None if df is None or "max_abs_diff" not in df else Measured(_number(df.max_abs_diff.max()),
+    df = record_frame(records, "sweep")
+    return None if df is None or "max_abs_diff" not in df else Measured(finite(df.max_abs_diff.max()),
                                                                          scale=_scale(params))
 
 
 def _fastest(records: Records, params: Mapping) -> Measured | None:
-    frames = [f for f in (_frame(records, "gains"), _frame(records, "requests")) if f is not None]
+    frames = [f for f in (record_frame(records, "gains"), record_frame(records, "requests")) if f is not None]
     if not frames:
         return None
     fastest = pd.concat(frames).fastest
@@ -261,7 +247,7 @@ def _fastest(records: Records, params: Mapping) -> Measured | None:
 
 
 def _planner(records: Records, params: Mapping) -> Measured | None:
-    df = _frame(records, "planner_timing")
+    df = record_frame(records, "planner_timing")
     if df is None:
         return None
     row = df[(df.layers == df.layers.max()) & (df.memory_units == df.memory_units.max())].iloc[0]
@@ -272,13 +258,13 @@ def _planner(records: Records, params: Mapping) -> Measured | None:
 
 def _agreement(column: str, spread: bool = True):
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _frame(records, "agreement")
+        df = record_frame(records, "agreement")
         if df is None or "vbs" not in set(df.method):
             return None
         row = df.set_index("method").loc["vbs"]
         stat = "max" if column.startswith("memory") else "median"
-        value = _number(row[f"{column}_{stat}"])
-        lo, hi = _number(row[f"{column}_min"]), _number(row[f"{column}_max"])
+        value = finite(row[f"{column}_{stat}"])
+        lo, hi = finite(row[f"{column}_min"]), finite(row[f"{column}_max"])
         return Measured(value, spread=(lo, hi) if spread and value is not None and lo is not None else None,
                         scale=f"{int(row.points)} budgets; {_scale(params)}")
     return measure
