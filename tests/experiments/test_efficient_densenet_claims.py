@@ -14,19 +14,17 @@ import workbench.experiments.efficient_densenet as bench
 from workbench.experiments.efficient_densenet import claims
 from workbench.report import CHECK, save_results
 
+from claim_rows import claim_row, claim_text
+
 TEXTS = [c.text for c in claims.CLAIMS]
 
 
 def _text(prefix: str) -> str:
-    found = [t for t in TEXTS if t.startswith(prefix)]
-    assert len(found) == 1, (prefix, found)
-    return found[0]
+    return claim_text(claims, prefix)
 
 
 def _verdict(prefix: str, records: dict, device_class: str = "gpu", verdicts: bool = True) -> dict:
-    ledger = claims.ledger(records, {}, device="test device", device_class=device_class, verdicts=verdicts)
-    text = _text(prefix)
-    return next(r for r in ledger.rows if r["claim"] == text)
+    return claim_row(claims, prefix, records, device_class=device_class, verdicts=verdicts)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,19 +15,17 @@ from workbench.data import ImageSet
 from workbench.experiments.optorch import claims
 from workbench.report import CHECK, save_results
 
+from claim_rows import claim_row, claim_text
+
 TEXTS = [c.text for c in claims.CLAIMS]
 
 
 def _text(prefix: str) -> str:
-    found = [t for t in TEXTS if t.startswith(prefix)]
-    assert len(found) == 1, (prefix, found)
-    return found[0]
+    return claim_text(claims, prefix)
 
 
 def _row(prefix: str, records: dict, device_class: str = "cpu", verdicts: bool = True) -> dict:
-    ledger = claims.ledger(records, {}, device="test device", device_class=device_class, verdicts=verdicts)
-    text = _text(prefix)
-    return next(r for r in ledger.rows if r["claim"] == text)
+    return claim_row(claims, prefix, records, device_class=device_class, verdicts=verdicts)
 
 
 def _verdict(prefix: str, records: dict, device_class: str = "cpu") -> str:

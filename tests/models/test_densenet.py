@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.models.densenet import FORMS, IMAGENET_BLOCKS, DenseNet, bc_depths, densenet_bc
+from densenet_cases import randomize_bn
 
 
 def _run(model: DenseNet, x: torch.Tensor, *, steps: int = 1):
@@ -24,18 +25,6 @@ def _run(model: DenseNet, x: torch.Tensor, *, steps: int = 1):
     grads = {n: p.grad for n, p in model.named_parameters()}
     return out.detach(), xg.grad, grads, {k: v.clone() for k, v in model.state_dict().items()}
 
-
-def _randomize_bn(model: DenseNet) -> DenseNet:
-    """Non-trivial BN statistics and affine terms: at the defaults (mean 0, var 1, bias 0) an
-    exactly-zero conv output stays exactly 0 through eval-mode BN and sits on the ReLU kink."""
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.3, 0.3)
-    return model
 
 
 def _forms_from(base: DenseNet, **kwargs) -> dict[str, DenseNet]:
@@ -62,7 +51,7 @@ def _assert_same(results: dict, **tol) -> None:
 def test_forms_match_naive(train: bool, dtype: torch.dtype) -> None:
     kwargs = dict(growth_rate=4, block_config=(2, 3), num_classes=5)
     torch.manual_seed(0)
-    base = _randomize_bn(DenseNet(**kwargs).to(dtype))
+    base = randomize_bn(DenseNet(**kwargs).to(dtype))
     x = torch.randn(3, 3, 8, 8, dtype=dtype)
     results = {}
     for form, model in _forms_from(base, **kwargs).items():
@@ -100,7 +89,7 @@ def test_forms_match_naive_property(growth, blocks, bottleneck, batch, size, tra
         blocks = blocks[:1]
     kwargs = dict(growth_rate=growth, block_config=tuple(blocks), bottleneck=bottleneck,
                   num_classes=3, small_inputs=small, compression=0.5 if bottleneck else 1.0)
-    base = _randomize_bn(DenseNet(**kwargs).double())
+    base = randomize_bn(DenseNet(**kwargs).double())
     x = torch.randn(batch, 3, size, size, dtype=torch.float64)
     results = {f: _run(m.train(train), x) for f, m in _forms_from(base, **kwargs).items()}
     _assert_same(results)
@@ -154,7 +143,7 @@ def test_no_grad_inference_matches() -> None:
 def test_forms_match_naive_on_cuda() -> None:
     kwargs = dict(growth_rate=4, block_config=(2, 3), num_classes=5)
     torch.manual_seed(0)
-    base = _randomize_bn(DenseNet(**kwargs)).double()
+    base = randomize_bn(DenseNet(**kwargs)).double()
     x = torch.randn(3, 3, 8, 8, dtype=torch.float64)
     results = {f: _run(m.cuda().train(), x.cuda(), steps=2)
                for f, m in _forms_from(base, **kwargs).items()}

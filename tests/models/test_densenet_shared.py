@@ -9,19 +9,8 @@ import torch
 
 from workbench.measure import MemoryMeter
 from workbench.models.densenet import DenseNet, densenet_bc
+from densenet_cases import randomize_bn
 
-
-def _randomize_bn(model: DenseNet) -> DenseNet:
-    """Non-trivial BN statistics and affine terms: at the defaults (mean 0, var 1, bias 0) an
-    exactly-zero conv output stays exactly 0 through eval-mode BN and sits on the ReLU kink."""
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.3, 0.3)
-    return model
 
 
 def _copy(base: DenseNet, **kwargs) -> DenseNet:
@@ -33,7 +22,7 @@ def _copy(base: DenseNet, **kwargs) -> DenseNet:
 @pytest.mark.parametrize("train", [True, False])
 def test_shared_function_gradcheck(train: bool) -> None:
     torch.manual_seed(0)
-    model = _randomize_bn(DenseNet(2, (3,), num_classes=2, memory="shared").double())
+    model = randomize_bn(DenseNet(2, (3,), num_classes=2, memory="shared").double())
     model.train(train)
     x = torch.randn(2, 3, 4, 4, dtype=torch.float64, requires_grad=True)
     layer = model.blocks[0].layers[1]  # the Function's own inputs: two features, BN, conv
