@@ -37,7 +37,7 @@ def allocator_peak(build, shape, batch_size) -> int:
 
 @pytest.fixture(scope="module")
 def lstm():
-    return plan_training(LSTMNet, LSTM_SHAPE), plan_training(LSTMNet, LSTM_SHAPE, calibrate=True)
+    return plan_training(LSTMNet, LSTM_SHAPE, calibrate=False), plan_training(LSTMNet, LSTM_SHAPE)
 
 
 def test_fake_tensors_miss_the_lstm_workspace_and_calibration_finds_it(lstm):
@@ -47,6 +47,7 @@ def test_fake_tensors_miss_the_lstm_workspace_and_calibration_finds_it(lstm):
         assert plain.required_bytes(b) < 0.75 * real  # the review's finding: 30-77% under
         error = (calibrated.required_bytes(b) - real) / real
         assert -0.03 <= error <= 0.05, (b, error)
+    assert calibrated.calibration is not None  # on CPU the default plan is calibrated
     assert (calibrated.calibration_error["error"].abs() < 0.02).all()
 
 
@@ -58,7 +59,8 @@ def test_lstm_max_batch_fits_the_budget_under_the_allocator(lstm):
     assert b >= 1
     assert graph.required_bytes(b) <= budget * (1 - graph.default_margin) < graph.required_bytes(b + 1)
     assert allocator_peak(LSTMNet, LSTM_SHAPE, b) <= budget
-    plain_answer = lstm[0].max_batch_size(budget)
+    with pytest.warns(UserWarning, match="not calibrated"):
+        plain_answer = lstm[0].max_batch_size(budget)
     assert plain_answer > b and allocator_peak(LSTMNet, LSTM_SHAPE, plain_answer) > budget  # why it was needed
 
 
@@ -77,8 +79,8 @@ def test_calibrated_bytes_are_their_own_zone_and_steps_are_reported(lstm):
 
 
 def test_batchnorm_scratch_is_calibrated():
-    plain = plan_training(bn_cnn, CNN_SHAPE)
-    graph = plan_training(bn_cnn, CNN_SHAPE, calibrate=True)
+    plain = plan_training(bn_cnn, CNN_SHAPE, calibrate=False)
+    graph = plan_training(bn_cnn, CNN_SHAPE)
     for b in (1, 8, 48):
         real = allocator_peak(bn_cnn, CNN_SHAPE, b)
         assert plain.required_bytes(b) < 0.9 * real
@@ -89,10 +91,34 @@ def test_calibration_skips_a_batch_the_model_refuses():
     def bn1d():
         return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
 
-    graph = plan_training(bn1d, (8,)).calibrate(sizes=(1, 2, 4), check=(8,))
+    graph = plan_training(bn1d, (8,), calibrate=False).calibrate(sizes=(1, 2, 4), check=(8,), refine=0)
     assert list(graph.calibration.sizes) == [2, 4] and "more than 1 value" in graph.calibration.skipped[1]
     with pytest.raises(ValueError, match=">= 2 distinct"):
         graph.calibrate(sizes=(2,))
     with pytest.raises(ValueError, match="real runs at >= 2"):
         graph.calibrate(sizes=(1, 2))
     assert torch.device("cpu") == graph.device
+
+
+def test_a_check_that_misses_joins_the_calibration_and_twice_it_is_checked(lstm):
+    plain, _ = lstm
+    graph = plan_training(LSTMNet, LSTM_SHAPE, calibrate=False).calibrate(
+        sizes=(1, 2), check=(4,), tolerance=(0.0, 0.0), refine=2)
+    table = graph.calibration_error
+    missed = table[table["error"] != 0]
+    assert list(table["refined"].unique()) == list(range(table["refined"].max() + 1))
+    for _, row in missed[missed["refined"] < 2].iterrows():  # a miss joins the sizes, twice it is checked next
+        assert row["batch_size"] in graph.calibration.sizes
+        assert (table[table["refined"] == row["refined"] + 1]["batch_size"] == 2 * row["batch_size"]).any()
+    assert table.iloc[-1]["calibrated_at"] == ", ".join(map(str, graph.calibration.sizes))
+    assert plain.calibration is None
+
+
+@pytest.mark.parametrize(("keyword", "value", "match"), [
+    ("tolerance", (0.01, 0.05), "tolerance"), ("tolerance", (-0.02, float("inf")), "tolerance"),
+    ("refine", -1, "refine"), ("refine", 1.5, "refine"), ("sizes", (4,), ">= 2 distinct"),
+])
+def test_calibration_refuses_bad_settings(lstm, keyword, value, match):
+    graph = plan_training(LSTMNet, LSTM_SHAPE, calibrate=False)
+    with pytest.raises(ValueError, match=match):
+        graph.calibrate(**{keyword: value})

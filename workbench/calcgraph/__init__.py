@@ -1,12 +1,13 @@
 """CalcGraph: "CalcGraph: taming the high costs of deep learning using models (2022)".
 
 A training step's memory is compiled before it runs (`plan_training`, Section 3.2): four zones,
-the peak for any batch size and the largest batch for a budget with zero trial runs. A
+the peak for any batch size and the largest batch for a budget with zero trial runs at that batch. A
 pre-allocated `Heap` holds parameters, gradients and optimizer state and switches models in
 and out with one copy per zone (Section 3.3); `train_many` trains many models in one budget
-(Sections 4.4-4.5). `BudgetGuard` makes a memory budget real on CPU for trial-based peers. A plan can be calibrated
-against the allocator (`plan_training(..., calibrate=True)`): the workspaces and scratch real
-kernels allocate beyond their fake tensors.
+(Sections 4.4-4.5). `BudgetGuard` makes a memory budget real on CPU for trial-based peers. On CPU a
+plan is calibrated against the allocator by default: the workspaces and scratch real kernels allocate
+beyond their fake tensors, measured in real steps at small batches (`calibrate=False`: the paper's
+plan, fake tensors alone).
 """
 
 from .guard import BudgetGuard, cuda_memory_budget

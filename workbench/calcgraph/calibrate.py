@@ -115,26 +115,32 @@ def _align(planned: Sequence[str], real: Sequence[str]) -> tuple[np.ndarray, np.
     return match, found
 
 
-def calibrate(
-    planned: _Trace, plan_sizes: Callable[[int], np.ndarray], program: Callable[[int, _Tracker], None],
-    sizes: Sequence[int],
-) -> Calibration:
+def observe(program: Callable[[int, _Tracker], None], size: int) -> _Observed | str:
+    """One real run of the training program at batch `size` under the allocator's events, or the
+    error with which the real step refused it (e.g. BatchNorm1d refuses a batch of one)."""
+    try:
+        return _observe(lambda tracker: program(size, tracker))
+    except _TraceError as error:
+        return str(error)
+
+
+def calibrate(planned: _Trace, plan_sizes: Callable[[int], np.ndarray], observed: dict[int, _Observed | str]
+              ) -> Calibration:
     """Fit the corrections to the plan (`planned`: its trace, `plan_sizes`: its allocation sizes at a
-    batch size) from real runs of `program` at `sizes` (>= 2 distinct small batch sizes).
+    batch size) from real runs `observed` at >= 2 distinct small batch sizes (see `observe`).
 
     # NOTE: fake tensors dispatch ops a real run does not (device queries, copies of fake constants),
     # so the steps' op calls and allocations are aligned by op name (difflib). A planned allocation the
     # real run lacks is removed (delta -size); a real allocation the plan lacks is added to the planned
     # allocation before it; a real call's scratch goes to the planned call it matches (or follows).
     """
-    if len(sizes) < 2 or len(set(sizes)) != len(sizes) or min(sizes) < 1:
-        raise ValueError(f"calibration needs >= 2 distinct batch sizes >= 1, got {tuple(sizes)}")
+    if len(observed) < 2 or min(observed) < 1:
+        raise ValueError(f"calibration needs >= 2 distinct batch sizes >= 1, got {tuple(sorted(observed))}")
     deltas, scratches, used, skipped = [], [], [], {}
-    for size in sorted(int(s) for s in sizes):
-        try:
-            real = _observe(lambda tracker, size=size: program(size, tracker))
-        except _TraceError as error:  # e.g. BatchNorm1d refuses a batch of one
-            skipped[size] = str(error)
+    for size in sorted(observed):
+        real = observed[size]
+        if isinstance(real, str):
+            skipped[size] = real
             continue
         p_alloc, p_call, p_ops, p_allocs = _steps(planned)
         r_alloc, r_call, r_ops, r_allocs = _steps(real.trace)

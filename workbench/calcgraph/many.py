@@ -149,7 +149,7 @@ def max_parallel_models(
         raise ValueError(f"memory_budget must be > 0 bytes, got {memory_budget}")
     if mode == "loop":
         graph = graph or plan_training(template, input_shape, loss=loss, optimizer=optimizer, lr=lr,
-                                       device=device, persistent_grads=True)
+                                       device=device, persistent_grads=True, calibrate=False)
         single, static = graph.required_bytes(batch_size), graph.persistent_bytes()
 
         def need(k: int) -> int:
@@ -264,7 +264,8 @@ def train_many(
         scratch_opt = make_optimizer(optimizer, scratch.parameters(), lr=lr, device=dev)
         scratch_heap = None
         if given is None:
-            scratch_plan = plan_training(template, input_shape, loss=loss, optimizer=optimizer, lr=lr, device=dev)
+            scratch_plan = plan_training(template, input_shape, loss=loss, optimizer=optimizer, lr=lr, device=dev,
+                                         calibrate=False)
             scratch_heap = Heap(scratch_plan, device=dev).bind(scratch, scratch_opt)
         for first in tqdm(waves, desc="waves", disable=not progress, leave=False):
             ids = list(range(first, min(first + k, n_models)))

@@ -143,7 +143,8 @@ def accuracy_table(
         cases = {name: ZOO[name] for name in cases}
     rows = []
     for name, case in cases.items():
-        graph = plan_training(case.build, case.shape, optimizer=case.optimizer, input_dtype=case.input_dtype)
+        graph = plan_training(case.build, case.shape, optimizer=case.optimizer, input_dtype=case.input_dtype,
+                              calibrate=False)
         raw = {int(b): graph.required_bytes(int(b)) for b in batch_sizes}
         if calibrate:
             graph.calibrate()

@@ -51,7 +51,7 @@ def max_batch_peers(model: str, budget_bytes: float, *, start_batch: int = 4096,
     cap = budget_bytes * (1 - margin)
     rows = []
     start = time.perf_counter()
-    graph = plan_training(build, shape)
+    graph = plan_training(build, shape, calibrate=False)  # the paper's zero-trial plan
     answer = graph.max_batch_size(budget_bytes, margin=margin)
     rows.append(_peer_row(PLAN, answer, 0, time.perf_counter() - start,
                           f"{graph.last_search_evaluations} plan evaluations, compile included"))

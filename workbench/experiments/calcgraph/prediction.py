@@ -75,7 +75,7 @@ def prediction_error(
     for name in models:
         build, shape = model_factory(name, resnet_width=resnet_width, image_size=image_size)
         start = time.perf_counter()
-        graph = plan_training(build, shape, device=dev)
+        graph = plan_training(build, shape, device=dev, calibrate=False)  # the paper's plan
         plan_s = time.perf_counter() - start
         sizes = resnet_batch_sizes if (name == "resnet18" and resnet_batch_sizes) else batch_sizes
         for b in tqdm(sizes, desc=name, disable=not progress, leave=False):
@@ -113,7 +113,7 @@ def explain_max_batch(model: str, budget_bytes: float, *, margin: float = 0.0, r
     """One sentence: the plan's largest batch of `model` within `budget_bytes` (for the notebook's
     interactive explorer), or why batch 1 does not fit."""
     build, shape = model_factory(model, resnet_width=resnet_width, image_size=image_size)
-    graph = plan_training(build, shape, device=device)
+    graph = plan_training(build, shape, device=device, calibrate=False)
     try:
         b = graph.max_batch_size(budget_bytes, margin=margin)
     except ValueError as err:

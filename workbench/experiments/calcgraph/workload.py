@@ -76,7 +76,8 @@ def paper_mlp_plan(*, lr: float = 1e-2, device: torch.device | str | None = None
                    persistent_grads: bool = False) -> CompiledGraph:
     """The memory plan of the paper's MLP trained with Adam (`persistent_grads`: gradients kept for the
     whole run, as a `Heap` keeps them)."""
-    return plan_training(paper_mlp, MNIST_SHAPE, lr=lr, device=device, persistent_grads=persistent_grads)
+    return plan_training(paper_mlp, MNIST_SHAPE, lr=lr, device=device, persistent_grads=persistent_grads,
+                         calibrate=False)
 
 
 def load_data(n_train: int, n_test: int, *, source: str = "auto", seed: int = 0, device=None) -> dict:
