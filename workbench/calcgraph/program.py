@@ -6,6 +6,7 @@ truth) and for real under the profiler (calibration), so that all count the same
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..measure import MemoryMeter
+from ..optim import step_in_backward
 from .tracker import _Tracker
 
 __all__ = ["OptimizerSpec", "make_optimizer", "measure_required_bytes", "training_program"]
@@ -94,6 +96,8 @@ def training_program(
     loss: Callable | None = None, optimizer: OptimizerSpec = "adam", lr: float = 1e-3,
     device: torch.device | str = "cpu", steps: int = 2, persistent_grads: bool = False,
     annotate: _Tracker | None = None, input_dtype: torch.dtype = torch.float32,
+    autocast: torch.dtype | None = None, in_backward: bool = False,
+    make_batch: Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> None:
     """Build model and optimizer, then `steps` training steps on a batch created each step.
 
@@ -101,10 +105,15 @@ def training_program(
     real, so that both count exactly the same tensors. `persistent_grads` keeps gradient
     buffers for the whole run (zeroed in place, as a `Heap` does) instead of freeing them.
     Inputs are `randn` of `input_dtype`, or zeros for an integer dtype (token ids); a floating input
-    dtype that no floating parameter has is refused before any step.
+    dtype that no floating parameter has is refused before any step. `make_batch(size, device)`
+    replaces that batch (and the class-index targets) by the caller's. Technique switches (the memory
+    advisor's): `autocast` runs forward and loss under `torch.autocast` in that dtype; `in_backward`
+    applies the optimizer inside backward (`workbench.optim.step_in_backward`).
     """
     device = torch.device(device)
     loss = loss or F.cross_entropy
+    if in_backward and persistent_grads:
+        raise ValueError("in_backward frees each gradient as it is applied; persistent_grads keeps them: pick one")
     # NOTE: built under the device so that parameters are born there: moving them afterwards swaps
     # tensors, which torch refuses for fake tensors that the tracker holds weak references to.
     model = _build_model(build, device)
@@ -122,30 +131,40 @@ def training_program(
             if annotate is not None:
                 annotate.tag(p.grad, "gradient", "gradient", annotate.names.get(id(p), "?") + ".grad")
     opt = make_optimizer(optimizer, model.parameters(), lr=lr, device=device)
+    hooks = step_in_backward(model, opt) if in_backward else None
+    cast = torch.autocast(device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
     for step in range(steps):
         if annotate is not None:
             annotate.mark(f"step{step + 1}")
-        if input_dtype.is_floating_point:
+        if make_batch is not None:
+            x, y = make_batch(batch_size, device)
+        elif input_dtype.is_floating_point:
             x = torch.randn(batch_size, *input_shape, device=device, dtype=input_dtype)
         else:
             x = torch.zeros(batch_size, *input_shape, device=device, dtype=input_dtype)
-        y = torch.zeros(batch_size, dtype=torch.long, device=device)
+        if make_batch is None:
+            y = torch.zeros(batch_size, dtype=torch.long, device=device)
         if annotate is not None:
             annotate.tag(x, "forward", "input", "input")
             annotate.tag(y, "forward", "input", "target")
-            with torch.autograd.graph.saved_tensors_hooks(annotate.pack, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(annotate.pack, lambda t: t), cast:
                 value = loss(model(x), y)
         else:
-            value = loss(model(x), y)
+            with cast:
+                value = loss(model(x), y)
         value.backward()
         del value
         if annotate is not None:
             annotate.tag_grads(model)
-        opt.step()
+        if hooks is None:
+            opt.step()
         if annotate is not None:
             annotate.tag_state(opt)
-        opt.zero_grad(set_to_none=not persistent_grads)
+        if hooks is None:
+            opt.zero_grad(set_to_none=not persistent_grads)
         del x, y
+    if hooks is not None:
+        hooks.remove()
     if annotate is not None:
         annotate.mark("end")
         annotate.spec = {

@@ -165,6 +165,21 @@ def _quiet_fake_tensor_logs() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def _canonical_frees(events: list[int]) -> list[int]:
+    """`events` with each run of consecutive frees sorted: the order in which a burst of tensors dies
+    (autocast's weight cache at exit is a dict of tensors) can differ between runs, and the live level
+    only falls inside a burst, so its peak and the events' count are unchanged."""
+    out, burst = [], []
+    for e in [*events, 0]:
+        if e < 0:
+            burst.append(e)
+            continue
+        out += sorted(burst, reverse=True)
+        burst = []
+        out.append(e)
+    return out[:-1]
+
+
 def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: bool = False) -> _Trace:
     """Run `program` under the tracker: under fake tensors (a plan), or for real (`fake=False`, calibration)."""
     tracker = _Tracker()
@@ -182,7 +197,8 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
     finally:
         tracker.unwatch()
         tracker.close()
-    signature = tuple((e, tracker.info[e]["op"]) if e >= 0 else (e, "free") for e in tracker.events)
+    events = _canonical_frees(tracker.events)
+    signature = tuple((e, tracker.info[e]["op"]) if e >= 0 else (e, "free") for e in events)
     return _Trace(np.asarray(tracker.sizes, dtype=np.int64), tracker.info,
-                  np.asarray(tracker.events, dtype=np.int64), tracker.marks, tracker.spec, signature,
+                  np.asarray(events, dtype=np.int64), tracker.marks, tracker.spec, signature,
                   tracker.calls, tracker.call_marks)

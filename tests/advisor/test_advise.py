@@ -1,0 +1,144 @@
+"""The memory advisor (issue 19): its table, refusals, `build()` against the hand-built configuration and
+a verification on a model outside the notebook's suite, measured by `AllocatorMeter`."""
+
+import pytest
+import torch
+from torch import nn
+
+from workbench.advisor import CATEGORIES, Config, advise, default_grid
+from workbench.optim import PackedAdamW, step_in_backward
+
+FEW = {"fp32", "amp bf16", "bf16+8, bf16 state, step in backward"}
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def batch(n: int = 16):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+@pytest.fixture(scope="module")
+def advice():
+    return advise(mlp, batch(), memory_budget=2**20, candidates=lambda c: c.name in FEW, min_run_time=0.02)
+
+
+def test_the_table_has_one_row_per_candidate_with_the_promised_columns(advice):
+    table = advice.table
+    assert set(table["config"]) == FEW
+    for column in ("config", "predicted_peak_bytes", *CATEGORIES, "predicted_step_seconds", "fits", "max_batch"):
+        assert column in table, column
+    assert (table[list(CATEGORIES)].sum(axis=1) == table["predicted_peak_bytes"]).all()
+    assert (table["fits"] == (table["predicted_peak_bytes"] <= advice.memory_budget * (1 - advice.margin))).all()
+    assert (table["predicted_step_seconds"] > 0).all() and (table["max_batch"] >= 16).all()
+    sib = table.set_index("config").loc["bf16+8, bf16 state, step in backward"]
+    assert sib["gradients"] == 0  # each gradient is freed as soon as it is applied
+    assert sib["weights"] * 2 == table.set_index("config").loc["fp32", "weights"]  # bf16 weights: half
+
+
+def test_best_is_the_fastest_that_fits(advice):
+    fits = advice.table[advice.table["fits"]]
+    assert advice.best["config"] == fits.loc[fits["predicted_step_seconds"].idxmin(), "config"]
+    assert advice.real_runs["calibration runs"] >= 2 * 5  # counted: every real step the advice took
+
+
+def test_build_equals_the_hand_built_configuration(advice):
+    name = "bf16+8, bf16 state, step in backward"
+    step = advice.build(name)
+    model = mlp().to(torch.bfloat16)
+    opt = PackedAdamW(model.parameters(), lr=1e-3, extra_bits=8, state_dtype=torch.bfloat16, seed=0)
+    hooks = step_in_backward(model, opt)
+    for _ in range(2):
+        x, y = batch()
+        loss = nn.functional.cross_entropy(model(x.to(torch.bfloat16)), y)
+        loss.backward()
+        torch.testing.assert_close(step((x, y)), loss.detach(), rtol=0, atol=0)
+    hooks.remove()
+    for p, q in zip(step.model.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_build_of_amp_matches_autocast_by_hand(advice):
+    step = advice.build("amp bf16")
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        x, y = batch()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        torch.testing.assert_close(step((x, y)), loss.detach(), rtol=0, atol=0)
+    for p, q in zip(step.model.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+class ConvGRU(nn.Module):
+    """A model outside the notebook's suite: a convolution feeding a GRU over the image's rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.gru = nn.GRU(4 * 12, 24, batch_first=True)
+        self.head = nn.Linear(24, 5)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))  # [b, 4, 12, 12]
+        rows = h.permute(0, 2, 1, 3).flatten(2)  # [b, 12, 48]
+        return self.head(self.gru(rows)[0][:, -1])
+
+
+def test_verification_fits_on_a_model_outside_the_suite():
+    x, y = torch.randn(24, 1, 12, 12), torch.randint(0, 5, (24,))
+    advice = advise(ConvGRU, (x, y), memory_budget=3 * 2**20, min_run_time=0.02,
+                    candidates=lambda c: c.precision in ("fp32", "bf16") and c.extra_bits in (None, 8))
+    assert not advice.table["checkpoint"].ne("none").any()  # its layers do not open: no checkpoint candidate
+    result = advice.verify()
+    assert advice.real_runs["verification"] == 1
+    assert result["within_budget"] and result["measured_peak_bytes"] <= advice.memory_budget
+    assert abs(result["peak_error"]) <= advice.margin or result["recalibrated"]
+    assert result["measured_step_seconds"] > 0
+
+
+def test_a_budget_below_every_candidate_names_the_smallest():
+    advice = advise(mlp, batch(), memory_budget=10_000, candidates=[Config(), Config("bf16", 0, "bf16")],
+                    min_run_time=0.01, calibrate=False)
+    smallest = advice.table.loc[advice.table["predicted_peak_bytes"].idxmin()]
+    with pytest.raises(ValueError, match=f"the smallest, {smallest['config']}, needs "
+                                         f"{int(smallest['predicted_peak_bytes'])} bytes"):
+        _ = advice.best
+
+
+def test_a_model_that_fails_to_trace_names_the_layer():
+    def broken():
+        return nn.Sequential(nn.Linear(32, 8), nn.ReLU(), nn.Linear(9, 2))
+    with pytest.raises(ValueError, match=r"layer '2' \(Linear\)"):
+        advise(broken, batch(), memory_budget=2**20, candidates=[Config()], calibrate=False)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"memory_budget": float("inf")}, "memory_budget"), ({"memory_budget": -1}, "memory_budget"),
+    ({"memory_budget": 1e6, "margin": 1.0}, "margin"), ({"memory_budget": 1e6, "candidates": []}, "no candidate"),
+    ({"memory_budget": 1e6, "min_run_time": 0}, "min_run_time"),
+])
+def test_bad_arguments_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        advise(mlp, batch(), calibrate=False, **kwargs)
+
+
+def test_bad_configs_are_refused_and_the_grid_is_whole():
+    with pytest.raises(ValueError, match="extra_bits"):
+        Config("bf16")
+    with pytest.raises(ValueError, match="state_dtype 'bf16' needs bf16 weights"):
+        Config("fp32", state_dtype="bf16")
+    with pytest.raises(ValueError, match="checkpoint"):
+        Config(checkpoint="every")
+    cpu, cuda = default_grid(torch.device("cpu"), checkpointable=True), default_grid(torch.device("cuda"),
+                                                                                   checkpointable=False)
+    assert len(cpu) == len({c.name for c in cpu}) == (2 + 3 * 2) * 2 * 2
+    assert {c.precision for c in cuda} == {"fp32", "amp_bf16", "amp_fp16", "bf16"}
+    assert all(c.checkpoint == "none" for c in cuda)

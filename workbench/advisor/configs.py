@@ -1,0 +1,123 @@
+"""The technique switches the memory advisor combines, each a switch on an ordinary training step.
+
+- precision: fp32; AMP (`torch.autocast`, bf16, or fp16 on CUDA); or bf16 weights with k packed
+  extra mantissa bits kept by `workbench.optim`'s packed optimizers (k = 0, 8, 16; Lewandowski &
+  Kosson, "Memory Efficient Mixed Precision Optimizers", Section 3.1);
+- optimizer state dtype: fp32, or bf16 (packed optimizers only; torch's AdamW keeps its moments in the
+  parameters' dtype);
+- step in backward (the same paper, Section 3.2): the update applied as each gradient is ready;
+- activation checkpointing: OpTorch's sequential checkpoints (`workbench.checkpoint.sc`, uniform
+  segments, round(sqrt(n)) of them), for models whose layers `workbench.checkpoint.layers_of` can open.
+
+`training_setup` turns a `Config` into the arguments of CalcGraph's `training_program`, so the plan
+(fake tensors), the measurement and `Advice.build()` all run the same program.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from workbench.checkpoint import layers_of, sc
+from workbench.optim import PackedAdamW, PackedSGD
+
+__all__ = ["CHECKPOINTS", "EXTRA_BITS", "PRECISIONS", "Config", "can_checkpoint", "default_grid", "training_setup"]
+
+PRECISIONS = ("fp32", "amp_bf16", "amp_fp16", "bf16")
+EXTRA_BITS = (0, 8, 16)
+CHECKPOINTS = ("none", "uniform")
+_AUTOCAST = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}
+_STATE = {"fp32": torch.float32, "bf16": torch.bfloat16}
+OPTIMIZERS = ("adamw", "sgd")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One combination of techniques. `extra_bits` is k for bf16 weights (None otherwise)."""
+
+    precision: str = "fp32"
+    extra_bits: int | None = None
+    state_dtype: str = "fp32"
+    step_in_backward: bool = False
+    checkpoint: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if (self.precision == "bf16") != (self.extra_bits is not None):
+            raise ValueError(f"extra_bits is k for precision 'bf16' (one of {EXTRA_BITS}) and None otherwise; "
+                             f"got precision {self.precision!r} with extra_bits {self.extra_bits!r}")
+        if self.extra_bits is not None and self.extra_bits not in EXTRA_BITS:
+            raise ValueError(f"extra_bits must be one of {EXTRA_BITS}, got {self.extra_bits!r}")
+        if self.state_dtype not in _STATE:
+            raise ValueError(f"state_dtype must be one of {tuple(_STATE)}, got {self.state_dtype!r}")
+        if self.state_dtype == "bf16" and self.precision != "bf16":
+            raise ValueError("state_dtype 'bf16' needs bf16 weights (a packed optimizer); torch's optimizers "
+                             "keep fp32 state for fp32 parameters")
+        if self.checkpoint not in CHECKPOINTS:
+            raise ValueError(f"checkpoint must be one of {CHECKPOINTS}, got {self.checkpoint!r}")
+
+    @property
+    def name(self) -> str:
+        parts = [f"bf16+{self.extra_bits}" if self.precision == "bf16" else self.precision.replace("_", " ")]
+        if self.state_dtype == "bf16":
+            parts.append("bf16 state")
+        if self.step_in_backward:
+            parts.append("step in backward")
+        if self.checkpoint != "none":
+            parts.append(f"checkpoint {self.checkpoint}")
+        return ", ".join(parts)
+
+
+def default_grid(device: torch.device, *, checkpointable: bool) -> list[Config]:
+    """Every combination: AMP fp16 only on CUDA (CPU autocast is bf16), checkpointing only where the
+    model's layers open (`checkpointable`)."""
+    precisions = [("fp32", None), ("amp_bf16", None)] + ([("amp_fp16", None)] if device.type == "cuda" else [])
+    precisions += [("bf16", k) for k in EXTRA_BITS]
+    checkpoints = CHECKPOINTS if checkpointable else ("none",)
+    grid = []
+    for (precision, k), in_backward, checkpoint in itertools.product(precisions, (False, True), checkpoints):
+        for state in ("fp32", "bf16") if precision == "bf16" else ("fp32",):
+            grid.append(Config(precision, k, state, in_backward, checkpoint))
+    return grid
+
+
+def can_checkpoint(build: Callable[[], nn.Module]) -> bool:
+    """Whether `sc` can open the model's layers (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        model = build()
+    try:
+        return len(layers_of(model)) >= 2
+    except (TypeError, ValueError):
+        return False
+
+
+def training_setup(config: Config, build: Callable[[], nn.Module], *, optimizer: str = "adamw",
+                   lr: float = 1e-3, seed: int = 0) -> dict:
+    """The keyword arguments of `training_program` for `config`: the model factory (cast, checkpointed),
+    the optimizer factory, autocast and step in backward. `seed` keys stochastic rounding."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+
+    def model() -> nn.Module:
+        net = build()
+        if config.precision == "bf16":
+            net = net.to(torch.bfloat16)
+        return sc(net) if config.checkpoint == "uniform" else net
+
+    if config.precision == "bf16":
+        packed = PackedAdamW if optimizer == "adamw" else PackedSGD
+        extra = {} if optimizer == "adamw" else {"momentum": 0.9}
+        # NOTE: a fixed seed: drawing one from torch's generator calls .item(), which fake tensors refuse
+        opt = lambda params: packed(params, lr=lr, extra_bits=config.extra_bits,  # noqa: E731
+                                    state_dtype=_STATE[config.state_dtype], seed=seed, **extra)
+    elif optimizer == "adamw":
+        opt = lambda params: torch.optim.AdamW(params, lr=lr)  # noqa: E731
+    else:
+        opt = lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9)  # noqa: E731
+    return {"build": model, "optimizer": opt, "autocast": _AUTOCAST.get(config.precision),
+            "in_backward": config.step_in_backward}
