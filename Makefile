@@ -17,12 +17,19 @@ $(STAMP): pyproject.toml
 
 # nbstripout as a git filter (README, "Notebooks and git"): notebooks saved from JupyterLab keep their
 # outputs on disk, git sees them stripped, so `git status` stays clean. --keep-id leaves cell ids as
-# committed. Outside a git checkout (or without git) there is nothing to guard.
+# committed. Besides outputs and counts (and nbstripout's own list: metadata.widgets, cell collapsed,
+# scrolled, execution), it strips what JupyterLab writes on save: the kernel's language_info, widget
+# state, hidden-input/output flags (cell.metadata.jupyter) and trusted. metadata.kernelspec stays: it
+# names the kernel JupyterLab and the report runner start. Outside a git checkout there is nothing to guard.
+STRIP_KEYS := metadata.language_info metadata.widgets cell.metadata.jupyter cell.metadata.trusted \
+  cell.metadata.execution cell.metadata.collapsed cell.metadata.scrolled
+NBSTRIPOUT = "$(abspath $(PY))" -m nbstripout --keep-id --extra-keys "$(strip $(STRIP_KEYS))"
+
 hooks: $(STAMP)
 	@if git rev-parse --git-dir >/dev/null 2>&1; then \
-	  git config filter.nbstripout.clean '"$(abspath $(PY))" -m nbstripout --keep-id' && \
+	  git config filter.nbstripout.clean '$(NBSTRIPOUT)' && \
 	  git config filter.nbstripout.smudge cat && \
-	  git config diff.ipynb.textconv '"$(abspath $(PY))" -m nbstripout --keep-id -t' \
+	  git config diff.ipynb.textconv '$(NBSTRIPOUT) -t' \
 	  || echo "warning: could not configure the nbstripout git filter"; \
 	else echo "not a git checkout: the nbstripout filter is not installed"; fi
 

@@ -11,7 +11,7 @@ from workbench.devices import repo_root
 from workbench.report import available_notebooks
 
 ROOT = repo_root()
-TECHNIQUES = ("optim", "checkpoint", "data", "models", "calcgraph", "vbs")
+TECHNIQUES = ("optim", "checkpoint", "data", "models", "calcgraph", "vbs", "advisor")
 FORBIDDEN = ("workbench.report", "matplotlib", "workbench.experiments")
 
 
@@ -95,6 +95,24 @@ def test_notebook_parameters_are_literals_and_captured_once(name):
         f"{name}: the cell after the parameters captures them once as PARAMS")
     source = "\n".join(c.source for c in rest)
     assert "parameters=PARAMS" in source, f"{name}: save_results records PARAMS"
+
+
+@pytest.mark.parametrize("name", NOTEBOOK_NAMES)
+def test_every_numeric_parameter_declares_its_range(name):
+    """A number (or list of numbers) in the parameters cell says which values it allows, beside its default:
+    `batch_size = 4  # range: 1..4096`. The runner refuses a `-p` or profile value outside it."""
+    from workbench.report import load_profile, notebook_parameters
+    from workbench.report.parameters import coerce, numeric
+
+    declared = notebook_parameters(ROOT / "notebooks" / f"{name}.ipynb")
+    missing = [p for p, d in declared.items() if numeric(d.default) and d.bounds is None]
+    assert not missing, f"{name}: numeric parameters without '# range: LO..HI' on their line: {missing}"
+    for parameter, d in declared.items():
+        if d.bounds is not None:
+            coerce(parameter, d.default, d, f"{name}: the default of")  # the default lies in its own range
+    for profile in ("smoke", "cpu", "paper"):
+        for parameter, value in load_profile(name, profile, ROOT / "notebooks").items():
+            coerce(parameter, value, declared[parameter], f"notebooks/profiles/{name}.yaml ({profile})")
 
 
 @pytest.mark.parametrize("name", NOTEBOOK_NAMES)

@@ -19,12 +19,18 @@ def _parse_override(text: str) -> tuple[str, str]:
     return name, value
 
 
+def _folder(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is an empty folder name; give a path or leave the option out")
+    return text
+
+
 def _report(args: argparse.Namespace) -> int:
     from .devices import repo_root
     from .report import UsageError, build_reports
     from .report.results import FAILED_RUN
 
-    out = Path(args.out) if args.out else repo_root() / "reports"
+    out = Path(args.out) if args.out is not None else repo_root() / "reports"
     try:
         results = build_reports(
             args.names, profile=args.profile, out_dir=out, overrides=dict(args.param),
@@ -57,9 +63,15 @@ def _kernel_install(args: argparse.Namespace) -> int:
     from jupyter_client.kernelspec import KernelSpecManager
 
     from .devices import repo_root
-    from .report import KERNEL_NAME
+    from .report import KERNEL_NAME, UsageError
+    from .report.runner import check_kernel_spec
 
     source = repo_root() / "kernels" / KERNEL_NAME
+    try:
+        check_kernel_spec(source / "kernel.json")
+    except UsageError as exc:
+        print(f"workbench kernel install: error: {exc}", file=sys.stderr)
+        return 2
     dest = KernelSpecManager().install_kernel_spec(
         str(source), KERNEL_NAME, user=args.user, prefix=None if args.user else sys.prefix,
     )
@@ -83,6 +95,7 @@ def _env(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .advisor.command import add_parser as add_advise_parser
     from .report import PROFILES
 
     parser = argparse.ArgumentParser(
@@ -93,9 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="execute notebooks with papermill into reports/<profile>/")
     rep.add_argument("names", nargs="*", metavar="NAME", help="notebooks to run (default: all)")
     rep.add_argument("--profile", default="cpu", choices=PROFILES, help="parameter profile")
-    rep.add_argument("--out", default=None,
+    rep.add_argument("--out", default=None, type=_folder,
                      help="output folder (default: reports/); a profile writes <out>/<profile>/<name>/")
-    rep.add_argument("--notebooks", default=None, help="notebook folder (default: notebooks/)")
+    rep.add_argument("--notebooks", default=None, type=_folder, help="notebook folder (default: notebooks/)")
     rep.add_argument("-p", "--param", action="append", default=[], type=_parse_override,
                      metavar="NAME=VALUE", help="override a notebook parameter (repeatable)")
     rep.set_defaults(func=_report)
@@ -107,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="install for the user instead of the active environment")
     inst.set_defaults(func=_kernel_install)
 
+    add_advise_parser(sub)
     sub.add_parser("list", help="list notebooks and profiles").set_defaults(func=_list)
     sub.add_parser("env", help="print the environment record").set_defaults(func=_env)
     return parser

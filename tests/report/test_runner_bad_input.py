@@ -13,82 +13,20 @@ import pickle
 import threading
 
 import matplotlib
-import nbformat
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
+from runner_cases import FakeExecutor, run_cli, write_notebook
+
 from workbench import report
 from workbench.cli import main
 from workbench.data import load_cifar10, load_cifar100, load_mnist
 from workbench.measure import MemoryMeter
-from workbench.report import Ledger, UsageError, at_least, build_reports, save_results, write_index
+from workbench.report import Ledger, UsageError, build_reports, save_results, write_index
 
 matplotlib.use("Agg")
-
-
-# ---------------------------------------------------------------------------------------------
-# A notebook folder and a fake executor
-
-
-def _notebook(folder, name, params="value = 1\nrate = 0.5\nflag = False\nlabel = 'a'\n"):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(params + "interactive = True\noutput_dir = ''",
-                                          metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell("print(value)")]
-    nb.metadata["kernelspec"] = {"name": "workbench", "display_name": "Workbench", "language": "python"}
-    nbformat.write(nb, folder / f"{name}.ipynb")
-
-
-@pytest.fixture
-def notebooks(tmp_path):
-    folder = tmp_path / "notebooks"
-    (folder / "profiles").mkdir(parents=True)
-    _notebook(folder, "good")
-    (folder / "profiles" / "good.yaml").write_text("smoke:\n  value: 2\ncpu:\n  value: 3\n")
-    return folder
-
-
-class FakeExecutor:
-    """Stands in for papermill.execute_notebook: writes the executed notebook and results.json, or raises
-    for value < 0 like a failing cell."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, source, executed, parameters, **kwargs):
-        import matplotlib.pyplot as plt
-
-        self.calls.append((parameters, kwargs))
-        nbformat.write(nbformat.read(source, as_version=4), executed)
-        if parameters.get("value", 1) < 0:
-            raise RuntimeError(f"boom {parameters['value']}")
-        ledger = Ledger()
-        ledger.add("value is at least 1", paper=1, measured=parameters.get("value", 1), unit="", scale="",
-                   device="cpu", rule=at_least(1))
-        narrow, ax = plt.subplots(figsize=(4, 3))
-        ax.plot([1, 2])
-        wide, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-        axes[0].plot([1, 2])
-        name = os.path.basename(source).removesuffix(".ipynb")
-        save_results(name, output_dir=parameters["output_dir"], parameters=parameters, records={},
-                     ledger=ledger, figures={"narrow": narrow, "two_panels": wide})
-        plt.close("all")
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    import papermill
-
-    executor = FakeExecutor()
-    monkeypatch.setattr(papermill, "execute_notebook", executor)
-    monkeypatch.setattr(report.runner, "_export_html", lambda nb: nb.with_suffix(".html").write_text("<html></html>"))
-    return executor
-
-
-def _cli(notebooks, out, *args):
-    return main(["report", "--notebooks", str(notebooks), "--out", str(out), *args])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,10 +220,10 @@ def test_notebook_names_are_letters_digits_underscore_dash(notebooks, tmp_path, 
 
 def test_failed_rebuild_keeps_the_last_good_report(notebooks, tmp_path, fake, capsys):
     out = tmp_path / "reports"
-    assert _cli(notebooks, out, "good", "--profile", "smoke") == 0
+    assert run_cli(notebooks, out, "good", "--profile", "smoke") == 0
     good = out / "smoke" / "good"
     before = (good / "results.json").read_text()
-    assert _cli(notebooks, out, "good", "--profile", "smoke", "-p", "value=-1") == 1
+    assert run_cli(notebooks, out, "good", "--profile", "smoke", "-p", "value=-1") == 1
     printed = capsys.readouterr().out
     assert "RuntimeError: boom -1" in printed and "last good report is kept" in printed
     assert (good / "results.json").read_text() == before
@@ -293,7 +231,7 @@ def test_failed_rebuild_keeps_the_last_good_report(notebooks, tmp_path, fake, ca
     page = (out / "smoke" / "index.html").read_text()
     assert "rebuild failed" in page and 'href="good/failed-run/good.html"' in page and "boom -1" in page
     assert "1 reproduced" in page  # the last good report's ledger is still shown
-    assert _cli(notebooks, out, "good", "--profile", "smoke") == 0
+    assert run_cli(notebooks, out, "good", "--profile", "smoke") == 0
     assert not (good / "failed-run").exists()
     assert "rebuild failed" not in (out / "smoke" / "index.html").read_text()
 
@@ -304,7 +242,7 @@ def test_failed_rebuild_keeps_the_last_good_report(notebooks, tmp_path, fake, ca
     ("label=no", {"label": "no"}),
 ])
 def test_parameters_take_the_type_of_the_declared_default(notebooks, tmp_path, fake, arg, typed):
-    assert _cli(notebooks, tmp_path / "r", "good", "--profile", "smoke", "-p", arg) == 0
+    assert run_cli(notebooks, tmp_path / "r", "good", "--profile", "smoke", "-p", arg) == 0
     name, value = next(iter(typed.items()))
     passed = fake.calls[0][0][name]
     assert passed == value and type(passed) is type(value)
@@ -324,7 +262,7 @@ def test_parameters_take_the_type_of_the_declared_default(notebooks, tmp_path, f
 ])
 def test_bad_parameter_values_are_refused_before_any_kernel_starts(notebooks, tmp_path, fake, capsys, arg,
                                                                   message):
-    assert _cli(notebooks, tmp_path / "r", "good", "--profile", "smoke", "-p", arg) == 2
+    assert run_cli(notebooks, tmp_path / "r", "good", "--profile", "smoke", "-p", arg) == 2
     assert message in capsys.readouterr().err
     assert not fake.calls and not (tmp_path / "r").exists()
 
@@ -347,7 +285,7 @@ def test_bad_profile_files_exit_2_naming_the_file(notebooks, tmp_path, fake, cap
     path = notebooks / "profiles" / "good.yaml"
     text, message = PROFILE_FILES[case]
     path.write_text(text)
-    assert _cli(notebooks, tmp_path / "r", "good", "--profile", "smoke") == 2
+    assert run_cli(notebooks, tmp_path / "r", "good", "--profile", "smoke") == 2
     err = capsys.readouterr().err
     assert str(path) in err and message in err
     assert not fake.calls
@@ -356,12 +294,12 @@ def test_bad_profile_files_exit_2_naming_the_file(notebooks, tmp_path, fake, cap
 def test_unusable_output_folders_and_notebook_folders_exit_2(notebooks, tmp_path, fake, capsys):
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    assert _cli(notebooks, a_file, "good") == 2
+    assert run_cli(notebooks, a_file, "good") == 2
     assert "is a file" in capsys.readouterr().err
     if os.path.isdir("/proc/self"):  # /proc refuses new folders, even to root
-        assert _cli(notebooks, "/proc/workbench-reports", "good") == 2
+        assert run_cli(notebooks, "/proc/workbench-reports", "good") == 2
         assert "cannot write reports to" in capsys.readouterr().err
-    assert _cli(tmp_path / "missing", tmp_path / "r", "good") == 2
+    assert run_cli(tmp_path / "missing", tmp_path / "r", "good") == 2
     assert "notebook folder" in capsys.readouterr().err
     assert not fake.calls and not (tmp_path / "r").exists()
 
@@ -369,7 +307,7 @@ def test_unusable_output_folders_and_notebook_folders_exit_2(notebooks, tmp_path
 def test_out_of_space_is_recorded_cleanly_and_the_previous_report_stays(notebooks, tmp_path, fake, monkeypatch,
                                                                         capsys):
     out = tmp_path / "reports"
-    assert _cli(notebooks, out, "good", "--profile", "smoke") == 0
+    assert run_cli(notebooks, out, "good", "--profile", "smoke") == 0
     before = {p.name: p.read_bytes() for p in (out / "smoke" / "good").iterdir()}
     index_before = (out / "index.html").read_text()
     real_write = report.results._write_atomic
@@ -380,7 +318,7 @@ def test_out_of_space_is_recorded_cleanly_and_the_previous_report_stays(notebook
         real_write(path, text)
 
     monkeypatch.setattr(report.runner, "_write_atomic", full_disk)
-    assert _cli(notebooks, out, "good", "--profile", "smoke") == 1
+    assert run_cli(notebooks, out, "good", "--profile", "smoke") == 1
     assert "could not write the report: No space left on device" in capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in (out / "smoke" / "good").iterdir()} == before
     assert not [p for p in (out / "smoke").iterdir() if p.name.startswith(".staging")]
@@ -390,7 +328,7 @@ def test_out_of_space_is_recorded_cleanly_and_the_previous_report_stays(notebook
 
     for module in (report.runner, report.index, report.results):
         monkeypatch.setattr(module, "_write_atomic", full_disk_everywhere)
-    assert _cli(notebooks, out, "good", "--profile", "smoke") == 1
+    assert run_cli(notebooks, out, "good", "--profile", "smoke") == 1
     assert "No space left on device" in capsys.readouterr().err
     assert (out / "index.html").read_text() == index_before
     assert {p.name: p.read_bytes() for p in (out / "smoke" / "good").iterdir()} == before
@@ -428,7 +366,7 @@ def test_two_builds_into_one_folder_and_stale_temporaries(notebooks, tmp_path, f
     assert sorted(p.name for p in (out / "smoke").iterdir()) == ["good", "index.html"]
     assert json.loads((out / "smoke" / "good" / "run.json").read_text())["status"] == "ok"
     assert sorted(p.name for p in (out / "smoke" / "good").iterdir()) == [
-        "good.html", "good.ipynb", "narrow.png", "results.json", "run.json", "two_panels.png"]
+        ".workbench-report", "good.html", "good.ipynb", "narrow.png", "results.json", "run.json", "two_panels.png"]
     assert 'id="good"' in (out / "smoke" / "index.html").read_text()
 
 
@@ -437,7 +375,7 @@ def test_two_builds_into_one_folder_and_stale_temporaries(notebooks, tmp_path, f
 
 
 def test_index_names_papers_links_profiles_and_shows_overrides(notebooks, tmp_path, fake):
-    _notebook(notebooks, "efficient_densenet")
+    write_notebook(notebooks, "efficient_densenet")
     out = tmp_path / "reports"
     build_reports(profile="smoke", out_dir=out, notebooks=notebooks, progress=False)
     build_reports(["good"], profile="cpu", out_dir=out, notebooks=notebooks, overrides={"rate": "0.25"},
@@ -454,9 +392,9 @@ def test_index_names_papers_links_profiles_and_shows_overrides(notebooks, tmp_pa
     assert report.paper_citation("good") == "good"
 
 
-def test_paper_registry_names_all_six_notebooks():
+def test_paper_registry_names_every_notebook():
     assert set(report.PAPERS) == {"tour", "packed_bit_optimizers", "optorch", "efficient_densenet", "calcgraph",
-                                  "variable_batch_size"}
+                                  "variable_batch_size", "advisor"}
     assert report.paper_citation("optorch") == (
         "OpTorch: optimized deep learning architectures for resource limited environments (Ahmed & Naveed, 2021)")
 
@@ -494,3 +432,48 @@ def test_memory_meter_refuses_cuda_without_cuda_and_reentry():
         torch.zeros(5)
     assert meter.peak_bytes == 20
     del kept
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages that name what is wrong
+
+
+def test_an_empty_out_or_notebooks_folder_name_is_refused(notebooks, tmp_path, fake, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for option in ("--out", "--notebooks"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["report", "good", option, ""])
+        assert exit_info.value.code == 2
+        assert f"argument {option}: '' is an empty folder name" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="out_dir='' is empty"):
+        build_reports(["good"], out_dir="", notebooks=notebooks)
+    assert not fake.calls and list(tmp_path.iterdir()) == [notebooks]
+
+
+def test_a_notebook_folder_without_notebooks_is_an_error(tmp_path, fake, capsys):
+    (tmp_path / "empty").mkdir()
+    assert run_cli(tmp_path / "empty", tmp_path / "r") == 2
+    assert f"notebook folder {tmp_path / 'empty'} holds no notebooks" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("text,message", [
+    ("{not json", "not a valid kernel spec (Expecting property name"),
+    ('{"display_name": "x"}', "not a valid kernel spec (argv must be a list of strings"),
+])
+def test_an_invalid_kernel_spec_is_named_before_any_kernel_starts(notebooks, tmp_path, fake, capsys, monkeypatch,
+                                                                  text, message):
+    root = tmp_path / "checkout"
+    (root / "kernels" / "workbench").mkdir(parents=True)
+    spec = root / "kernels" / "workbench" / "kernel.json"
+    spec.write_text(text)
+    monkeypatch.setattr(report.runner, "repo_root", lambda: root)
+    monkeypatch.setenv("JUPYTER_PATH", "")
+    assert run_cli(notebooks, tmp_path / "r", "good", "--profile", "smoke") == 2
+    err = capsys.readouterr().err
+    assert f"{spec}: {message}" in err
+    assert not fake.calls and not (tmp_path / "r").exists()
+    monkeypatch.setattr("workbench.devices.repo_root", lambda: root)
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter"))
+    assert main(["kernel", "install", "--user"]) == 2
+    assert f"{spec}: {message}" in capsys.readouterr().err and not (tmp_path / "jupyter").exists()

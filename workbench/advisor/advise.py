@@ -114,7 +114,20 @@ class Advice:
     _workload: _Workload = field(repr=False)
     _configs: dict[str, Config] = field(repr=False)
     _graphs: dict[str, CompiledGraph] = field(repr=False)
+    _extra: dict[str, Callable[[int], int]] = field(repr=False)
     verification: dict | None = None
+
+    def rebudget(self, memory_budget: float) -> Advice:
+        """The same predictions judged against another budget: `fits`, `max_batch` and `best` recomputed
+        (no trace, no real step). Returns self."""
+        _check_budget(memory_budget)
+        self.memory_budget = float(memory_budget)
+        cap = memory_budget * (1 - self.margin)
+        self.table["fits"] = self.table["predicted_peak_bytes"] <= cap
+        self.table["max_batch"] = [
+            search_max(lambda b, g=self._graphs[name], m=self._extra[name]: g.required_bytes(b) + m(b) <= cap,
+                       self.batch_size, limit=2**20)[0] for name in self.table["config"]]
+        return self
 
     @property
     def best(self) -> pd.Series:
@@ -130,6 +143,15 @@ class Advice:
 
     def config(self, name: str | None = None) -> Config:
         return self._configs[name if name is not None else self.best["config"]]
+
+    def program(self, config: str | None = None) -> Callable:
+        """The training program the plan traced for the chosen (or named) candidate: `program(batch_size,
+        None)` runs it for real (model and optimizer built, two steps on fresh batches)."""
+        return self._workload.program(self.config(config))
+
+    def make_batch(self, config: str | None = None) -> Callable[[int, torch.device], tuple]:
+        """`make_batch(size, device)`: fresh (inputs, targets) like the user's, as the candidate takes them."""
+        return self._workload.make_batch(self.config(config))
 
     def build(self, config: str | None = None) -> Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
         """`step(batch) -> loss`: one training step of the chosen configuration (or the named one), with its
@@ -260,6 +282,12 @@ def _predict_seconds(cfg: Config, seconds: dict[str, float], scale: float, segme
     return fwd + bwd + seconds[_step_key(cfg)] + recompute
 
 
+def _check_budget(memory_budget: object) -> None:
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, Real) or not (
+            math.isfinite(memory_budget) and memory_budget > 0):
+        raise ValueError(f"memory_budget must be a finite number of bytes > 0, got {memory_budget!r}")
+
+
 def advise(
     model_fn: Callable[[], nn.Module], batch: tuple[torch.Tensor, torch.Tensor], *, memory_budget: float,
     loss_fn: Callable | None = None, optimizer: str = "adamw", lr: float = 1e-3,
@@ -274,9 +302,7 @@ def advise(
     default grid (`configs.default_grid`). `calibrate` (default: on CPU) adds the kernels' scratch measured
     at small batches. Raises ValueError naming the layer when the model cannot be traced.
     """
-    if isinstance(memory_budget, bool) or not isinstance(memory_budget, Real) or not (
-            math.isfinite(memory_budget) and memory_budget > 0):
-        raise ValueError(f"memory_budget must be a finite number of bytes > 0, got {memory_budget!r}")
+    _check_budget(memory_budget)
     if isinstance(margin, bool) or not isinstance(margin, Real) or not 0 <= margin < 1:
         raise ValueError(f"margin must be a number in [0, 1), got {margin!r}")
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, torch.Tensor) for t in batch)):
@@ -328,17 +354,14 @@ def advise(
     for cfg in grid:
         graph, more = graphs[cfg.name], extra[(cfg.precision, cfg.extra_bits)]
         peak = graph.required_bytes(batch_size) + more(batch_size)
-        biggest, _ = search_max(lambda b, g=graph, m=more: g.required_bytes(b) + m(b) <= cap,
-                                max(1, batch_size), limit=2**20)
         rows.append({"config": cfg.name, "precision": cfg.precision, "extra_bits": cfg.extra_bits,
                      "state_dtype": cfg.state_dtype, "step_in_backward": cfg.step_in_backward,
                      "checkpoint": cfg.checkpoint, "predicted_peak_bytes": peak,
                      **_categories(graph, batch_size, more(batch_size)),
-                     "predicted_step_seconds": _predict_seconds(cfg, seconds, batch_size / timing_batch, segments),
-                     "fits": peak <= cap, "max_batch": biggest})
-    table = pd.DataFrame(rows)
-    return Advice(table, float(memory_budget), float(margin), batch_size, dev, runs, work,
-                  {c.name: c for c in grid}, graphs)
+                     "predicted_step_seconds": _predict_seconds(cfg, seconds, batch_size / timing_batch, segments)})
+    advice = Advice(pd.DataFrame(rows), float(memory_budget), float(margin), batch_size, dev, runs, work,
+                    {c.name: c for c in grid}, graphs, {c.name: extra[(c.precision, c.extra_bits)] for c in grid})
+    return advice.rebudget(memory_budget)
 
 
 def _units(model_fn: Callable[[], nn.Module]) -> list[nn.Module]:

@@ -4,7 +4,9 @@ A notebook measures, turns its records into a `Ledger` with its experiments pack
 (claims as data, verdicts computed by stated rules) and calls `save_results`. `build_reports`
 executes notebooks headlessly with papermill under the `workbench` kernel at a named profile, one
 folder per notebook under `reports/<profile>/`, and writes `reports/<profile>/index.html` from every
-folder's `run.json` and `results.json`, plus `reports/index.html` linking the profiles.
+folder's `run.json` and `results.json`, plus `reports/index.html` linking the profiles. A notebook's
+numeric parameters declare their allowed values beside their defaults (`# range: LO..HI`, see
+`parameters`); the runner replaces only what it made (`folders`).
 """
 
 from .index import write_index
@@ -16,6 +18,7 @@ from .results import (
     KERNEL_NAME, PAPERS, PROFILES, RESERVED, Paper, UsageError, capture_parameters, notebook_repository,
     paper_citation, save_results,
 )
+from .parameters import Declared, notebook_parameters
 from .runner import available_notebooks, build_reports, load_profile
 
 __all__ = [
@@ -23,6 +26,6 @@ __all__ = [
     "at_most", "within", "between", "Ledger", "tally", "Claim", "Measured", "Records", "judge",
     "record_frame", "finite", "device_class",
     "format_value", "ledger_html", "capture_parameters", "save_results", "UsageError", "available_notebooks",
-    "load_profile",
+    "load_profile", "notebook_parameters", "Declared",
     "build_reports", "write_index", "Paper", "PAPERS", "paper_citation", "notebook_repository",
 ]

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import html
 import json
+import time
 import urllib.parse
 from pathlib import Path
 
+from .folders import GENERATOR, page_is_ours
 from .ledger import ledger_html, tally
-from .results import FAILED_RUN, INTERACTIVE, NAME_PATTERN, PROFILES, _read_json, _write_atomic, paper_citation
+from .results import (
+    FAILED_RUN, INTERACTIVE, NAME_PATTERN, PROFILES, UsageError, _read_json, _write_atomic, paper_citation,
+)
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
@@ -65,8 +69,9 @@ def _entries(folder: Path) -> list[dict]:
         run, results = _read_json(sub / "run.json"), _read_json(sub / "results.json")
         if not run and not results:
             continue
-        if not run:  # saved from JupyterLab: results only
-            run = {"status": "ok", "profile": folder.name}
+        if not run:  # saved from JupyterLab: results only, with its parameters and when it was saved
+            run = {"status": "ok", "profile": folder.name, "started": results.get("saved") or _mtime(sub),
+                   "parameters": results.get("parameters"), "interactive": folder.name == INTERACTIVE}
         failed = _read_json(sub / FAILED_RUN / "run.json") if (sub / FAILED_RUN).is_dir() else {}
         entries.append({"name": sub.name, "run": run, "results": results, "failed_run": failed, "folder": sub})
     return entries
@@ -78,11 +83,27 @@ def _tally_text(results: dict) -> str:
     return ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "—"
 
 
+def _mtime(folder: Path) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime((folder / "results.json").stat().st_mtime))
+    except OSError:
+        return "—"
+
+
 def _overrides_text(run: dict) -> str:
     overrides = run.get("overrides")
     if not isinstance(overrides, dict) or not overrides:
         return "none"
     return " ".join(f"-p {k}={json.dumps(v)}" for k, v in overrides.items())
+
+
+def _settings_html(run: dict) -> str:
+    """A build's `-p` overrides; a JupyterLab run's parameters (all of them, folded)."""
+    if not run.get("interactive"):
+        return f"<code>{_e(_overrides_text(run))}</code>"
+    parameters = run.get("parameters") if isinstance(run.get("parameters"), dict) else {}
+    text = " ".join(f"{k}={json.dumps(v)}" for k, v in parameters.items()) or "none recorded"
+    return f"<details><summary>{len(parameters)} parameters</summary><code>{_e(text)}</code></details>"
 
 
 def _status(entry: dict) -> tuple[str, str]:
@@ -105,10 +126,14 @@ def _section(entry: dict) -> str:
         f'<h2 id="{_e(name)}">{_e(name)} <span class="{cls}">({_e(status)})</span></h2>',
         f'<p class="paper">{_e(paper_citation(name))}</p>',
         f"<p>{' · '.join(links)}</p>",
-        f"<p>Profile {_e(run.get('profile'))}, run {_e(run.get('started', '—'))}, {_e(run.get('seconds', '—'))} s "
-        f"on {_e(env.get('device_name', 'unknown device'))}, torch {_e(env.get('torch', '?'))}. "
-        f"Overrides: <code>{_e(_overrides_text(run))}</code>.</p>",
     ]
+    where = f"on {_e(env.get('device_name', 'unknown device'))}, torch {_e(env.get('torch', '?'))}"
+    if run.get("interactive"):
+        parts.append(f"<p>Run in JupyterLab, saved {_e(run.get('started', '—'))} {where}. "
+                     f"Parameters: {_settings_html(run)}</p>")
+    else:
+        parts.append(f"<p>Profile {_e(run.get('profile'))}, run {_e(run.get('started', '—'))}, "
+                     f"{_e(run.get('seconds', '—'))} s {where}. Overrides: {_settings_html(run)}.</p>")
     failed = entry["failed_run"]
     if failed:
         parts.append(
@@ -133,15 +158,17 @@ def _summary_rows(entries: list[dict], prefix: str) -> str:
         target = (f"{prefix}/" if prefix else "") + "index.html"
         rows.append(
             f'<tr><td><a href="{_e(target)}#{_e(name)}">{_e(name)}</a></td><td>{_e(paper_citation(name))}</td>'
-            f'<td class="{cls}">{_e(status)}</td><td>{_e(run.get("seconds", "—"))}</td>'
-            f"<td><code>{_e(_overrides_text(run))}</code></td><td>{_e(_tally_text(entry['results']))}</td></tr>")
-    head = ("<tr><th>notebook</th><th>paper</th><th>status</th><th>seconds</th><th>overrides</th>"
+            f'<td class="{cls}">{_e(status)}</td><td>{_e(run.get("started", "—"))}</td>'
+            f'<td>{_e(run.get("seconds", "—"))}</td>'
+            f"<td>{_settings_html(run)}</td><td>{_e(_tally_text(entry['results']))}</td></tr>")
+    settings = "parameters" if entries and entries[0]["run"].get("interactive") else "overrides"
+    head = (f"<tr><th>notebook</th><th>paper</th><th>status</th><th>run at</th><th>seconds</th><th>{settings}</th>"
             "<th>paper claims</th></tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 
 
 def _page(title: str, body: str) -> str:
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
+    return (f"<!doctype html><html><head><meta charset='utf-8'>{GENERATOR}<title>{_e(title)}</title>"
             f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>{body}</body></html>")
 
 
@@ -149,25 +176,33 @@ _GROUP_NOTES = {
     "smoke": "seconds-long runs that check the notebooks work; toy sizes, so no verdicts",
     "cpu": "the default report, sized for a laptop-class CPU",
     "paper": "the papers' own sizes (needs a GPU)",
-    INTERACTIVE: "results saved by notebooks run in JupyterLab with their own parameters",
+    INTERACTIVE: "results saved by notebooks run in JupyterLab with their own parameters; "
+                 "each run replaces the notebook's previous one",
 }
 
 
 def write_index(out_dir: str | Path) -> Path:
     """Rebuild `<out_dir>/<profile>/index.html` for each profile present and the top `<out_dir>/index.html`
-    that links them. Every value from a report folder is escaped; only folders named like notebooks count."""
+    that links them. Every value from a report folder is escaped; only folders named like notebooks count.
+    A page of that name that the runner did not write is refused (UsageError), never overwritten."""
     out = Path(out_dir)
-    groups = []
+    groups, pages = [], {}
     for group in (*PROFILES, INTERACTIVE):
         entries = _entries(out / group)
         if not entries:
             continue
         body = (f'<p><a href="../index.html">all profiles</a> · {_e(_GROUP_NOTES[group])}</p>'
                 + _summary_rows(entries, "") + "".join(_section(e) for e in entries))
-        _write_atomic(out / group / "index.html", _page(f"Workbench reports: {group}", body))
+        pages[out / group / "index.html"] = _page(f"Workbench reports: {group}", body)
         groups.append(f'<h2 id="{_e(group)}"><a href="{_href(group, "index.html")}">{_e(group)}</a></h2>'
                       f'<p class="note">{_e(_GROUP_NOTES[group])}</p>{_summary_rows(entries, group)}')
     body = "".join(groups) or "<p>No reports yet: run <code>make report</code>.</p>"
     path = out / "index.html"
-    _write_atomic(path, _page("Workbench reports", body))
+    pages[path] = _page("Workbench reports", body)
+    foreign = [str(page) for page in pages if not page_is_ours(page)]
+    if foreign:
+        raise UsageError(f"{', '.join(foreign)}: not written by workbench report; refusing to overwrite "
+                         f"(move it away or choose another output folder)")
+    for page, text in pages.items():
+        _write_atomic(page, text)
     return path

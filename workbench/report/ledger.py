@@ -1,4 +1,4 @@
-"""The claims ledger: rules that turn a measured value into a verdict, claims as data, and their table.
+"""The claims ledger: claims as data, judged by rules (`rules`) into rows, and their table.
 
 A notebook's claims live in `workbench/experiments/<name>/claims.py` as a list of `Claim`s: the text, where
 it comes from (`paper`, our own `target`, or a `check` that cannot fail), the paper's value and its
@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from .rules import Rule, _number, as_number, at_least, at_most, between, within
+
 __all__ = [
     "VERDICTS", "CHECK", "SOURCES", "DEVICE_CLASSES", "Rule", "at_least", "at_most", "within", "between",
     "Ledger", "tally", "Claim", "Measured", "Records", "judge",
@@ -33,149 +35,6 @@ CHECK = "exact by construction"  # a row that cannot fail: shown, never tallied
 SOURCES = ("paper", "target", "check")
 DEVICE_CLASSES = ("any", "cpu", "gpu")  # the kind of hardware a claim was made on
 
-
-
-@dataclass(frozen=True)
-class Rule:
-    """How a measured value becomes a verdict; `describe()` is printed beside every row.
-
-    One-sided (`at_least`, `at_most`) for claims the paper states as bounds; two-sided (`within` a
-    stated value, `between` a stated range) where the paper gives a number, so a result better than
-    claimed is its own verdict instead of passing silently.
-    """
-
-    kind: str  # "at_least", "at_most", "within" or "between"
-    target: float  # the bound, the stated value, or the low end of a range
-    upper: float | None = None  # the high end of a range (between)
-    partly: float | None = None  # one-sided: the weaker bound that still reads "partly"
-    refuted: float | None = None  # any kind: beyond this on the worse side reads "refuted"
-    rel: float | None = None  # within: relative tolerance for "reproduced"
-    partly_rel: float | None = None  # two-sided: relative distance on the worse side for "partly"
-    better: str | None = None  # two-sided: "higher" or "lower" is the better direction
-
-    def _worse_than(self, measured: float, bound: float) -> bool:
-        """True if `measured` lies beyond `bound` on the worse side."""
-        higher_is_better = self.kind == "at_least" or self.better == "higher"
-        return measured < bound if higher_is_better else measured > bound
-
-    def _two_sided(self, measured: float) -> str:
-        lo, hi = (self.target, self.upper) if self.kind == "between" else (self.target, self.target)
-        if self.kind == "within":
-            slack = self.rel * abs(self.target)
-            lo, hi = lo - slack, hi + slack
-        if lo <= measured <= hi:
-            return "reproduced"
-        above = measured > hi
-        if self.better is not None and above == (self.better == "higher"):
-            return "better than claimed"
-        edge = hi if above else lo
-        if self.partly_rel is not None and abs(measured - edge) <= self.partly_rel * abs(edge):
-            return "partly"
-        if self.refuted is not None and self.better is not None and self._worse_than(measured, self.refuted):
-            return "refuted"
-        return "not reproduced"
-
-    def _one_sided(self, measured: float) -> str:
-        if not self._worse_than(measured, self.target):
-            return "reproduced"
-        if self.partly is not None and not self._worse_than(measured, self.partly):
-            return "partly"
-        if self.refuted is not None and self._worse_than(measured, self.refuted):
-            return "refuted"
-        return "not reproduced"
-
-    def verdict(self, measured: float | None, spread: tuple[float, float] | None = None) -> str:
-        """The verdict for `measured`; with a `spread` (lo, hi) that changes it, "inconclusive"."""
-        if measured is None or math.isnan(measured):
-            return "not run at this scale"
-        judge = self._one_sided if self.kind in ("at_least", "at_most") else self._two_sided
-        verdict = judge(measured)
-        if spread is None:
-            return verdict
-        lo, hi = float(min(spread)), float(max(spread))
-        # Every verdict region the spread touches: its ends and each threshold inside it (a spread can hold
-        # the whole "reproduced" band while both its ends fall outside, on either side).
-        points = [lo, hi, *(t for t in self._thresholds() if lo <= t <= hi)]
-        if any(judge(v) != verdict for v in points):
-            return "inconclusive"
-        return verdict
-
-    def _thresholds(self) -> list[float]:
-        """The values where this rule's verdict can change."""
-        points = [self.target, self.upper, self.partly, self.refuted]
-        if self.kind == "within":
-            slack = self.rel * abs(self.target)
-            points += [self.target - slack, self.target + slack]
-        lo, hi = (self.target, self.upper) if self.kind == "between" else (self.target, self.target)
-        if self.kind == "within":
-            lo, hi = lo - self.rel * abs(self.target), hi + self.rel * abs(self.target)
-        if self.partly_rel is not None:
-            points += [lo - self.partly_rel * abs(lo), hi + self.partly_rel * abs(hi)]
-        return [float(p) for p in points if p is not None and math.isfinite(p)]
-
-    def describe(self) -> str:
-        if self.kind in ("at_least", "at_most"):
-            op, worse = (">=", "<") if self.kind == "at_least" else ("<=", ">")
-            text = f"reproduced if measured {op} {_number(self.target)}"
-            if self.partly is not None:
-                text += f"; partly if {op} {_number(self.partly)}"
-        else:
-            text = (f"reproduced if within {self.rel:.0%} of {_number(self.target)}" if self.kind == "within"
-                    else f"reproduced if in [{_number(self.target)}, {_number(self.upper)}]")
-            if self.better is not None:
-                text += f"; better than claimed if {self.better}"
-            if self.partly_rel is not None:
-                text += f"; partly if worse by at most {self.partly_rel:.0%}"
-            worse = "<" if self.better == "higher" else ">"
-        if self.refuted is not None:
-            text += f"; refuted if {worse} {_number(self.refuted)}"
-        return text
-
-
-def at_least(target: float, *, partly: float | None = None, refuted: float | None = None) -> Rule:
-    """A claim stated as a lower bound: reproduced at or above `target`, partly at or above `partly`,
-    refuted below `refuted`, otherwise not reproduced."""
-    if partly is not None and partly > target:
-        raise ValueError(f"partly ({partly}) must be <= target ({target}) for at_least")
-    return Rule("at_least", float(target), partly=partly, refuted=refuted)
-
-
-def at_most(target: float, *, partly: float | None = None, refuted: float | None = None) -> Rule:
-    """A claim stated as an upper bound: reproduced at or below `target`, partly at or below `partly`,
-    refuted above `refuted`, otherwise not reproduced."""
-    if partly is not None and partly < target:
-        raise ValueError(f"partly ({partly}) must be >= target ({target}) for at_most")
-    return Rule("at_most", float(target), partly=partly, refuted=refuted)
-
-
-def _check_better(better: str | None) -> None:
-    if better not in (None, "higher", "lower"):
-        raise ValueError(f"better must be 'higher', 'lower' or None, got {better!r}")
-
-
-def within(
-    target: float, *, rel: float, partly_rel: float | None = None, better: str | None = None,
-    refuted: float | None = None,
-) -> Rule:
-    """A value the paper states: reproduced within `rel` (relative) of `target`; outside it on the
-    `better` side "better than claimed"; on the worse side partly within a further `partly_rel` of
-    the band's edge, refuted beyond `refuted`."""
-    if rel <= 0 or (partly_rel is not None and partly_rel <= 0):
-        raise ValueError(f"need rel > 0 and partly_rel > 0, got rel={rel}, partly_rel={partly_rel}")
-    _check_better(better)
-    return Rule("within", float(target), rel=rel, partly_rel=partly_rel, better=better, refuted=refuted)
-
-
-def between(
-    low: float, high: float, *, better: str | None = None, partly_rel: float | None = None,
-    refuted: float | None = None,
-) -> Rule:
-    """A range the paper states: reproduced inside [low, high]; outside it on the `better` side
-    "better than claimed"; on the worse side partly within `partly_rel` of the nearer end."""
-    if not low <= high:
-        raise ValueError(f"need low <= high, got low={low}, high={high}")
-    _check_better(better)
-    return Rule("between", float(low), upper=float(high), better=better, partly_rel=partly_rel, refuted=refuted)
 
 
 def device_class(device) -> str:
@@ -222,9 +81,12 @@ class Ledger:
             raise TypeError(f"rule must come from at_least/at_most/within/between, got {rule!r}")
         _check_source(source)
         _check_made_on(made_on)
-        measured = None if measured is None else float(measured)
+        measured = None if measured is None else as_number(measured, f"{claim!r}: measured")
         if spread is not None:
-            spread = (float(min(spread)), float(max(spread)))
+            ends = [as_number(v, f"{claim!r}: spread") for v in spread]
+            if not ends or any(math.isnan(v) for v in ends):
+                raise ValueError(f"{claim!r}: spread={spread!r} must be two numbers (low, high), not NaN")
+            spread = (min(ends), max(ends))
         text = rule.describe() + ("; inconclusive if the spread crosses a threshold" if spread else "")
         if not self.verdicts:
             verdict = "not run at this scale"
@@ -368,7 +230,8 @@ def judge(
             value = None if got is None else got.value
             ledger.check(claim.text, measured=value, unit=claim.unit, scale=where, device=device, why=claim.why)
             continue
-        value = None if got is None or got.value is None else float(got.value)
+        value = None if got is None or got.value is None else as_number(
+            got.value, f"{claim.text!r}: the value its measure returned")
         ledger.add(claim.text, paper=claim.paper, measured=value, unit=claim.unit, scale=where, device=device,
                    rule=claim.rule, source=claim.source, spread=None if got is None else got.spread,
                    made_on=claim.made_on)
@@ -377,15 +240,6 @@ def judge(
 
 # ---------------------------------------------------------------------------------------------
 # Showing values and ledgers
-
-
-def _number(value: float) -> str:
-    """A float without scientific notation: thousands separated, three significant digits below that."""
-    if value == 0 or not math.isfinite(value):
-        return "0" if value == 0 else str(value)
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return np.format_float_positional(value, precision=3, fractional=False, trim="-")
 
 
 def format_value(value, unit: str = "") -> str:

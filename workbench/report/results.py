@@ -11,6 +11,8 @@ import math
 import os
 import re
 import secrets
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,7 @@ class Paper:
 # NOTE: the index names papers, not file names; a notebook missing here is listed by its name alone.
 PAPERS = {
     "tour": Paper("No paper: the workbench's conventions"),
+    "advisor": Paper("No paper: the memory advisor across all five papers' techniques"),
     "packed_bit_optimizers": Paper("Memory Efficient Mixed Precision Optimizers", "Lewandowski & Kosson"),
     "optorch": Paper("OpTorch: optimized deep learning architectures for resource limited environments",
                      "Ahmed & Naveed", 2021),
@@ -119,7 +122,8 @@ def save_results(
     """Write `results.json` (parameters, environment, records, claims) and figures as PNG.
 
     `output_dir` "" (a notebook run in JupyterLab) means `reports/interactive/<name>` in the repository
-    the notebook is in. Returns the results.json path.
+    the notebook is in; the run then replaces that notebook's previous one there and is listed, with its
+    parameters and time, on `reports/index.html` (rewritten at once). Returns the results.json path.
     """
     _check_name(name)
     # NOTE: the kernel's current folder is the notebook's folder, so a run in JupyterLab saves beside
@@ -133,6 +137,7 @@ def save_results(
         figure_files.append(f"{fig_name}.png")
     payload = {
         "name": name,
+        "saved": time.strftime("%Y-%m-%d %H:%M:%S"),
         "parameters": _jsonable(parameters),
         "environment": environment(device),
         "records": {k: _jsonable(df.to_dict(orient="records")) for k, df in records.items()},
@@ -141,7 +146,25 @@ def save_results(
     }
     path = out / "results.json"
     _write_atomic(path, json.dumps(payload, indent=1))
+    if not output_dir:
+        _list_interactive_run(out.parent.parent, path)
     return path
+
+
+def _list_interactive_run(reports: Path, path: Path) -> None:
+    """Rewrite the index pages so a JupyterLab run is listed at once; say where it went (the folder is
+    usually outside JupyterLab's file browser). A page that cannot be written costs the run nothing."""
+    from .folders import locked
+    from .index import write_index
+
+    try:
+        with locked(reports):
+            index = write_index(reports)
+    except (OSError, UsageError) as exc:
+        print(f"results saved to {path}; the index was not updated: {getattr(exc, 'strerror', None) or exc}",
+              file=sys.stderr)
+        return
+    print(f"results saved to {path}; listed in {index}")
 
 
 

@@ -1,0 +1,49 @@
+"""The advisor notebook's targets judged from hand-made records: each rule on both sides of its threshold,
+the planning target only at 100M parameters on a CPU, and no verdict at toy scale."""
+
+import pandas as pd
+import pytest
+from claim_rows import claim_row
+
+from workbench.experiments.advisor import claims
+
+
+def _records(peak_errors=(0.01, -0.02, 0.03), time_errors=(0.1, -0.05, 0.12), within=(True, True),
+             regret=(0.0, 0.04), verifications=(1, 1), parameters=(1_000, 2_000), planning=(3.0, 5.0)):
+    candidates = pd.DataFrame({"model": "mlp", "config": [f"c{i}" for i in range(len(peak_errors))],
+                               "peak_error": peak_errors, "time_error": time_errors})
+    decisions = pd.DataFrame({"model": ["mlp", "lstm"], "within_budget": within, "regret": regret,
+                              "verifications": verifications, "parameters": parameters,
+                              "planning_seconds": planning})
+    return {"candidates": candidates, "decisions": decisions}
+
+
+@pytest.mark.parametrize(("prefix", "good", "bad"), [
+    ("Predicted peak within 5%", {}, {"peak_errors": (0.06, -0.07, 0.08)}),
+    ("Predicted peak within 10%", {}, {"peak_errors": (0.01, -0.11, 0.0)}),
+    ("Predicted step time within 15%", {}, {"time_errors": (0.2, -0.3, 0.1)}),
+    ("Verification runs over the budget", {}, {"within": (True, False)}),
+    ("Regret of the choice", {}, {"regret": (0.0, 0.06)}),
+    ("Exactly one verification", {}, {"verifications": (1, 2)}),
+])
+def test_each_target_holds_and_can_fail(prefix, good, bad):
+    assert claim_row(claims, prefix, _records(**good), device_class="cpu")["verdict"] == "reproduced"
+    assert claim_row(claims, prefix, _records(**bad), device_class="cpu")["verdict"] == "not reproduced"
+
+
+def test_planning_time_is_judged_only_at_100m_parameters_and_on_a_cpu():
+    prefix = "Planning a 100M-parameter model"
+    assert claim_row(claims, prefix, _records(), device_class="cpu")["verdict"] == "not run at this scale"
+    big = _records(parameters=(100_000_000, 10), planning=(42.0, 1.0))
+    assert claim_row(claims, prefix, big, device_class="cpu")["verdict"] == "reproduced"
+    slow = _records(parameters=(100_000_000, 10), planning=(61.0, 1.0))
+    assert claim_row(claims, prefix, slow, device_class="cpu")["verdict"] == "not reproduced"
+    assert claim_row(claims, prefix, big, device_class="gpu")["verdict"] == "other device"
+
+
+def test_toy_scale_and_missing_records_give_no_verdict_and_rows_are_targets():
+    ledger = claims.ledger(_records(), {}, device="cpu", device_class="cpu", verdicts=False)
+    assert {r["verdict"] for r in ledger.rows} == {"not run at this scale"}
+    assert {r["source"] for r in ledger.rows} == {"target"}
+    empty = claims.ledger({}, {}, device="cpu", device_class="cpu", verdicts=True)
+    assert {r["verdict"] for r in empty.rows} == {"not run at this scale"}

@@ -1,0 +1,146 @@
+"""The advisor judged on a held-out suite (issue 19): every candidate's prediction against real steps.
+
+For each model the budget is a quantile of its candidates' predicted peaks, so the choice is not
+trivial. Every candidate then runs for real: its training program (model and optimizer built, two steps)
+under `AllocatorMeter`, which shares no counting rule with the plan, and its step timed outside the meter
+(median of `repeats` steps). The decision's regret is the measured step time of the advisor's choice
+against the fastest candidate whose measured peak fits the same usable budget (budget x (1 - margin)).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from workbench.advisor import Advice, advise
+from workbench.measure import AllocatorMeter
+from workbench.models import build
+from workbench.models.densenet import densenet_bc
+
+__all__ = ["SUITE", "evaluate", "measure_candidate", "suite_model"]
+
+SUITE = ("resnet50", "densenet_bc_100", "transformer", "lstm", "mlp")
+
+
+class _Encoder(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(width, 4, dim_feedforward=2 * width, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        return self.head(self.encoder(x).mean(1))
+
+
+class _LSTM(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(width, 2 * width, num_layers=2, batch_first=True)
+        self.head = nn.Linear(2 * width, 10)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+def suite_model(name: str, *, width: float, image_size: int) -> tuple[Callable[[], nn.Module], tuple[int, ...]]:
+    """A model factory of the suite at `width` (channel multiplier) and its per-example input shape."""
+    tokens = max(8, image_size // 2)
+    features = max(8, int(64 * width))
+    if name == "resnet50":
+        return lambda: build("resnet50", width=width), (3, image_size, image_size)
+    if name == "densenet_bc_100":
+        growth = max(2, round(12 * width))
+        return lambda: densenet_bc(100, growth_rate=growth), (3, image_size, image_size)
+    if name == "transformer":
+        return lambda: _Encoder(features), (tokens, features)
+    if name == "lstm":
+        return lambda: _LSTM(features), (tokens, features)
+    if name == "mlp":
+        return lambda: nn.Sequential(nn.Flatten(), nn.Linear(features * 4, 4 * features), nn.ReLU(),
+                                     nn.Linear(4 * features, 4 * features), nn.ReLU(),
+                                     nn.Linear(4 * features, 10)), (features * 4,)
+    raise ValueError(f"model must be one of {SUITE}, got {name!r}")
+
+
+def measure_candidate(advice: Advice, config: str, *, repeats: int) -> dict:
+    """The real peak (AllocatorMeter over the very program the plan traced: build + two steps) and the
+    median step time of one candidate (timed outside the meter, after a warm-up step)."""
+    gc.collect()
+    with AllocatorMeter(advice.device) as meter:
+        advice.program(config)(advice.batch_size, None)
+    step, batch = advice.build(config), advice.make_batch(config)
+    step(batch(advice.batch_size, advice.device))
+    times = []
+    for _ in range(repeats):
+        data = batch(advice.batch_size, advice.device)
+        start = time.perf_counter()
+        step(data)
+        times.append(time.perf_counter() - start)
+    return {"measured_peak_bytes": meter.peak_bytes, "measured_step_seconds": statistics.median(times)}
+
+
+def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size: int, budget_quantile: float,
+             repeats: int = 3, min_run_time: float = 0.1, candidates=None,
+             progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Advice]]:
+    """Advise on each model, with the budget at the `budget_quantile` of its candidates' predicted peaks (so
+    that some fit and some do not), verify the choice, and run every candidate for real. Returns
+    (candidates, decisions, advice per model)."""
+    rows, decisions, advices = [], [], {}
+    for name in tqdm(models, desc="models", disable=not progress):
+        factory, shape = suite_model(name, width=width, image_size=image_size)
+        x = torch.randn(batch_size, *shape)
+        y = torch.randint(0, 10, (batch_size,))
+        start = time.perf_counter()
+        advice = advise(factory, (x, y), memory_budget=2**62, candidates=candidates, min_run_time=min_run_time)
+        planning = time.perf_counter() - start
+        peaks = advice.table["predicted_peak_bytes"]
+        budget = float(peaks.quantile(budget_quantile, interpolation="lower")) / (1 - advice.margin)
+        advice.rebudget(budget)
+        advices[name] = advice
+        for _, row in tqdm(list(advice.table.iterrows()), desc=name, disable=not progress, leave=False):
+            real = measure_candidate(advice, row["config"], repeats=repeats)
+            rows.append({"model": name, "config": row["config"], "budget_bytes": budget,
+                         "predicted_peak_bytes": int(row["predicted_peak_bytes"]),
+                         "predicted_step_seconds": float(row["predicted_step_seconds"]), "fits": bool(row["fits"]),
+                         **real})
+        decisions.append(_decision(name, advice, budget, planning, rows, repeats))
+    table = pd.DataFrame(rows)
+    table["peak_error"] = (table["predicted_peak_bytes"] - table["measured_peak_bytes"]) / table["measured_peak_bytes"]
+    table["time_error"] = (table["predicted_step_seconds"] - table["measured_step_seconds"]) \
+        / table["measured_step_seconds"]
+    return table, pd.DataFrame(decisions), advices
+
+
+def _decision(name: str, advice: Advice, budget: float, planning: float, rows: list[dict], repeats: int) -> dict:
+    try:
+        choice = advice.best["config"]
+    except ValueError as error:
+        return {"model": name, "budget_bytes": budget, "choice": None, "error": str(error),
+                "planning_seconds": planning}
+    result = advice.verify(repeats=repeats)
+    mine = [r for r in rows if r["model"] == name]
+    usable = budget * (1 - advice.margin)  # the advisor's own usable budget: a fair race
+    fitting = [r for r in mine if r["measured_peak_bytes"] <= usable]
+    fastest = min(fitting, key=lambda r: r["measured_step_seconds"]) if fitting else None
+    chosen = next(r for r in mine if r["config"] == result["choice_after"])
+    regret = chosen["measured_step_seconds"] / fastest["measured_step_seconds"] - 1 if fastest else float("nan")
+    return {"model": name, "budget_bytes": budget, "choice": choice, "choice_after": result["choice_after"],
+            "predicted_peak_bytes": result["predicted_peak_bytes"],
+            "verified_peak_bytes": result["measured_peak_bytes"], "within_budget": result["within_budget"],
+            "fastest_fitting": fastest["config"] if fastest else None, "regret": regret,
+            "verifications": advice.real_runs.get("verification", 0),
+            "real_passes": sum(advice.real_runs.values()), "real_runs": str(advice.real_runs),
+            "planning_seconds": planning, "parameters": _parameters(advice)}
+
+
+def _parameters(advice: Advice) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in advice._workload.build().parameters())
