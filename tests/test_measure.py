@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from tests.conftest import requires_cuda
-from workbench.measure import MemoryMeter, format_bytes, measure_training_step, time_callable
+from workbench.measure import MemoryMeter, format_bytes, measure_training_step, time_callable, time_interleaved
 
 
 def test_plain_allocations_are_exact():
@@ -130,3 +130,19 @@ def test_time_interleaved_alternates_variants_and_rotates():
     assert calls == ["a", "b", "b", "a"]
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         time_interleaved({"a": lambda: None}, repeats=0)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: time_callable(lambda: None, repeats=2.5), TypeError, r"repeats must be an int >= 1, got 2.5 \(float\)"),
+    (lambda: time_callable(lambda: None, warmup=True), TypeError, r"warmup must be an int >= 0, got True"),
+    (lambda: time_callable(lambda: None, warmup=-1), ValueError, r"warmup must be >= 0, got -1"),
+    (lambda: time_callable(lambda: None, device=0), TypeError, r"time_callable device must be .*got 0 \(int\)"),
+    (lambda: time_interleaved({"a": lambda: None}, repeats="3"), TypeError, r"repeats must be an int >= 1, got '3'"),
+    (lambda: MemoryMeter(123), TypeError, r"MemoryMeter device must be 'cpu', 'cuda', 'cuda:N' or a torch.device, "
+                                          r"got 123 \(int\)"),
+    (lambda: MemoryMeter("gpu"), ValueError, r"MemoryMeter device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+    (lambda: MemoryMeter("meta"), ValueError, r"MemoryMeter supports 'cpu' and 'cuda' devices, got meta"),
+])
+def test_bad_arguments_name_the_value_and_what_is_allowed(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

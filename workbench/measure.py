@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -34,6 +35,30 @@ def format_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def _device(device, who: str) -> torch.device:
+    """`device` (None: CPU) as a torch.device of type cpu or cuda; errors name `who` and the value."""
+    if device is None:
+        return torch.device("cpu")
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{who} device must be 'cpu', 'cuda', 'cuda:N' or a torch.device, "
+                        f"got {device!r} ({type(device).__name__})")
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"{who} device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{who} supports 'cpu' and 'cuda' devices, got {device}")
+    return device
+
+
+def _count(value, name: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int >= {least}, got {value!r} ({type(value).__name__})")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+    return int(value)
 
 
 def _storages(tree) -> list[torch.UntypedStorage]:
@@ -141,9 +166,7 @@ class AllocatorMeter:
     """
 
     def __init__(self, device: torch.device | str | None = None) -> None:
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
-        if self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"AllocatorMeter supports 'cpu' and 'cuda' devices, got {self.device}")
+        self.device = _device(device, "AllocatorMeter")
         self.peak_bytes = 0
         self.end_bytes = 0
         self.reserved_peak_bytes: int | None = None
@@ -202,9 +225,7 @@ class MemoryMeter:
 
     def __init__(self, device: torch.device | str | None = None, *, trace: bool = False,
                  allocator: bool = False) -> None:
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
-        if self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"MemoryMeter supports 'cpu' and 'cuda' devices, got {self.device}")
+        self.device = _device(device, "MemoryMeter")
         if self.device.type == "cuda":
             count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if count == 0:
@@ -308,11 +329,8 @@ def time_callable(
     # NOTE: a hand-written loop rather than torch.utils.benchmark.Timer.timeit, which runs two
     # extra warm-up calls per measurement: too costly for training steps that take seconds.
     """
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    device = torch.device(device) if device is not None else None
+    warmup, repeats = _count(warmup, "warmup", 0), _count(repeats, "repeats", 1)
+    device = _device(device, "time_callable") if device is not None else None
     for _ in range(warmup):
         fn()
     times = []
@@ -338,8 +356,8 @@ def time_interleaved(
     """
     from tqdm.auto import tqdm
 
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    warmup, repeats = _count(warmup, "warmup", 0), _count(repeats, "repeats", 1)
+    device = _device(device, "time_interleaved") if device is not None else None
     names = list(fns)
     for name in names:
         for _ in range(warmup):

@@ -155,3 +155,54 @@ def test_to_copy_makes_a_new_buffer() -> None:
     moved = enc.to("cpu", copy=True)
     assert moved.data.data_ptr() != enc.data.data_ptr()
     torch.testing.assert_close(moved.data, enc.data)
+
+
+def _hand_built(**change):
+    x = torch.randint(0, 256, (5, 1, 2, 2), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    enc = encode(x, scheme=change.pop("from_scheme", "int64"))
+    parts = {"data": enc.data, "scheme": enc.scheme, "count": enc.count, "per_element": enc.per_element,
+             "offsets": enc.offsets}
+    parts.update(change)
+    return parts
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"scheme": "bogus"}, r"scheme must be one of .*, got 'bogus'"),
+    ({"data": torch.rand(1, 1, 2, 2)}, r"data for scheme 'int64' must be a 4-D torch.int64 tensor .*got torch.float32"),
+    ({"data": torch.zeros(1, 4, dtype=torch.int64)}, r"\[groups, C, H, W\], got torch.int64 \(1, 4\)"),
+    ({"count": 0}, "count must be an int >= 1, got 0"),
+    ({"count": 20}, r"20 images at 8 per element needs 3 words per pixel \(data.shape\[0\]\), got 1"),
+    ({"per_element": 9}, "per_element must be in 1..8 for int64, got 9"),
+    ({"offsets": torch.zeros(5, 1, 2, 2, dtype=torch.bool)}, "offsets belong to scheme 'float64-7bit' only"),
+    ({"from_scheme": "float64-7bit", "offsets": None}, r"needs bool offsets of shape \(5, 1, 2, 2\), got None"),
+    ({"from_scheme": "float64", "scheme": "int64"}, "must be a 4-D torch.int64 tensor"),
+])
+def test_hand_built_batch_is_checked_at_construction(change, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        EncodedBatch(**_hand_built(**change))
+
+
+@pytest.mark.parametrize("words, match", [
+    (torch.full((1, 1, 2, 2), 2.5, dtype=torch.float64), "integers >= 0 below 256\\*\\*6 .*found 2.5"),
+    (torch.full((1, 1, 2, 2), -1.0, dtype=torch.float64), "found -1.0"),
+    (torch.full((1, 1, 2, 2), float("nan"), dtype=torch.float64), "found nan"),
+    (torch.full((1, 1, 2, 2), 2.0**50, dtype=torch.float64), "below 256\\*\\*6"),
+])
+def test_float_words_an_encoding_cannot_produce_are_refused_at_decode(words, match) -> None:
+    enc = EncodedBatch(words, "float64", 5, 6)
+    with pytest.raises(ValueError, match=match):
+        decode(enc)
+    with pytest.raises(ValueError, match=match):
+        DecodeLayer()(enc)
+
+
+def test_lossy_float32_words_that_overflow_still_decode() -> None:
+    """Beyond capacity, float32 place values overflow: inf, and NaN where a zero pixel meets them;
+    the capacity study measures that error rather than being refused."""
+    x = torch.zeros(32, 1, 2, 2, dtype=torch.uint8)
+    enc = encode(x, scheme="float32", per_element=32, allow_lossy=True)
+    assert torch.isnan(enc.data).any()
+    assert decode(enc).shape == x.shape
+    bad = EncodedBatch(torch.full((1, 1, 2, 2), -3.0), "float32", 32, 32)
+    with pytest.raises(ValueError, match=r"float32 words must be integers >= 0 \(what encode writes for 32"):
+        decode(bad)

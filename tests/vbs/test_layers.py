@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from workbench import vbs
+from workbench.measure import Timing
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -52,8 +53,9 @@ def test_measure_layers_reads_activation_bytes(nets):
     assert np.all(tables.branches[1][1].time > 0) and tables.branches[1][1].inp[1, 0] == 3 * 8 * 8 * 4
 
 
-def test_every_batch_size_is_warmed_before_its_layers_are_timed(nets, monkeypatch):
-    """With warmup >= 1 the whole network runs once per batch size before any layer is timed."""
+def test_every_batch_size_is_warmed_and_rounds_interleave_batch_sizes(nets, monkeypatch):
+    """Each batch size gets a warm pass before anything is timed; each timing round visits every batch
+    size once (order reversed every other round), so a burst of load cannot hit one batch size only."""
     import workbench.vbs.layers as layers_module
 
     events = []
@@ -61,16 +63,47 @@ def test_every_batch_size_is_warmed_before_its_layers_are_timed(nets, monkeypatc
     real_time = layers_module.time_callable
     monkeypatch.setattr(layers_module, "run_stages", lambda st, x: events.append(("warm", x.shape[0])) or
                         real_run(st, x))
-    monkeypatch.setattr(layers_module, "time_callable", lambda fn, **kw: events.append(("time", None)) or
-                        real_time(fn, **kw))
-    vbs.measure_layers(nets["linear"](), torch.randn(3, 8, 8), [1, 2], repeats=1, warmup=1)
-    warm = [i for i, e in enumerate(events) if e[0] == "warm"]
-    assert [events[i][1] for i in warm] == [1, 2]
-    n = len(vbs.stages_of(nets["linear"]()))
-    assert warm == [0, n + 1]  # each batch size: one warm pass, then its n layers
+
+    def timed(fn, **kw):
+        timing = real_time(fn, **kw)
+        events.append(("time", None))
+        return timing
+
+    monkeypatch.setattr(layers_module, "time_callable", timed)
+    monkeypatch.setattr(layers_module._Clock, "__call__", lambda self, key, fn, x, real=layers_module._Clock.__call__:
+                        events.append(("layer", x.shape[0])) or real(self, key, fn, x))
+    model = nets["linear"]()
+    n = len(vbs.stages_of(model))
+    vbs.measure_layers(model, torch.randn(3, 8, 8), [1, 2, 3], repeats=2, warmup=1, min_run_time=0)
+    warm = [e[1] for e in events if e[0] == "warm"]
+    first_time = next(i for i, e in enumerate(events) if e[0] == "time")
+    assert warm == [1, 2, 3] and all(e[0] != "warm" for e in events[first_time:])
+    order = [e[1] for e in events if e[0] == "layer"]
+    assert order == [1] * n + [2] * n + [3] * n + [3] * n + [2] * n + [1] * n
     events.clear()
-    vbs.measure_layers(nets["linear"](), torch.randn(3, 8, 8), 2, repeats=1, warmup=0)
-    assert all(e[0] == "time" for e in events)
+    vbs.measure_layers(model, torch.randn(3, 8, 8), 2, repeats=1, warmup=0)
+    assert not any(e[0] == "warm" for e in events)
+
+
+def test_a_slow_round_does_not_become_the_table(nets, monkeypatch):
+    """One round 1000x slow (a burst of load, a first call) leaves the median of three rounds intact."""
+    import workbench.vbs.layers as layers_module
+
+    calls = {"n": 0}
+    real = layers_module.time_callable
+
+    def slow_first_round(fn, **kw):
+        timing = real(fn, **kw)
+        calls["n"] += 1
+        if calls["n"] <= per_round:
+            return Timing(1.0, 1.0, 1.0, [1.0])
+        return timing
+
+    model = nets["linear"]()
+    per_round = 2 * len(vbs.stages_of(model))  # one round: every layer at b = 1 and b = 2
+    monkeypatch.setattr(layers_module, "time_callable", slow_first_round)
+    tables = vbs.measure_layers(model, torch.randn(3, 8, 8), 2, repeats=3, warmup=1, min_run_time=0)
+    assert tables.time.max() < 0.1
 
 
 def test_measure_layers_bad_arguments(nets):
@@ -81,6 +114,24 @@ def test_measure_layers_bad_arguments(nets):
         vbs.measure_layers(model, torch.randn(3, 8, 8), 2, statistic="mean")
     with pytest.raises(TypeError, match="sample"):
         vbs.measure_layers(model, [1, 2, 3], 2)
+    with pytest.raises(ValueError, match=r"repeats must be an int >= 1, got 2.5"):
+        vbs.measure_layers(model, torch.randn(3, 8, 8), 2, repeats=2.5)
+    with pytest.raises(ValueError, match=r"min_run_time must be a number of seconds >= 0, got -1"):
+        vbs.measure_layers(model, torch.randn(3, 8, 8), 2, min_run_time=-1)
+
+
+def test_small_models_get_more_rounds_within_min_run_time(nets, monkeypatch):
+    import workbench.vbs.layers as layers_module
+
+    rounds = []
+    real = layers_module._timed_pass
+    monkeypatch.setattr(layers_module, "_timed_pass", lambda st, x, clock: rounds.append(x.shape[0]) or
+                        real(st, x, clock))
+    vbs.measure_layers(nets["linear"](), torch.randn(3, 8, 8), 1, repeats=2, min_run_time=10.0)
+    assert len(rounds) == 20  # capped at 10 x repeats
+    rounds.clear()
+    vbs.measure_layers(nets["linear"](), torch.randn(3, 8, 8), 1, repeats=2, min_run_time=0)
+    assert len(rounds) == 2
 
 
 def test_unit_for():

@@ -1,5 +1,7 @@
 """workbench.vbs.schedule: steps, plans and the memory accounting the DP and the baselines share."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -43,3 +45,49 @@ def test_check_request(worked_example):
         vbs.check_request(worked_example, -1, 1)
     with pytest.raises(TypeError, match="LayerProfile"):
         vbs.check_request("tables", 7, 1)
+
+
+def _edit(p, change):
+    d = json.loads(p.to_json())
+    change(d)
+    return json.dumps(d)
+
+
+def _set(key, value):
+    return lambda d: d.__setitem__(key, value)
+
+
+def _set_step(key, value, k=0):
+    return lambda d: d["steps"][k].__setitem__(key, value)
+
+
+@pytest.mark.parametrize("change,match", [
+    (_set("memory", -5), r"plan 'memory' must be an int >= 0, got -5"),
+    (_set("unit_bytes", 0), r"plan 'unit_bytes' must be an int >= 1, got 0"),
+    (_set("batch", 0), r"plan 'batch' must be an int >= 1, got 0"),
+    (_set("batch", 2.5), r"plan 'batch' must be an int >= 1, got 2.5"),
+    (_set("method", "magic"), r"plan 'method' must be one of \['vbs', 'fbs', 'greedy'\], got 'magic'"),
+    (lambda d: d.pop("unit_bytes"), r"missing \['unit_bytes'\]"),
+    (_set("names", []), "plan 'names' must be a non-empty list"),
+    (_set("steps", []), "plan 'steps' must be a non-empty list"),
+    (_set_step("layer", 99), r"steps\[0\] 'layer' must be in 0..4 \(the plan's layers\), got 99"),
+    (_set_step("batch", 9), r"steps\[0\] 'batch' must be in 1..4 \(the request\), got 9"),
+    (_set_step("reserved", -1), r"steps\[0\] 'reserved' must be an int >= 0, got -1"),
+    (_set_step("seconds", float("nan")), r"steps\[0\] 'seconds' must be a finite number >= 0, got nan"),
+    (lambda d: d["steps"].pop(), r"layer 4 \('l4'\) runs \d+ samples in its steps, the request has 4"),
+    (lambda d: d["steps"][2]["branches"][0].pop(0), r"steps\[2\] branch 0 step 0 'layer' must be in 0..0 \(a branch"),
+    (lambda d: d["steps"][2]["branches"][0][1].update(batch=2), r"steps\[2\] branch 0: layer 1 runs 2 samples"),
+])
+def test_plan_from_json_names_the_bad_field_and_value(random_branched, change, match):
+    tables = random_branched(np.random.default_rng(3), 4)
+    tables.names = [f"l{i}" for i in range(tables.n_layers)]
+    p = vbs.fbs(tables, memory=10**6, batch=4)
+    with pytest.raises(ValueError, match=match):
+        vbs.Plan.from_json(_edit(p, change))
+
+
+def test_plan_from_json_refuses_text_that_is_not_a_plan():
+    with pytest.raises(ValueError, match="needs the text Plan.to_json writes"):
+        vbs.Plan.from_json("{not json")
+    with pytest.raises(ValueError, match="plan must be a JSON object"):
+        vbs.Plan.from_json("[1, 2]")

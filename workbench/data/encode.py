@@ -50,14 +50,17 @@ SCHEMES = ("float64", "float64-7bit", "int64", "float32")
 # images per element that round-trip exactly (mantissa bits // bits per image; int64: 64 // 8)
 CAPACITY = {"float64": 6, "float64-7bit": 7, "int64": 8, "float32": 3}
 _MANTISSA = {"float64": 53, "float32": 24}
+_DTYPES = {"float64": torch.float64, "float64-7bit": torch.float64, "int64": torch.int64, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
 class EncodedBatch:
     """A batch of ``count`` uint8 images of ``image_shape`` packed ``per_element`` per word.
 
-    ``data`` is ``[ceil(count / per_element), C, H, W]``; ``offsets`` (float64-7bit only) is the
-    boolean odd/even array ``[count, C, H, W]``. Move it with ``.to(device)``.
+    ``data`` is ``[ceil(count / per_element), C, H, W]`` of the scheme's dtype (``_DTYPES``);
+    ``offsets`` (float64-7bit only) is the boolean odd/even array ``[count, C, H, W]``. Move it
+    with ``.to(device)``. A batch built by hand is checked here (scheme, dtypes, shapes, counts);
+    :func:`decode` also checks that float words hold what an encoding can produce.
     """
 
     data: torch.Tensor
@@ -65,6 +68,36 @@ class EncodedBatch:
     count: int
     per_element: int
     offsets: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"EncodedBatch scheme must be one of {SCHEMES}, got {self.scheme!r}")
+        top = 8 if self.scheme == "int64" else 64
+        for name, value, low in (("count", self.count, 1), ("per_element", self.per_element, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"EncodedBatch {name} must be an int >= {low}, got {value!r}")
+        if self.per_element > top:
+            raise ValueError(f"EncodedBatch per_element must be in 1..{top} for {self.scheme}, got {self.per_element}")
+        want = _DTYPES[self.scheme]
+        if not isinstance(self.data, torch.Tensor) or self.data.dtype != want or self.data.ndim != 4:
+            got = (f"{self.data.dtype} {tuple(self.data.shape)}" if isinstance(self.data, torch.Tensor)
+                   else type(self.data).__name__)
+            raise ValueError(f"EncodedBatch data for scheme {self.scheme!r} must be a 4-D {want} tensor "
+                             f"[groups, C, H, W], got {got}")
+        groups = -(-self.count // self.per_element)
+        if self.data.shape[0] != groups:
+            raise ValueError(f"EncodedBatch of {self.count} images at {self.per_element} per element needs "
+                             f"{groups} words per pixel (data.shape[0]), got {self.data.shape[0]}")
+        if self.scheme != "float64-7bit":
+            if self.offsets is not None:
+                raise ValueError(f"EncodedBatch offsets belong to scheme 'float64-7bit' only, not {self.scheme!r}")
+            return
+        shape = (self.count, *self.data.shape[1:])
+        if (not isinstance(self.offsets, torch.Tensor) or self.offsets.dtype != torch.bool
+                or tuple(self.offsets.shape) != shape):
+            got = (f"{self.offsets.dtype} {tuple(self.offsets.shape)}" if isinstance(self.offsets, torch.Tensor)
+                   else repr(self.offsets))
+            raise ValueError(f"EncodedBatch 'float64-7bit' needs bool offsets of shape {shape}, got {got}")
 
     @property
     def nbytes(self) -> int:
@@ -215,10 +248,33 @@ def _unpack(encoded: EncodedBatch) -> torch.Tensor:
     return out.clamp_(0, 255).to(torch.uint8)
 
 
+def _check_words(encoded: EncodedBatch) -> None:
+    """Float words must be what Algorithm 1 can produce: integers >= 0 below base**k.
+
+    Beyond capacity (``allow_lossy``) the sum may round up to base**k or overflow (inf, and NaN
+    where a zero pixel meets an infinite place value); only negative and fractional words are
+    refused there.
+    """
+    if encoded.scheme == "int64":  # every int64 word is 8 valid bytes
+        return
+    data, k = encoded.data, encoded.per_element
+    base = 128.0 if encoded.scheme == "float64-7bit" else 256.0
+    if k <= CAPACITY[encoded.scheme]:
+        bad = (data < 0) | (data != data.floor()) | (data >= base ** k)  # NaN != NaN
+    else:
+        bad = (data < 0) | (data.isfinite() & (data != data.floor()))
+    if bool(bad.any()):
+        value = float(data[bad].flatten()[0])
+        limit = f" below {base:g}**{k}" if k <= CAPACITY[encoded.scheme] else ""
+        raise ValueError(f"EncodedBatch {encoded.scheme} words must be integers >= 0{limit} (what encode "
+                         f"writes for {k} images per element), found {value!r}")
+
+
 def decode(encoded: EncodedBatch) -> torch.Tensor:
     """The uint8 images ``[count, C, H, W]`` back from an :class:`EncodedBatch`."""
     if not isinstance(encoded, EncodedBatch):
         raise TypeError(f"decode expects an EncodedBatch, got {type(encoded).__name__}")
+    _check_words(encoded)
     return _unpack(encoded)
 
 
@@ -242,6 +298,7 @@ class DecodeLayer(nn.Module):
             # two equal bit for bit): decoding allocates the float batch and nothing else.
             out = _images_from_words(x.data, x.per_element, x.count, self.dtype)
             return out.div_(127.5).sub_(1.0)
+        _check_words(x)
         return normalize(_unpack(x), dtype=self.dtype)
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .datasets import ImageSet, _resize, load_cifar10, load_cifar100, load_digits, load_mnist, synthetic_images
+from .datasets import ImageSet, _resize, load_digits, synthetic_images
+from .readers import load_cifar10, load_cifar100, load_mnist
 
 __all__ = ["DATASETS", "load"]
 

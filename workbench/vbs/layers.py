@@ -4,10 +4,10 @@ From "Variable batch size across layers for efficient prediction on CNNs" (Choud
 Sections III and IV ("Implementation details"): the dynamic program takes, for every layer L_i
 and batch size b = 1..B, the per-sample time, the input and output activation memory and the
 temporary (workspace) memory, held in a `LayerProfile`. `measure_layers` measures them on a real
-model: at every batch size the whole network first runs once (a warm pass, so that no layer's
-first call at a new shape is timed), then each layer group (a convolution with its BatchNorm and
-ReLU) is timed (warm-up, median of repeats, divided by b) and its memory is read with
-`workbench.measure.MemoryMeter`:
+model: every batch size is first warmed by a pass of the whole network (so that no layer's first
+call at a new shape is timed), then each layer group (a convolution with its BatchNorm and ReLU) is
+timed in rounds that interleave the batch sizes (median of the rounds, divided by b) and its memory
+is read with `workbench.measure.MemoryMeter`:
 `in` = bytes of the input batch, `out` = bytes of the output, `ws` = peak bytes allocated
 while the layer runs minus its output (on CPU: tensors only; kernel-internal scratch is
 invisible; on CUDA: the caching allocator's peak).
@@ -24,6 +24,7 @@ output is a tensor of its own until it is copied into the group's output.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -180,15 +181,41 @@ class _Rows:
             self.values[k].append(v)
 
 
-def _measure(fn, x: torch.Tensor, device: torch.device, warmup: int, repeats: int,
-             statistic: str) -> tuple[float, int, int, torch.Tensor]:
-    """(seconds by `statistic`, ws bytes, out bytes, y) of y = fn(x)."""
-    timing = time_callable(lambda: fn(x), warmup=warmup, repeats=repeats, device=device)
-    seconds = timing.median_s if statistic == "median" else timing.min_s
+def _memory(fn, x: torch.Tensor, device: torch.device) -> tuple[int, int, torch.Tensor]:
+    """(ws bytes, out bytes, y) of y = fn(x): the peak beyond the output, read by MemoryMeter."""
     with MemoryMeter(device) as meter:
         y = fn(x)
     out = _nbytes(y)
-    return seconds, max(meter.peak_bytes - out, 0), out, y
+    return max(meter.peak_bytes - out, 0), out, y
+
+
+class _Clock:
+    """Seconds per sample of single calls, gathered per (layer key, batch size) over rounds."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds: dict[tuple, list[float]] = {}
+
+    def __call__(self, key: tuple, fn, x: torch.Tensor) -> torch.Tensor:
+        outputs = []
+        timing = time_callable(lambda: outputs.append(fn(x)), warmup=0, repeats=1, device=self.device)
+        self.seconds.setdefault((*key, x.shape[0]), []).append(timing.median_s / x.shape[0])
+        return outputs[0]
+
+    def value(self, key: tuple, b: int, statistic: str) -> float:
+        times = self.seconds[(*key, b)]
+        return float(np.median(times) if statistic == "median" else np.min(times))
+
+
+def _timed_pass(stages, x: torch.Tensor, clock: _Clock) -> None:
+    """One forward pass with every layer (and every branch layer, and each group whole) timed."""
+    for i, stage in enumerate(stages):
+        if stage.is_branch:
+            for j, branch in enumerate(stage.branches):
+                y = x
+                for k, (_, layer) in enumerate(branch):
+                    y = clock((i, j, k), layer, y)
+        x = clock((i,), stage, x)
 
 
 def _fill(points: list[int], rows: dict[str, list[float]], B: int, integer: bool, key: str) -> np.ndarray:
@@ -201,7 +228,7 @@ def _fill(points: list[int], rows: dict[str, list[float]], B: int, integer: bool
 def measure_layers(
     model: nn.Module, sample: torch.Tensor, batch_sizes: int | Sequence[int], *,
     device: torch.device | str | None = None, warmup: int = 1, repeats: int = 3, statistic: str = "median",
-    progress: bool = False,
+    min_run_time: float = 0.2, progress: bool = False,
 ) -> LayerProfile:
     """Measure the per-layer tables of `model` (eval mode, no grad) at batch sizes 1..B, in bytes.
 
@@ -209,47 +236,76 @@ def measure_layers(
     `batch_sizes` is B (measure every b = 1..B) or an increasing list starting at 1 whose largest
     entry is B; batch sizes in between are linearly interpolated (per-sample time and bytes).
     The model is moved to `device` (default: the sample's device) and put in eval mode.
-    `statistic` is "median" (the default) or "min" of the repeats: on a shared, loaded CPU the
-    minimum is the least disturbed estimate, and the DP would otherwise exploit noise.
-    With `warmup` >= 1 the whole network runs once at every batch size before its layers are timed.
+
+    Timing: every batch size is first warmed (`warmup` untimed passes of the whole network), then
+    rounds each run one timed pass at every batch size, the order reversed every other round; a
+    layer's time at b is the `statistic` ("median", the default, or "min") of its rounds. At least
+    `repeats` rounds run, more (up to 10 x `repeats`) while the rounds have taken less than
+    `min_run_time` seconds, as torch.utils.benchmark's `blocked_autorange` does: small models get
+    many cheap rounds, large ones exactly `repeats`.
+    # NOTE: rounds interleave the batch sizes so that a burst of load from other processes (or a
+    # first call the warm pass missed) lands on one round of every batch size, where the median
+    # drops it, instead of on every repeat of one batch size (which once read GoogLeNet at batch 1
+    # as 300x slower per image than at batch 4). On a shared, loaded CPU "min" is the least
+    # disturbed estimate; the DP would otherwise exploit noise.
     """
     from tqdm.auto import tqdm
 
     if not isinstance(sample, torch.Tensor) or sample.dim() < 1:
         raise TypeError("sample must be a tensor of one input without the batch dimension")
-    if warmup < 0 or repeats < 1:
-        raise ValueError(f"warmup must be >= 0 and repeats >= 1, got {warmup}, {repeats}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     if statistic not in ("median", "min"):
         raise ValueError(f"statistic must be 'median' or 'min', got {statistic!r}")
+    if not isinstance(min_run_time, (int, float)) or not 0 <= min_run_time < math.inf:
+        raise ValueError(f"min_run_time must be a number of seconds >= 0, got {min_run_time!r}")
     sizes = _batch_list(batch_sizes)
     device = torch.device(device) if device is not None else sample.device
     model = model.to(device).eval()
     stages = stages_of(model)
+
+    def batch(b: int) -> torch.Tensor:
+        return sample.to(device).unsqueeze(0).expand(b, *sample.shape).contiguous()
+
     main = [_Rows() for _ in stages]
     branch_rows = {i: [[_Rows() for _ in br] for br in s.branches] for i, s in enumerate(stages) if s.is_branch}
-    for b in tqdm(sizes, desc="profiling batch sizes", disable=not progress, leave=False):
-        x = sample.to(device).unsqueeze(0).expand(b, *sample.shape).contiguous()
-        # NOTE: the first call at a new shape (kernel selection, allocator growth, lazy init) can
-        # take far longer than the rest; one pass over the whole network keeps it out of every layer.
-        if warmup:
+    bar = tqdm(total=len(sizes) + repeats, desc="profiling layers", disable=not progress, leave=False)
+    for b in sizes:  # warm passes, then the memory of every layer at b
+        bar.set_postfix_str(f"memory at batch {b}")
+        x = batch(b)
+        for _ in range(warmup):
             run_stages(stages, x)
         for i, stage in enumerate(stages):
-            if not stage.is_branch:
-                t, ws, out, y = _measure(stage, x, device, warmup, repeats, statistic)
-                main[i].add(t / b, _nbytes(x), out, ws)
-                x = y
-                continue
-            branch_time = 0.0
-            for j, branch in enumerate(stage.branches):
+            for j, branch in enumerate(stage.branches if stage.is_branch else ()):
                 y = x
                 for k, (_, layer) in enumerate(branch):
-                    t, ws, out, y_next = _measure(layer, y, device, warmup, repeats, statistic)
-                    branch_time += t / b
-                    branch_rows[i][j][k].add(t / b, 0 if k == 0 else _nbytes(y), out, ws)
+                    ws, out, y_next = _memory(layer, y, device)
+                    branch_rows[i][j][k].add(0.0, 0 if k == 0 else _nbytes(y), out, ws)
                     y = y_next
-            t_group, _, out, y = _measure(stage, x, device, warmup, repeats, statistic)
-            main[i].add(max(t_group / b - branch_time, 0.0), _nbytes(x), out, 0)
+            ws, out, y = _memory(stage, x, device)
+            main[i].add(0.0, _nbytes(x), out, 0 if stage.is_branch else ws)
             x = y
+        bar.update()
+    clock, start, r = _Clock(device), time.perf_counter(), 0
+    while r < repeats or (time.perf_counter() - start < min_run_time and r < 10 * repeats):
+        bar.set_postfix_str(f"timing round {r + 1}")
+        for b in sizes if r % 2 == 0 else sizes[::-1]:
+            _timed_pass(stages, batch(b), clock)
+        bar.update(r < repeats)
+        r += 1
+    bar.close()
+    for n, b in enumerate(sizes):
+        for i, stage in enumerate(stages):
+            inner = 0.0
+            for j, branch in enumerate(stage.branches if stage.is_branch else ()):
+                for k in range(len(branch)):
+                    t = clock.value((i, j, k), b, statistic)
+                    branch_rows[i][j][k].values["time"][n] = t
+                    inner += t
+            # a group's own time is its merge overhead: the whole group less its branch layers
+            main[i].values["time"][n] = max(clock.value((i,), b, statistic) - inner, 0.0)
     B = sizes[-1]
 
     def build(rows: list[_Rows], names: list[str]) -> LayerProfile:

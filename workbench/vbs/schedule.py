@@ -23,7 +23,9 @@ import pandas as pd
 
 from .layers import LayerProfile
 
-__all__ = ["Step", "Plan", "uniform_step", "check_request"]
+__all__ = ["METHODS", "Step", "Plan", "uniform_step", "check_request"]
+
+METHODS = ("vbs", "fbs", "greedy")  # the planners that make plans: the DP and the two baselines
 
 
 @dataclass(frozen=True)
@@ -121,13 +123,82 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        d = json.loads(text)
-        return cls(d["method"], int(d["memory"]), int(d["batch"]), int(d["unit_bytes"]), list(d["names"]),
-                   [Step.from_dict(s) for s in d["steps"]])
+        """The plan `to_json` wrote; ValueError naming the field and value of anything else.
+
+        Checked: every key present (and no other), `method` a planner's name, `memory` >= 0,
+        `unit_bytes` and `batch` >= 1, every step at a layer of the model with a batch in 1..`batch`,
+        and every layer (and branch layer) given all the samples of its request exactly once.
+        """
+        try:
+            d = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"Plan.from_json needs the text Plan.to_json writes: {exc}") from None
+        _keys(d, ("method", "memory", "batch", "unit_bytes", "names", "steps"), "plan")
+        if d["method"] not in METHODS:
+            raise ValueError(f"plan 'method' must be one of {list(METHODS)}, got {d['method']!r}")
+        memory, batch = _count(d["memory"], "plan 'memory'", 0), _count(d["batch"], "plan 'batch'", 1)
+        unit_bytes = _count(d["unit_bytes"], "plan 'unit_bytes'", 1)
+        names = d["names"]
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise ValueError(f"plan 'names' must be a non-empty list of layer names, got {str(names)[:80]}")
+        if not isinstance(d["steps"], list) or not d["steps"]:
+            raise ValueError(f"plan 'steps' must be a non-empty list, got {str(d['steps'])[:80]}")
+        steps = [_step(s, f"steps[{k}]", len(names), batch) for k, s in enumerate(d["steps"])]
+        _conserved(steps, range(len(names)), batch, "plan", names)
+        return cls(d["method"], memory, batch, unit_bytes, list(names), steps)
 
     def __repr__(self) -> str:
         return (f"Plan({self.method}, batch={self.batch}, memory={self.memory} units, peak={self.peak}, "
                 f"{self.time_per_sample:.4g} s/sample, {len(self.steps)} steps)")
+
+
+def _keys(d, keys: tuple[str, ...], where: str) -> None:
+    if not isinstance(d, dict):
+        raise ValueError(f"{where} must be a JSON object with keys {list(keys)}, got {type(d).__name__}")
+    missing, extra = [k for k in keys if k not in d], sorted(set(d) - set(keys))
+    if missing or extra:
+        raise ValueError(f"{where} must have the keys {list(keys)}; missing {missing}, unknown {extra}")
+
+
+def _count(value, what: str, least: int) -> int:
+    if type(value) is not int or value < least:
+        raise ValueError(f"{what} must be an int >= {least}, got {value!r}")
+    return value
+
+
+def _step(d, where: str, n_layers: int, batch: int, layers: str = "the plan's layers") -> Step:
+    """One step of a plan's JSON, its layer in 0..n_layers-1 and its batch in 1..batch."""
+    keys = ("layer", "batch", "reserved", "used", "seconds", "branches")
+    _keys(d, keys if "branches" in d else keys[:-1], where)
+    layer = _count(d["layer"], f"{where} 'layer'", 0)
+    if layer >= n_layers:
+        raise ValueError(f"{where} 'layer' must be in 0..{n_layers - 1} ({layers}), got {layer}")
+    q = _count(d["batch"], f"{where} 'batch'", 1)
+    if q > batch:
+        raise ValueError(f"{where} 'batch' must be in 1..{batch} (the request), got {q}")
+    seconds = d["seconds"]
+    if type(seconds) not in (int, float) or not 0 <= seconds < float("inf"):
+        raise ValueError(f"{where} 'seconds' must be a finite number >= 0, got {seconds!r}")
+    branches = d.get("branches", [])
+    if not isinstance(branches, list) or not all(isinstance(br, list) for br in branches):
+        raise ValueError(f"{where} 'branches' must be a list of lists of steps, got {str(branches)[:80]}")
+    parts = []
+    for j, br in enumerate(branches):
+        inner = [_step(s, f"{where} branch {j} step {k}", len(br), q, f"a branch of {len(br)} steps")
+                 for k, s in enumerate(br)]
+        _conserved(inner, range(max((s.layer for s in inner), default=-1) + 1), q, f"{where} branch {j}")
+        parts.append(tuple(inner))
+    return Step(layer, q, _count(d["reserved"], f"{where} 'reserved'", 0), _count(d["used"], f"{where} 'used'", 0),
+                float(seconds), tuple(parts))
+
+
+def _conserved(steps: list[Step], layers: range, batch: int, where: str, names: list[str] | None = None) -> None:
+    """Every layer's phases take the request's `batch` samples exactly: no sample lost or run twice."""
+    for i in layers:
+        total = sum(s.batch for s in steps if s.layer == i)
+        if total != batch:
+            name = f" ({names[i]!r})" if names else ""
+            raise ValueError(f"{where}: layer {i}{name} runs {total} samples in its steps, the request has {batch}")
 
 
 def check_request(layers: LayerProfile, memory: int | None, batch: int) -> None:

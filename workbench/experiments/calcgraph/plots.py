@@ -7,13 +7,32 @@ import numpy as np
 import pandas as pd
 
 __all__ = [
-    "plot_accuracy", "plot_multi_model", "plot_parallel", "plot_peers", "plot_prediction_error", "plot_single_model",
+    "TOY_SCALE", "plot_accuracy", "plot_multi_model", "plot_parallel", "plot_peers", "plot_prediction_error",
+    "plot_single_model",
 ]
 
 MIB = 2**20
 
 
-def plot_prediction_error(df: pd.DataFrame):
+TOY_SCALE = "toy scale: verdicts off, not evidence (see the ledger)"
+
+
+def _marked(fig, verdicts: bool):
+    """`fig` laid out and, where `verdicts` is False, marked `TOY_SCALE` above its top edge.
+
+    `verdicts` is the notebook parameter that also turns the ledger's verdicts on: a figure made at
+    a scale that gives no verdicts says so on itself, since a toy run can show the opposite of the paper.
+    """
+    if not isinstance(verdicts, bool):
+        raise TypeError(f"verdicts must be a bool (the notebook parameter), got {verdicts!r}")
+    fig.tight_layout()  # first: the mark sits above the laid-out axes
+    if not verdicts:
+        fig.text(0.5, 1.0, TOY_SCALE, ha="center", va="bottom", fontsize=9, color="white", fontweight="bold",
+                 bbox={"boxstyle": "round", "facecolor": "C3", "edgecolor": "none"})
+    return fig
+
+
+def plot_prediction_error(df: pd.DataFrame, *, verdicts: bool = True):
     """Predicted vs measured peak per model (left) and the relative error per batch size (right)."""
     import matplotlib.pyplot as plt
 
@@ -33,11 +52,10 @@ def plot_prediction_error(df: pd.DataFrame):
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle("Memory known before execution: predicted vs measured peak of a training step")
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_accuracy(df: pd.DataFrame):
+def plot_accuracy(df: pd.DataFrame, *, verdicts: bool = True):
     """Fig 9: train (left) and test (right) accuracy per round, heap-bound vs plain PyTorch."""
     import matplotlib.pyplot as plt
 
@@ -50,11 +68,10 @@ def plot_accuracy(df: pd.DataFrame):
         ax.grid(alpha=0.3)
         ax.legend()
     axes[0].set_ylabel("accuracy (%)")
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_single_model(df: pd.DataFrame):
+def plot_single_model(df: pd.DataFrame, *, verdicts: bool = True):
     """Fig 10: peak tensor memory, predicted and measured (left), and time per round (right)."""
     import matplotlib.pyplot as plt
 
@@ -71,11 +88,10 @@ def plot_single_model(df: pd.DataFrame):
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend()
     fig.suptitle("Single model: memory (left) and time per round (right), Fig 10")
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_multi_model(df: pd.DataFrame):
+def plot_multi_model(df: pd.DataFrame, *, verdicts: bool = True):
     """Fig 11: total time against models x rounds, both axes logarithmic."""
     import matplotlib.pyplot as plt
 
@@ -90,11 +106,10 @@ def plot_multi_model(df: pd.DataFrame):
     ax.set_title("Many models (Fig 11)")
     ax.grid(alpha=0.3, which="both")
     ax.legend()
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_parallel(df: pd.DataFrame):
+def plot_parallel(df: pd.DataFrame, *, verdicts: bool = True):
     """Fig 12: models in parallel per mode and budget: CalcGraph's plan, its layout found by trials,
     and plain PyTorch found by trials (the paper's comparison)."""
     import matplotlib.pyplot as plt
@@ -115,11 +130,10 @@ def plot_parallel(df: pd.DataFrame):
     ax.set_title("Models that fit in a budget (Fig 12)")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_peers(df: pd.DataFrame):
+def plot_peers(df: pd.DataFrame, *, verdicts: bool = True):
     """Trial runs (left) and wall time (right) each method needs to find the largest batch."""
     import matplotlib.pyplot as plt
 
@@ -136,5 +150,4 @@ def plot_peers(df: pd.DataFrame):
     axes[0].set_ylabel("method -> largest batch found")
     axes[1].set_yticklabels([])
     fig.suptitle("Largest batch for a budget: plan vs trial-based finders")
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)

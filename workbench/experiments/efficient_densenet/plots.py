@@ -10,13 +10,31 @@ import pandas as pd
 
 from .memory import LABELS
 
-__all__ = ["plot_memory_vs_depth", "plot_budget", "plot_time_per_minibatch", "plot_conv_contiguity"]
+__all__ = ["TOY_SCALE", "plot_memory_vs_depth", "plot_budget", "plot_time_per_minibatch", "plot_conv_contiguity"]
 
 _MIB = 2**20
 
 
+TOY_SCALE = "toy scale: verdicts off, not evidence (see the ledger)"
+
+
+def _marked(fig, verdicts: bool):
+    """`fig` laid out and, where `verdicts` is False, marked `TOY_SCALE` above its top edge.
+
+    `verdicts` is the notebook parameter that also turns the ledger's verdicts on: a figure made at
+    a scale that gives no verdicts says so on itself, since a toy run can show the opposite of the paper.
+    """
+    if not isinstance(verdicts, bool):
+        raise TypeError(f"verdicts must be a bool (the notebook parameter), got {verdicts!r}")
+    fig.tight_layout()  # first: the mark sits above the laid-out axes
+    if not verdicts:
+        fig.text(0.5, 1.0, TOY_SCALE, ha="center", va="bottom", fontsize=9, color="white", fontweight="bold",
+                 bbox={"boxstyle": "round", "facecolor": "C3", "edgecolor": "none"})
+    return fig
+
+
 def plot_memory_vs_depth(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
-                         value: str = "activation_peak_bytes"):
+                         value: str = "activation_peak_bytes", verdicts: bool = True):
     """Peak memory (MiB) against depth per form, linear axes and log-log with fitted exponents."""
     import matplotlib.pyplot as plt
     import matplotlib.ticker
@@ -45,11 +63,10 @@ def plot_memory_vs_depth(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
         ax.set_ylabel(f"peak {value.replace('_bytes', '').replace('_', ' ')} (MiB)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_budget(budget_df: pd.DataFrame):
+def plot_budget(budget_df: pd.DataFrame, *, verdicts: bool = True):
     """Deepest measured depth per form within the memory budget."""
     import matplotlib.pyplot as plt
 
@@ -63,11 +80,10 @@ def plot_budget(budget_df: pd.DataFrame):
     ax.set_ylabel("deepest depth that fits (layers)")
     ax.set_xlabel("implementation")
     ax.set_title(f"budget {budget_df['budget_bytes'].iloc[0] / _MIB:.1f} MiB ('+': sweep limit)")
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_time_per_minibatch(df: pd.DataFrame):
+def plot_time_per_minibatch(df: pd.DataFrame, *, verdicts: bool = True):
     """Median seconds per training step per form, min-max bars, ratio to naive on top."""
     import matplotlib.pyplot as plt
 
@@ -83,11 +99,10 @@ def plot_time_per_minibatch(df: pd.DataFrame):
                  f"{r['device']}")
     ax.set_ylabel("time per minibatch (s)")
     ax.set_xlabel("implementation")
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_conv_contiguity(df: pd.DataFrame):
+def plot_conv_contiguity(df: pd.DataFrame, *, verdicts: bool = True):
     """3x3 convolution time (ms) against input channels, contiguous vs strided input."""
     import matplotlib.pyplot as plt
 
@@ -101,5 +116,4 @@ def plot_conv_contiguity(df: pd.DataFrame):
     ax.set_ylabel("time per convolution (ms)")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)

@@ -18,6 +18,7 @@ from .dataflow import (
     experiment_loaders,
     experiment_sbs,
 )
+from .explore import explore_sc
 from .peers import experiment_peer, hook_retained_bytes, meter_retained_bytes, peer_comparison
 from .pipelines import (
     PIPELINES,
@@ -51,12 +52,14 @@ from .plots import (
     plot_time_accuracy,
     plot_unit_floor,
 )
+from .plots import TOY_SCALE
 
 __all__ = [
-    "ENCODED_FORMS", "PIPELINES", "Pipeline", "autoencoder", "capacity_at", "claims", "exact_capacity",
+    "ENCODED_FORMS", "PIPELINES", "Pipeline", "TOY_SCALE", "autoencoder", "capacity_at", "claims", "exact_capacity",
     "experiment_capacity", "experiment_checkpoint_position", "experiment_encoded_bytes", "experiment_floor",
     "experiment_loaders", "experiment_peer", "experiment_pipeline_memory", "experiment_planner_pareto",
-    "experiment_sbs", "experiment_sc_resnet", "experiment_time_accuracy", "floor_summary", "hook_retained_bytes",
+    "experiment_sbs", "experiment_sc_resnet", "experiment_time_accuracy", "explore_sc", "floor_summary",
+    "hook_retained_bytes",
     "measure_step", "meter_retained_bytes", "optimal_vs_uniform", "peer_comparison", "plot_capacity",
     "plot_checkpoint_position", "plot_loader_throughput", "plot_memory_over_iteration", "plot_pareto", "plot_peer",
     "plot_pipeline_memory", "plot_prediction", "plot_time_accuracy", "plot_unit_floor", "prepare",

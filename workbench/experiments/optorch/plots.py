@@ -13,6 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 __all__ = [
+    "TOY_SCALE",
     "plot_capacity",
     "plot_checkpoint_position",
     "plot_loader_throughput",
@@ -28,7 +29,25 @@ __all__ = [
 _MIB = 2**20
 
 
-def plot_memory_over_iteration(trace: pd.DataFrame, *, title: str = "") -> Figure:
+TOY_SCALE = "toy scale: verdicts off, not evidence (see the ledger)"
+
+
+def _marked(fig, verdicts: bool):
+    """`fig` laid out and, where `verdicts` is False, marked `TOY_SCALE` above its top edge.
+
+    `verdicts` is the notebook parameter that also turns the ledger's verdicts on: a figure made at
+    a scale that gives no verdicts says so on itself, since a toy run can show the opposite of the paper.
+    """
+    if not isinstance(verdicts, bool):
+        raise TypeError(f"verdicts must be a bool (the notebook parameter), got {verdicts!r}")
+    fig.tight_layout()  # first: the mark sits above the laid-out axes
+    if not verdicts:
+        fig.text(0.5, 1.0, TOY_SCALE, ha="center", va="bottom", fontsize=9, color="white", fontweight="bold",
+                 bbox={"boxstyle": "round", "facecolor": "C3", "edgecolor": "none"})
+    return fig
+
+
+def plot_memory_over_iteration(trace: pd.DataFrame, *, title: str = "", verdicts: bool = True) -> Figure:
     """Fig 8: live tensor memory (MiB) over one iteration, one line per variant.
 
     The x axis is progress through the iteration (allocation/free events scaled to [0, 1]) so
@@ -42,11 +61,10 @@ def plot_memory_over_iteration(trace: pd.DataFrame, *, title: str = "") -> Figur
     ax.set_title(title or "Memory over one training iteration")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_time_accuracy(df: pd.DataFrame, *, time_column: str = "robust_cum_seconds") -> Figure:
+def plot_time_accuracy(df: pd.DataFrame, *, time_column: str = "robust_cum_seconds", verdicts: bool = True) -> Figure:
     """Fig 9: final test accuracy against training time, one point per pipeline."""
     last = df.sort_values("epoch").groupby("pipeline", sort=False).tail(1)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -66,11 +84,10 @@ def plot_time_accuracy(df: pd.DataFrame, *, time_column: str = "robust_cum_secon
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Time vs accuracy per pipeline")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_pipeline_memory(df: pd.DataFrame) -> Figure:
+def plot_pipeline_memory(df: pd.DataFrame, *, verdicts: bool = True) -> Figure:
     """Fig 10: peak memory (MiB) of one training step per pipeline, grouped by model."""
     table = df.pivot(index="pipeline", columns="model", values="peak_bytes") / _MIB
     table = table.loc[list(dict.fromkeys(df.pipeline))]
@@ -80,11 +97,10 @@ def plot_pipeline_memory(df: pd.DataFrame) -> Figure:
     ax.set_ylabel("peak tensor memory of one step (MiB)")
     ax.set_title("Memory per pipeline per model")
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_checkpoint_position(df: pd.DataFrame) -> Figure:
+def plot_checkpoint_position(df: pd.DataFrame, *, verdicts: bool = True) -> Figure:
     """Fig 11: measured and predicted peak (MiB) with one checkpoint after each layer."""
     fig, ax = plt.subplots(figsize=(6, 3.8))
     ax.plot(df.boundary, df.measured_peak_bytes / _MIB, "o-", label="measured")
@@ -100,11 +116,10 @@ def plot_checkpoint_position(df: pd.DataFrame) -> Figure:
     ax.set_title("One checkpoint in a 7-layer autoencoder")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_pareto(df: pd.DataFrame, *, time_column: str = "min_s") -> Figure:
+def plot_pareto(df: pd.DataFrame, *, time_column: str = "min_s", verdicts: bool = True) -> Figure:
     """Memory-time points of the planning strategies (measured peak MiB vs step seconds)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     markers = {"uniform": "o", "smallest": "s", "optimal": "^"}
@@ -116,11 +131,10 @@ def plot_pareto(df: pd.DataFrame, *, time_column: str = "min_s") -> Figure:
     ax.set_title("Checkpoint plans: memory vs time")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_capacity(df: pd.DataFrame) -> Figure:
+def plot_capacity(df: pd.DataFrame, *, verdicts: bool = True) -> Figure:
     """Reconstruction error (max |pixel error|) against images packed per element."""
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8))
     for scheme, frame in df.groupby("scheme", sort=False):
@@ -138,22 +152,20 @@ def plot_capacity(df: pd.DataFrame) -> Figure:
     bx.axhline(1.0, color="black", lw=0.8, ls="-.")
     bx.set_ylabel("bytes per pixel per image (dashed: float32, dash-dot: uint8)")
     bx.set_title("Size of the encoded batch")
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_loader_throughput(df: pd.DataFrame) -> Figure:
+def plot_loader_throughput(df: pd.DataFrame, *, verdicts: bool = True) -> Figure:
     """Images per second per loader on the same data."""
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.barh(df.loader, df.images_per_s)
     ax.set_xlabel("images per second (start-up included)")
     ax.set_title("Loader throughput")
     ax.grid(alpha=0.3, axis="x")
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_prediction(frames: dict[str, pd.DataFrame]) -> Figure:
+def plot_prediction(frames: dict[str, pd.DataFrame], *, verdicts: bool = True) -> Figure:
     """Predicted against measured peak (MiB) of every plan, one marker set per experiment.
 
     Each frame needs ``predicted_peak_bytes`` and ``measured_peak_bytes`` (or ``peak_bytes``).
@@ -175,11 +187,10 @@ def plot_prediction(frames: dict[str, pd.DataFrame]) -> Figure:
     ax.set_title("Cost model: predicted vs measured peak per plan")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_unit_floor(floors: pd.DataFrame) -> Figure:
+def plot_unit_floor(floors: pd.DataFrame, *, verdicts: bool = True) -> Figure:
     """The least peak each unit allows (ratio to the baseline's peak), one line per stem."""
     fig, ax = plt.subplots(figsize=(9, 3.6))
     for stem, frame in floors.groupby("stem", sort=False):
@@ -192,11 +203,10 @@ def plot_unit_floor(floors: pd.DataFrame) -> Figure:
     ax.set_title("No plan goes below the largest single-unit floor")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_peer(df: pd.DataFrame) -> Figure:
+def plot_peer(df: pd.DataFrame, *, verdicts: bool = True) -> Figure:
     """Retained bytes and step time against the budget fraction: our planner and torch's."""
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8))
     for method, frame in df.dropna(subset=["retained_ratio"]).groupby("method", sort=False):
@@ -213,5 +223,4 @@ def plot_peer(df: pd.DataFrame) -> Figure:
     for a in (ax, bx):
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)

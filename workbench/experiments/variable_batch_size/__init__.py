@@ -16,12 +16,16 @@ reproduced:
 - Fig 9 and Table III: the DP's batch sizes per layer and the memory each layer leaves unused,
   FBS against VBS, for GoogLeNet at the paper's 20 MB (`layer_batches`, `table_iii`).
 - The planner's own speed, a target of ours (`planner_timing`).
+- The explore widget: one budget and request at a time (`explore_budget`).
+
+Figures made where the notebook's `verdicts` is False are marked `TOY_SCALE` on themselves.
 """
 
 from . import claims
 from .budgets import (
     LOOSE_MB, METHODS, PAPER_FLOOR_MB, TIGHT_MB, agreement, budget_sweep, execute_sweep, plan_at_ratio, sweep_plan,
 )
+from .explore import explore_budget
 from .gains import (
     PAPER_BUDGET_MB, TABLE_II, TABLE_III, gains, layer_batches, reduction_pct, table_ii, table_iii, unused_memory,
 )
@@ -30,6 +34,7 @@ from .plots import (
     plot_budget_sweep, plot_layer_batches, plot_layer_memory, plot_planner_timing, plot_request_sizes,
     plot_time_vs_batch,
 )
+from .plots import TOY_SCALE
 from .tables import (
     LABELS, NETWORKS, PAPER_IMAGE_SIZE, build_network, layer_memory, measure_networks, tables_frame, time_vs_batch,
 )
@@ -40,5 +45,5 @@ __all__ = [
     "PAPER_FLOOR_MB", "TIGHT_MB", "LOOSE_MB", "METHODS", "budget_sweep", "sweep_plan", "plan_at_ratio",
     "execute_sweep", "agreement", "TABLE_II", "TABLE_III", "PAPER_BUDGET_MB", "reduction_pct", "gains", "table_ii",
     "unused_memory", "table_iii", "layer_batches", "plot_time_vs_batch", "plot_layer_memory", "plot_budget_sweep",
-    "plot_request_sizes", "plot_layer_batches", "plot_planner_timing",
+    "plot_request_sizes", "plot_layer_batches", "plot_planner_timing", "TOY_SCALE", "explore_budget",
 ]

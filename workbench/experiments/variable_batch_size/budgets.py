@@ -15,6 +15,8 @@ and "greedy" the baselines of Section IV; `vbs.plan` would return the fastest of
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 import torch
@@ -95,11 +97,16 @@ def plan_at_ratio(sweep: pd.DataFrame, *, network: str, method: str, ratio: floa
 
 def execute_sweep(
     models: dict[str, nn.Module], sweep: pd.DataFrame, *, image_size: int, repeats: int = 3,
-    device: torch.device | str = "cpu", seed: int = 0, progress: bool = False,
+    device: torch.device | str = "cpu", seed: int = 0, min_run_time: float = 0.0, progress: bool = False,
 ) -> pd.DataFrame:
     """Run every feasible plan of `sweep` on its model: per budget, the methods are timed in
     interleaved rounds (median, min, max per image) and each distinct plan's peak is measured once.
-    Adds executed columns to the feasible rows of `sweep` and checks outputs against the model."""
+    Adds executed columns to the feasible rows of `sweep` and checks outputs against the model.
+
+    At least `repeats` rounds run per budget, more (up to 10 x `repeats`) while they have taken
+    less than `min_run_time` seconds (0, the default: exactly `repeats`): at toy sizes one round
+    takes milliseconds, and a single round disturbed by other processes would otherwise be the
+    whole measurement; 0.2 s is torch.utils.benchmark's `blocked_autorange` default."""
     out = sweep.copy()
     for col in ("executed_s", "executed_min_s", "executed_max_s", "executed_peak_bytes", "max_abs_diff"):
         out[col] = np.nan
@@ -120,8 +127,13 @@ def execute_sweep(
             runners[i] = ex
             out.at[i, "max_abs_diff"] = float((ex(x) - want).abs().max())
         # NOTE: the correctness run above was each runner's warm-up
-        times = time_interleaved({i: (lambda ex=ex, x=x: ex(x)) for i, ex in runners.items()}, warmup=0,
-                                 repeats=repeats, device=device)
+        calls = {i: (lambda ex=ex, x=x: ex(x)) for i, ex in runners.items()}
+        times: dict = {i: [] for i in runners}
+        start, rounds = time.perf_counter(), 0
+        while rounds < repeats or (time.perf_counter() - start < min_run_time and rounds < 10 * repeats):
+            for i, t in time_interleaved(calls, warmup=0, repeats=1, device=device).items():
+                times[i] += t
+            rounds += 1
         for i, ex in runners.items():
             key = out.at[i, "plan_json"]
             if key not in peaks:

@@ -1,5 +1,10 @@
 """Plots of the variable-batch-size notebook (Choudhury et al., Figs 1, 2, 7, 8 and 9): pure
-functions, a DataFrame in and a matplotlib Figure out, so reports and widgets share them."""
+functions, a DataFrame in and a matplotlib Figure out, so reports and widgets share them.
+
+Each takes `verdicts`, the notebook parameter that also turns the ledger's verdicts on: a figure
+made where it is False (toy sizes: the interactive defaults, the smoke profile) carries the
+`TOY_SCALE` mark on itself, since a toy run can show the opposite of the paper.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +14,26 @@ import pandas as pd
 from .budgets import PAPER_FLOOR_MB
 from .tables import LABELS
 
-__all__ = ["plot_time_vs_batch", "plot_layer_memory", "plot_budget_sweep", "plot_request_sizes",
+__all__ = ["TOY_SCALE", "plot_time_vs_batch", "plot_layer_memory", "plot_budget_sweep", "plot_request_sizes",
            "plot_layer_batches", "plot_planner_timing"]
 
 _MIB = 2**20
+TOY_SCALE = "toy scale: verdicts off, not evidence (see the ledger)"
 _STYLE = {"vbs": ("VBS (DP)", "C0"), "fbs": ("FBS", "C1"), "greedy": ("Greedy-VBS", "C2")}
 
 
-def plot_time_vs_batch(df: pd.DataFrame):
+def _marked(fig, verdicts: bool):
+    """`fig` laid out and, where `verdicts` is False, marked `TOY_SCALE` above its top edge."""
+    if not isinstance(verdicts, bool):
+        raise TypeError(f"verdicts must be a bool (the notebook parameter), got {verdicts!r}")
+    fig.tight_layout()  # first: the mark sits above the laid-out axes
+    if not verdicts:
+        fig.text(0.5, 1.0, TOY_SCALE, ha="center", va="bottom", fontsize=9, color="white", fontweight="bold",
+                 bbox={"boxstyle": "round", "facecolor": "C3", "edgecolor": "none"})
+    return fig
+
+
+def plot_time_vs_batch(df: pd.DataFrame, *, verdicts: bool = True):
     """Fig 1: per-image time (ms) against the batch size all layers run at, one line per network."""
     import matplotlib.pyplot as plt
 
@@ -28,11 +45,10 @@ def plot_time_vs_batch(df: pd.DataFrame):
     ax.set_title("Per-image time against batch size (Fig 1)")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_layer_memory(df: pd.DataFrame, *, title: str = "Memory per layer at batch 1 (Fig 2)"):
+def plot_layer_memory(df: pd.DataFrame, *, title: str = "Memory per layer at batch 1 (Fig 2)", verdicts: bool = True):
     """Fig 2: input, output and workspace bytes (MiB) of every layer group, stacked."""
     import matplotlib.pyplot as plt
 
@@ -47,8 +63,7 @@ def plot_layer_memory(df: pd.DataFrame, *, title: str = "Memory per layer at bat
     ax.set_ylabel("memory (MiB)")
     ax.set_title(title)
     ax.legend()
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
 def _sweep_axes(ax, grp: pd.DataFrame, *, executed: bool) -> None:
@@ -64,7 +79,7 @@ def _sweep_axes(ax, grp: pd.DataFrame, *, executed: bool) -> None:
     ax.grid(alpha=0.3)
 
 
-def plot_budget_sweep(df: pd.DataFrame, *, request: int = 12, executed: bool = True):
+def plot_budget_sweep(df: pd.DataFrame, *, request: int = 12, executed: bool = True, verdicts: bool = True):
     """Fig 7: per-image time against budget, one panel per network (x: paper-equivalent MB)."""
     import matplotlib.pyplot as plt
 
@@ -80,11 +95,11 @@ def plot_budget_sweep(df: pd.DataFrame, *, request: int = 12, executed: bool = T
         ax.set_ylabel("time per image (ms)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Per-image time against memory budget, request {request} (Fig 7)")
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_request_sizes(df: pd.DataFrame, *, network: str = "googlenet", executed: bool = True):
+def plot_request_sizes(df: pd.DataFrame, *, network: str = "googlenet", executed: bool = True,
+                       verdicts: bool = True):
     """Fig 8: VBS, FBS and Greedy-VBS for one network at several request sizes."""
     import matplotlib.pyplot as plt
 
@@ -98,11 +113,10 @@ def plot_request_sizes(df: pd.DataFrame, *, network: str = "googlenet", executed
     axes[0][0].set_ylabel("time per image (ms)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{LABELS.get(network, network)}: VBS against both baselines by request size (Fig 8)")
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_layer_batches(frame: pd.DataFrame, *, title: str = "Batch sizes per layer (Fig 9)"):
+def plot_layer_batches(frame: pd.DataFrame, *, title: str = "Batch sizes per layer (Fig 9)", verdicts: bool = True):
     """Fig 9: for each main-path layer, its phases as stacked bars (height = batch size).
 
     `frame` has one row per layer with `name` and `batches` (the list of phase sizes), as
@@ -122,11 +136,10 @@ def plot_layer_batches(frame: pd.DataFrame, *, title: str = "Batch sizes per lay
     ax.set_xlabel("layer (main path)")
     ax.set_ylabel("samples (stacked phases)")
     ax.set_title(title)
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
 
 
-def plot_planner_timing(df: pd.DataFrame):
+def plot_planner_timing(df: pd.DataFrame, *, verdicts: bool = True):
     """Planner time (s) against memory units, one colour per number of layers (CPU and wall time)."""
     import matplotlib.pyplot as plt
 
@@ -139,5 +152,4 @@ def plot_planner_timing(df: pd.DataFrame):
     ax.set_title(f"DP planner time (batch {df.batch.iloc[0]})")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts)
