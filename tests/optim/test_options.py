@@ -10,7 +10,8 @@ import torch
 
 from workbench.optim import PackedAdam, PackedAdamW, PackedOptimizer, PackedOptions, PackedSGD
 
-OPTIONS = ["extra_bits", "stochastic_rounding", "master_rounding", "state_dtype", "fused", "compile", "seed"]
+OPTIONS = ["extra_bits", "stochastic_rounding", "master_rounding", "state_dtype", "fused", "compile", "seed",
+           "foreach", "capturable", "differentiable"]
 
 
 def _p():
@@ -23,13 +24,14 @@ def test_every_option_is_declared_once_with_its_default():
     assert fields["extra_bits"].default is dataclasses.MISSING
     opts = PackedOptions(extra_bits=3)
     assert (opts.stochastic_rounding, opts.master_rounding, opts.state_dtype, opts.fused, opts.compile,
-            opts.seed) == (False, "truncate", torch.float32, False, False, None)
+            opts.seed) == (False, "truncate", torch.float32, False, None, None)
+    assert (opts.foreach, opts.capturable, opts.differentiable) == (None, False, False)  # torch's defaults
 
 
 @pytest.mark.parametrize(("cls", "own"), [
-    (PackedSGD, ["params", "lr", "momentum", "dampening", "weight_decay", "nesterov"]),
-    (PackedAdamW, ["params", "lr", "betas", "eps", "weight_decay", "decoupled"]),
-    (PackedAdam, ["params", "lr", "betas", "eps", "weight_decay"]),
+    (PackedSGD, ["params", "lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"]),
+    (PackedAdamW, ["params", "lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "decoupled"]),
+    (PackedAdam, ["params", "lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"]),
     (PackedOptimizer, ["params", "defaults"]),
 ])
 def test_constructors_spell_out_the_options(cls, own):
@@ -81,3 +83,17 @@ def test_the_seed_is_drawn_when_not_given():
     a = PackedSGD(_p(), lr=0.1, extra_bits=3).seed
     torch.manual_seed(0)
     assert PackedSGD(_p(), lr=0.1, extra_bits=3).seed == a and isinstance(a, int)
+
+
+@pytest.mark.parametrize("cls", [PackedAdamW, PackedSGD])
+def test_torch_only_switches_are_refused_with_what_to_use_instead(cls):
+    kw = {"lr": 0.1} if cls is PackedSGD else {}
+    # torch's defaults are accepted, so code written for torch.optim runs unchanged
+    cls(_p(), **kw, extra_bits=3, foreach=None, capturable=False, differentiable=False)
+    cls(_p(), **kw, extra_bits=3, foreach=False)
+    for name, fix in [("foreach", "use fused=True"), ("capturable", "step outside graph capture"),
+                      ("differentiable", r"differentiable=True\) on fp32 parameters")]:
+        with pytest.raises(ValueError, match=rf"{cls.__name__}: {name}=True is not supported \(allowed: .*\): .*{fix}"):
+            cls(_p(), **kw, extra_bits=3, **{name: True})
+    with pytest.raises(TypeError, match=r"compile='yes' must be True, False or None"):
+        cls(_p(), **kw, extra_bits=3, compile="yes")

@@ -39,6 +39,10 @@ CASES = [
     (PackedSGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True)),
     (PackedSGD, torch.optim.SGD, dict(lr=0.05, momentum=0.5, dampening=0.3)),
     (PackedSGD, torch.optim.SGD, dict(lr=0.05)),
+    (PackedAdamW, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1, amsgrad=True)),
+    (PackedAdamW, torch.optim.AdamW, dict(lr=1e-2, maximize=True, amsgrad=True)),
+    (PackedAdam, torch.optim.Adam, dict(lr=1e-2, weight_decay=0.01, amsgrad=True, maximize=True)),
+    (PackedSGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3, maximize=True)),
 ]
 
 
@@ -48,7 +52,7 @@ def test_parity_with_torch_optim_bf16_plus_16(packed_cls, torch_cls, kw, fused):
     params = _params(BF16)
     ref = [torch.nn.Parameter(p.detach().float()) for p in params]
     grads = _grads(BF16, 100)
-    opt = packed_cls(params, **kw, extra_bits=16, fused=fused)
+    opt = packed_cls(params, **kw, extra_bits=16, fused=fused, compile=False)  # the eager flat step
     _run(opt, params, grads)
     _run(torch_cls(ref, **kw), ref, grads)
     for p, r in zip(params, ref, strict=True):
@@ -84,7 +88,7 @@ def test_fused_eager_equals_per_parameter_step(dtype, k, sr, mr):
     out = []
     for fused in (False, True):
         params = _params(dtype)
-        opt = PackedAdamW(params, lr=1e-2, extra_bits=k, fused=fused, stochastic_rounding=sr,
+        opt = PackedAdamW(params, lr=1e-2, extra_bits=k, fused=fused, compile=False, stochastic_rounding=sr,
                           master_rounding=mr, seed=11)
         _run(opt, params, grads)
         out.append([(p.detach().clone(), opt.state[p]["extra"].clone()) for p in params])
@@ -116,12 +120,12 @@ def test_compiled_fused_step_equals_eager(dtype, k, sr):
 def test_state_dict_round_trip_reproduces_packed_bits(cls, kw, dtype, k, sr, fused):
     grads = _grads(dtype, 10)
     params = _params(dtype)
-    opt = cls(params, **kw, extra_bits=k, stochastic_rounding=sr, fused=fused, seed=0,
+    opt = cls(params, **kw, extra_bits=k, stochastic_rounding=sr, fused=fused, compile=False, seed=0,
               master_rounding="stochastic", state_dtype=torch.bfloat16)
     _run(opt, params, grads[:5])
     saved = copy.deepcopy(opt.state_dict())
     clone = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    opt2 = cls(clone, **kw, extra_bits=k, stochastic_rounding=sr, fused=fused, seed=123,
+    opt2 = cls(clone, **kw, extra_bits=k, stochastic_rounding=sr, fused=fused, compile=False, seed=123,
                master_rounding="stochastic", state_dtype=torch.bfloat16)
     opt2.load_state_dict(saved)
     for p, q in zip(params, clone, strict=True):
@@ -228,7 +232,7 @@ def test_sgd_momentum_set_only_in_one_param_group_matches_torch():
 
     for fused in (False, True):
         ps = [torch.nn.Parameter(p.detach().clone()) for p in params]
-        opt = PackedSGD(groups(ps), lr=0.05, extra_bits=16, fused=fused)  # default momentum 0
+        opt = PackedSGD(groups(ps), lr=0.05, extra_bits=16, fused=fused, compile=False)  # default momentum 0
         rs = [torch.nn.Parameter(r.detach().clone()) for r in ref]
         _run(opt, ps, grads)
         _run(torch.optim.SGD(groups(rs), lr=0.05), rs, grads)
@@ -260,7 +264,7 @@ def test_bf16_state_dtype_parity_with_torch_adamw(fused):
     ref = [p.detach().float() for p in params]
     ref32 = [torch.nn.Parameter(p.detach().float()) for p in params]
     grads = _grads(BF16, steps)
-    opt = PackedAdamW(params, lr=lr, weight_decay=0.1, extra_bits=16, fused=fused, state_dtype=BF16)
+    opt = PackedAdamW(params, lr=lr, weight_decay=0.1, extra_bits=16, fused=fused, compile=False, state_dtype=BF16)
     _run(opt, params, grads)
     _adamw_bf16_moments(ref, grads, lr=lr, wd=0.1)
     _run(torch.optim.AdamW(ref32, lr=lr, weight_decay=0.1), ref32, grads)
@@ -311,7 +315,7 @@ def test_zero_grad_set_to_none_frees_the_fused_gradient_buffer():
     import weakref
 
     params = _params(BF16)
-    opt = PackedAdamW(params, extra_bits=8, fused=True)
+    opt = PackedAdamW(params, extra_bits=8, fused=True, compile=False)
     _run(opt, params, _grads(BF16, 1)[:1])  # _run ends with zero_grad() (set_to_none=True)
     for p, g in zip(params, _grads(BF16, 1)[0], strict=True):
         p.grad = g.clone()

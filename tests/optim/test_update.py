@@ -2,8 +2,8 @@
 
 Each test compiles once (C++ codegen on CPU, seconds): the fused flat step with every option that
 changes the kernel (byte planes, stochastic rounding and master rounding from the in-kernel hash,
-bf16 moments), and the per-parameter step with dynamic shapes that ``step_in_backward`` runs (also
-with Triton on CUDA where a GPU is present).
+bf16 moments, amsgrad, maximize, a loss scale unscaled in the kernel), and the per-parameter step
+with dynamic shapes that ``step_in_backward`` runs (also with Triton on CUDA where a GPU is present).
 """
 
 import copy
@@ -35,19 +35,23 @@ def _snapshot(opt, params):
 
 
 def test_compiled_fused_step_with_every_option_equals_eager():
+    # every option that changes the kernel, including the loss scale torch.amp.GradScaler hands the
+    # step (unscaled in fp32 inside the update) and amsgrad's third state
     grads = _grads(4)
     out = []
     for compile_ in (False, True):
         params = _params()
         opt = PackedAdamW(params, lr=1e-2, extra_bits=7, stochastic_rounding=True, master_rounding="stochastic",
-                          state_dtype=BF16, fused=True, compile=compile_, seed=9)
+                          state_dtype=BF16, fused=True, compile=compile_, seed=9, amsgrad=True, maximize=True)
         for gs in grads:
             for p, g in zip(params, gs, strict=True):
-                p.grad = g.clone()
+                p.grad = g.clone() * 1024
+            opt.grad_scale = torch.tensor(1024.0)  # what GradScaler.step sets (torch.amp's protocol)
             opt.step()
             opt.zero_grad()
         out.append(_snapshot(opt, params))
     assert out[1][0][1]["extra"].dtype == torch.uint8  # 7 bits + the SR flag: one byte plane
+    assert "max_exp_avg_sq" in out[1][0][1]
     for (a, sa), (b, sb) in zip(*out, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
         for k in sa:

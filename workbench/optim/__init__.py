@@ -6,13 +6,19 @@
 ``split_merge``: fp32 <-> 16-bit value + extra bits, with stochastic rounding (3.1).
 ``update``: the elementwise merge / fp32 step / split, eager in chunks or ``torch.compile``d.
 ``options``: ``PackedOptions``, the keyword options of every packed optimizer, declared once.
-``fused``: the flat buffers of the fused step ("Fused" in 3.1).
+``fused``: the flat buffers of the fused step ("Fused" in 3.1) and ``select_step``, the one place
+where the update's backend (compiled, eager) is chosen.
 ``packed``: PackedSGD, PackedAdamW, PackedAdam (per-parameter or fused flat step; fp32 or bf16
-states; truncated or stochastic master rounding).
-``backward``: step_in_backward (the update runs inside backward, gradients freed at once; 3.2).
+states; truncated or stochastic master rounding; amsgrad, maximize; torch.amp.GradScaler).
+``state_check``: state dicts validated before loading.
+``backward``: step_in_backward (the update runs inside backward, gradients freed at once; 3.2), with
+clipping, loss scaling and gradient accumulation in the hook and misuse refused (4.1).
+``applied``: AppliedGradient, what ``p.grad`` holds once its update ran inside backward.
 """
 
+from workbench.optim.applied import AppliedGradient
 from workbench.optim.backward import StepInBackwardHandle, step_in_backward
+from workbench.optim.fused import select_step
 from workbench.optim.options import PackedOptions
 from workbench.optim.packed import (
     PackedAdam,
@@ -25,6 +31,7 @@ from workbench.optim.packing import pack, packed_words, unpack
 from workbench.optim.split_merge import merge, split, stochastic_round
 
 __all__ = [
+    "AppliedGradient",
     "PackedAdam",
     "PackedAdamW",
     "PackedOptimizer",
@@ -35,6 +42,7 @@ __all__ = [
     "merge",
     "pack",
     "packed_words",
+    "select_step",
     "split",
     "step_in_backward",
     "stochastic_round",

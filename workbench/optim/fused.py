@@ -9,17 +9,184 @@ bits, else dense int32 words) and optimizer states live in flat buffers. Each pa
 32-value-aligned segment, so a segment of dense words starts on a word boundary and the
 per-parameter state entries stay views of the buffers (``state_dict`` looks the same as unfused).
 Unlike the paper's fused kernels (8 and 16 extra bits only), every width is supported.
+
+Which code runs an update is chosen in one place, :func:`select_step`: ``fused=True`` asks for the
+fastest step available on the device (today the ``torch.compile``d update, with the eager update as
+fallback where compile is unavailable); ``STEP_BACKENDS`` lists the candidates, fastest first.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import warnings
 import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .packing import extra_storage
+from .update import chunked_update, compiled_update
 
-__all__ = ["FlatGroup"]
+__all__ = ["FlatGroup", "STEP_BACKENDS", "StepSpec", "compile_available", "compiled_step", "cpu_kernel_step",
+           "eager_step", "lazy_backend", "select_step"]
+
+#: An update: ``step(half, grad, extra, states, coef, key)`` changes ``half``, ``extra`` and ``states``
+#: in place (``workbench.optim.update.packed_update``'s positional arguments; ``key`` an int or None).
+Step = Callable[..., None]
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """What an update computes: ``packed_update``'s static keyword arguments and the tensors' types.
+
+    ``static`` holds math_fn, extra_bits, stochastic_rounding, master_rounding, options and scaled;
+    ``bits`` the stored bits per value; ``dynamic`` says the lengths vary between calls (the
+    per-parameter step, byte planes) rather than one fixed flat length.
+    """
+
+    static: dict[str, Any]
+    bits: int
+    dtype: torch.dtype
+    state_dtype: torch.dtype
+    dynamic: bool
+
+
+@functools.cache
+def compile_available(device_type: str) -> bool:
+    """Whether ``torch.compile`` can build the update here (dynamo, plus a C++ compiler or Triton)."""
+    try:
+        if not torch._dynamo.is_dynamo_supported():
+            return False
+        if device_type == "cpu":
+            from torch._inductor.cpp_builder import get_cpp_compiler
+
+            get_cpp_compiler()
+            return True
+        if device_type == "cuda":
+            from torch.utils._triton import has_triton
+
+            return bool(has_triton())
+    except Exception:  # noqa: BLE001 - any failure to find a toolchain means "not available"
+        return False
+    return False
+
+
+def eager_step(device: torch.device, spec: StepSpec) -> Step:
+    """The eager update in chunks (``update.chunked_update``): available everywhere."""
+
+    def step(half, grad, extra, states, coef, key):
+        chunked_update(half, grad, extra, states, coef, key, bits=spec.bits, **spec.static)
+
+    return step
+
+
+def compiled_step(device: torch.device, spec: StepSpec) -> Step | None:
+    """The ``torch.compile``d update (bit-identical to the eager one), or None where compile is unavailable."""
+    if not compile_available(device.type):
+        return None
+    update = compiled_update(dynamic=spec.dynamic, device_type=device.type, key=(spec.dtype, spec.state_dtype),
+                             **spec.static)
+
+    def step(half, grad, extra, states, coef, key):
+        if key is not None:
+            key = torch.tensor(key, dtype=torch.int32, device=half.device)
+        update(half, grad, extra, states, coef, key)
+
+    return step
+
+
+def lazy_backend(module: str, attr: str) -> Callable[[torch.device, StepSpec], Step | None]:
+    """A backend imported at its first use: ``module.attr(device, spec)``; None while it cannot be imported."""
+
+    def backend(device: torch.device, spec: StepSpec) -> Step | None:
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except ImportError:
+            return None
+        return fn(device, spec)
+
+    return backend
+
+
+def cpu_kernel_step(device: torch.device, spec: StepSpec) -> Step | None:
+    """The hand-written CPU kernel (``workbench.optim.cpu_kernel``) for the specs it takes, else None.
+
+    First in :data:`STEP_BACKENDS`. It takes the byte-plane formats (8 or 16 stored bits); updates it
+    does not take fall back to the compiled step (or the eager one) inside ``cpu_kernel.kernel_update``.
+    ``WORKBENCH_CPU_KERNEL=0`` turns it off; without a C++ compiler it warns once and is skipped.
+    """
+    static, options = spec.static, spec.static["options"]
+    # NOTE: the kernel reads its options by name and would ignore the ones it does not know: loss
+    # scaling (the ``scaled`` coefficients), maximize and amsgrad are kept away from it until it has them.
+    if (device.type != "cpu" or spec.bits not in (8, 16) or static.get("scaled") or options.get("maximize")
+            or options.get("amsgrad")):
+        return None
+    try:
+        kernel = importlib.import_module("workbench.optim.cpu_kernel")
+    except ImportError:
+        return None
+    if not kernel.available():
+        return None
+    fallback = compiled_step(device, spec) or eager_step(device, spec)
+    return kernel.kernel_update(fallback=fallback, **{k: v for k, v in static.items() if k != "scaled"})
+
+
+#: Update backends, fastest first: ``(name, backend)``, where ``backend(device, spec)`` returns a
+#: :data:`Step` (bit-identical to the eager update) or None when it cannot run that spec on that
+#: device (another device type, an unsupported format). A new kernel is plugged in with one line at
+#: the front, for another module ``("name", lazy_backend("workbench.optim.module", "backend")),``.
+STEP_BACKENDS: list[tuple[str, Callable[[torch.device, StepSpec], Step | None]]] = [
+    ("cpu_kernel", cpu_kernel_step),
+    ("compiled", compiled_step),
+    ("eager", eager_step),
+]
+_FAILED: set[tuple[str, str]] = set()  # (backend, device type) whose build failed: skipped from then on
+
+
+def _guarded(name: str, device: torch.device, step: Step, fallback: Step) -> Step:
+    # NOTE: a toolchain can pass compile_available and still fail to build (a broken compiler, a
+    # Triton/driver mismatch). torch raises those as TorchDynamoException before running anything,
+    # so the eager update can take over that call and, with a warning, every later one.
+    def run(*args):
+        try:
+            step(*args)
+        except torch._dynamo.exc.TorchDynamoException as e:
+            _FAILED.add((name, device.type))
+            warnings.warn(f"the {name} packed update failed to build on {device.type} ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0]}); using the eager update from now on", stacklevel=3)
+            fallback(*args)
+
+    return run
+
+
+def select_step(device: torch.device, spec: StepSpec, *, fused: bool, compile: bool | None) -> tuple[str, Step]:
+    """The update to run, and its backend's name: the one place where the step is chosen.
+
+    ``compile=False``: the eager update. ``compile=True``: the compiled update (RuntimeError where
+    torch.compile is unavailable). ``compile=None``: for ``fused`` groups the first backend of
+    :data:`STEP_BACKENDS` that serves ``spec`` on ``device`` (the fastest available), for the
+    others the eager update.
+    """
+    device = torch.device(device)
+    eager = eager_step(device, spec)
+    if compile is False or (compile is None and not fused):
+        return "eager", eager
+    if compile is True:
+        step = compiled_step(device, spec)
+        if step is None:
+            raise RuntimeError(f"compile=True, but torch.compile cannot build code for {device.type} here (no "
+                               "C++ compiler or Triton); use compile=None (the fastest step available) or False")
+        return "compiled", step
+    for name, backend in STEP_BACKENDS:
+        if (name, device.type) in _FAILED:
+            continue
+        step = backend(device, spec)
+        if step is not None:
+            return name, (step if step is eager or name == "eager" else _guarded(name, device, step, eager))
+    return "eager", eager
 
 
 # NOTE: the fused path rebinds each ``p.data`` to a view of the group's flat buffer (as apex's

@@ -8,6 +8,10 @@ stochastic rounding with one more stored bit, and the "Fused" optimizers. ``mast
 ``PackedSGD``, ``PackedAdamW``, ``PackedAdam`` (and any ``PackedOptimizer``) take these as keyword
 arguments after their algorithm's own; :func:`takes_options` spells them out in the constructor's
 signature, so ``help()`` and ``inspect.signature`` show them as before.
+
+torch.optim's implementation switches ``foreach``, ``capturable`` and ``differentiable`` are
+accepted at torch's defaults (so ``PackedAdamW`` is a drop-in for ``torch.optim.AdamW``) and
+refused otherwise, with what to use instead (:data:`TORCH_ONLY`).
 """
 
 from __future__ import annotations
@@ -21,10 +25,22 @@ from typing import Any, ClassVar
 
 import torch
 
-__all__ = ["MASTER_ROUNDING", "STATE_DTYPES", "PackedOptions", "check_real", "takes_options"]
+__all__ = ["MASTER_ROUNDING", "STATE_DTYPES", "TORCH_ONLY", "PackedOptions", "check_real", "takes_options"]
 
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 MASTER_ROUNDING = ("truncate", "stochastic")
+
+#: torch.optim keywords the packed optimizers take only at torch's defaults: name -> (allowed values,
+#: why not and what to use instead).
+TORCH_ONLY: dict[str, tuple[tuple, str]] = {
+    "foreach": ((None, False), "the packed optimizers have no multi-tensor (foreach) path; use fused=True "
+                "(one flat update over each param group, the fastest step on the device)"),
+    "capturable": ((False,), "the packed step reads step counts and the loss scale on the host and cannot be "
+                   "captured in a CUDA graph; step outside graph capture, or use torch.optim.AdamW("
+                   "capturable=True) on fp32 parameters"),
+    "differentiable": ((False,), "the packed step rounds to 16 bits plus packed integer bits, which has no "
+                       "gradient; use torch.optim.AdamW/SGD(differentiable=True) on fp32 parameters"),
+}
 
 
 def check_real(name: str, value: Any, *, low: float = 0.0, high: float = math.inf,
@@ -46,7 +62,8 @@ class PackedOptions:
 
     The first five are per param group: they are the group defaults, and a param-group dict may set
     its own (checked when the group is added, by :meth:`check_group`). ``compile`` and ``seed``
-    belong to the optimizer.
+    belong to the optimizer, as do torch's ``foreach``/``capturable``/``differentiable`` (accepted
+    only at torch's defaults, see :data:`TORCH_ONLY`).
     """
 
     #: k, the bits of the fp32 master value kept below the 16-bit parameter: 0..16 for bf16, 0..13
@@ -61,12 +78,19 @@ class PackedOptions:
     #: dtype of the optimizer states (momentum, moments): torch.float32, or torch.bfloat16 (torch.optim's
     #: own behaviour for bf16 parameters; half the bytes).
     state_dtype: torch.dtype = torch.float32
-    #: One flat update over the whole group ("Fused" in 3.1; see ``workbench.optim.fused``).
+    #: One flat update over the whole group ("Fused" in 3.1; see ``workbench.optim.fused``), run by
+    #: the fastest step available on the device (``workbench.optim.fused.select_step``).
     fused: bool = False
-    #: ``torch.compile`` the update (C++ on CPU, Triton on GPU); bit-identical to the eager update.
-    compile: bool = False
+    #: ``True``: ``torch.compile`` the update (C++ on CPU, Triton on GPU; bit-identical to the eager
+    #: update); ``False``: always the eager update; ``None``: the fastest step available for fused
+    #: groups (compiled where torch.compile works, else eager), the eager update for the others.
+    compile: bool | None = None
     #: Key of the random bits of stochastic rounding; drawn from torch's global generator when None.
     seed: int | None = None
+    #: torch.optim's switches, accepted at torch's defaults only (:data:`TORCH_ONLY`).
+    foreach: bool | None = None
+    capturable: bool = False
+    differentiable: bool = False
 
     GROUP: ClassVar[tuple[str, ...]] = ("extra_bits", "stochastic_rounding", "master_rounding",
                                         "state_dtype", "fused")
@@ -75,6 +99,13 @@ class PackedOptions:
         seed = self.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(f"seed={seed!r} must be an int or None")
+        if self.compile not in (None, True, False):
+            raise TypeError(f"compile={self.compile!r} must be True, False or None (the fastest step available)")
+        for name, (allowed, instead) in TORCH_ONLY.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is not supported (allowed: "
+                                 f"{' or '.join(map(repr, allowed))}): {instead}")
 
     @classmethod
     def from_keywords(cls, owner: str, keywords: dict[str, Any]) -> PackedOptions:
@@ -85,7 +116,10 @@ class PackedOptions:
                 raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
         if "extra_bits" not in keywords:
             raise TypeError(f"{owner}() missing 1 required keyword-only argument: 'extra_bits'")
-        return cls(**keywords)
+        try:
+            return cls(**keywords)
+        except ValueError as e:
+            raise ValueError(f"{owner.split('.')[0]}: {e}") from None
 
     def group_defaults(self) -> dict[str, Any]:
         """The per-group options as param-group defaults (flags as bools)."""

@@ -13,12 +13,19 @@ fused, compile, seed) are declared, checked and documented once, in ``PackedOpti
 moments in bf16, ``master_rounding="stochastic"`` rounds the kept master value stochastically.
 
 ``fused=True`` ("Fused" in 3.1): a group's halves, extra bits and states live in flat buffers
-(``workbench.optim.fused``), and one flat update runs over the whole group. It is
-``torch.compile``d (C++ on CPU, Triton on GPU) with ``compile=True``; the eager fallback runs the
-same function uncompiled and gives the same result (bit for bit; compiled code reads 16-bit
-patterns through exact float conversions, so only NaN payloads could differ). With
-``compile=True`` the per-parameter step (used by ``step_in_backward``) is compiled too, with
-dynamic shapes, so one kernel per format serves every parameter size.
+(``workbench.optim.fused``), and one flat update runs over the whole group, by the fastest step
+available on the device (``fused.select_step``: ``torch.compile``d, C++ on CPU and Triton on GPU,
+or the eager update where compile is unavailable; ``compile=True``/``False`` forces one). Both give
+the same result (bit for bit; compiled code reads 16-bit patterns through exact float conversions,
+so only NaN payloads could differ). The per-parameter step (used by ``step_in_backward``) of a fused
+group, or with ``compile=True``, is compiled too, with dynamic shapes (one kernel per format).
+
+Drop-in for torch.optim: ``amsgrad`` and ``maximize`` as in torch.optim.AdamW/SGD (the running max
+of the second moment is one more state, ``max_exp_avg_sq``); ``foreach``/``capturable``/
+``differentiable`` only at torch's defaults (``options.TORCH_ONLY``); torch.amp.GradScaler works
+through torch's protocol for fused optimizers (``_step_supports_amp_scaling``): it checks the 16-bit
+gradients for inf/NaN without unscaling them, and the step unscales in fp32 or is skipped.
+``load_state_dict`` validates the state dict first (``workbench.optim.state_check``).
 """
 
 from __future__ import annotations
@@ -32,12 +39,13 @@ from typing import Any
 import torch
 
 from workbench.optim.formats import SUPPORTED_DTYPES, check_format, storage_bits
-from workbench.optim.fused import FlatGroup
+from workbench.optim.fused import FlatGroup, StepSpec, select_step
 from workbench.optim.options import PackedOptions, check_real, takes_options
 from workbench.optim.packing import extra_storage
 from workbench.optim.rng import mix_key, shift_key
 from workbench.optim.split_merge import merge
-from workbench.optim.update import adam_math, chunked_update, compiled_update, sgd_math
+from workbench.optim.state_check import LATER_KEYS, check_state_dict
+from workbench.optim.update import adam_math, sgd_math
 
 __all__ = ["PackedOptimizer", "PackedSGD", "PackedAdamW", "PackedAdam", "master_weight"]
 
@@ -54,11 +62,14 @@ class PackedOptimizer(torch.optim.Optimizer):
     ``options`` are :class:`PackedOptions`' keywords.
     """
 
+    # torch.amp.GradScaler sets ``grad_scale`` and ``found_inf`` on the optimizer and calls step()
+    _step_supports_amp_scaling = True
+
     @takes_options
     def __init__(self, params: Iterable, defaults: dict[str, Any], **options: Any) -> None:
         opts = PackedOptions.from_keywords(f"{type(self).__name__}.__init__", options)
         defaults = dict(defaults, **opts.group_defaults())
-        self.compile = bool(opts.compile)
+        self.compile = None if opts.compile is None else bool(opts.compile)
         self._flat: dict[int, FlatGroup] = {}
         self._index: dict[int, tuple[int, int]] = {}  # id(param) -> (group index, flat offset)
         self._coef_cache: dict[int, tuple[Any, torch.Tensor]] = {}
@@ -72,25 +83,28 @@ class PackedOptimizer(torch.optim.Optimizer):
     def _check_group(self, group: dict[str, Any]) -> None:
         """Per-group option checks (subclasses add theirs)."""
 
+    def validate_group(self, group: dict[str, Any], gi: int) -> None:
+        """Raise TypeError/ValueError for a param group's bad hyperparameter, option or parameter."""
+        for key in ("lr", "weight_decay"):
+            check_real(key, group[key])
+        PackedOptions.check_group(group)
+        k = group["extra_bits"]
+        for i, p in enumerate(group["params"]):
+            if p.dtype not in SUPPORTED_DTYPES:
+                raise TypeError(
+                    f"parameter {i} of group {gi} (shape {tuple(p.shape)}) has dtype {p.dtype}; "
+                    f"{type(self).__name__} needs torch.float16 or torch.bfloat16 parameters"
+                )
+            check_format(p.dtype, k)
+        if group["fused"] and len({(p.dtype, p.device) for p in group["params"]}) > 1:
+            raise ValueError(f"fused=True needs one dtype and device per group; group {gi} mixes them")
+        self._check_group(group)
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         gi = len(self.param_groups) - 1
-        group = self.param_groups[gi]
         try:
-            for key in ("lr", "weight_decay"):
-                check_real(key, group[key])
-            PackedOptions.check_group(group)
-            k = group["extra_bits"]
-            for i, p in enumerate(group["params"]):
-                if p.dtype not in SUPPORTED_DTYPES:
-                    raise TypeError(
-                        f"parameter {i} of group {gi} (shape {tuple(p.shape)}) has dtype {p.dtype}; "
-                        f"{type(self).__name__} needs torch.float16 or torch.bfloat16 parameters"
-                    )
-                check_format(p.dtype, k)
-            if group["fused"] and len({(p.dtype, p.device) for p in group["params"]}) > 1:
-                raise ValueError(f"fused=True needs one dtype and device per group; group {gi} mixes them")
-            self._check_group(group)
+            self.validate_group(self.param_groups[gi], gi)
         except (TypeError, ValueError):
             self.param_groups.pop()
             raise
@@ -118,7 +132,15 @@ class PackedOptimizer(torch.optim.Optimizer):
         return self._locate(p)[0]
 
     def _state_keys(self, group: dict) -> tuple[str, ...]:
+        """Names of the per-parameter states (shaped like the parameter, ``state_dtype``)."""
         raise NotImplementedError
+
+    def expected_state(self, p: torch.Tensor, group: dict) -> dict[str, Any]:
+        """What ``self.state[p]`` holds after a step: key -> (shape, dtype), or ``int`` for ``step``."""
+        shape, dtype = extra_storage(p.numel(), self._bits(group), aligned=True)
+        out: dict[str, Any] = {"step": int, "extra": (tuple(shape), dtype)}
+        out.update({k: (tuple(p.shape), group["state_dtype"]) for k in self._state_keys(group)})
+        return out
 
     def _bits(self, group: dict) -> int:
         return storage_bits(group["extra_bits"], group["stochastic_rounding"])
@@ -150,6 +172,9 @@ class PackedOptimizer(torch.optim.Optimizer):
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict saved by the same packed optimizer class (validated first: a ValueError
+        names the param group or parameter index, the key and what was expected and found)."""
+        check_state_dict(self, state_dict)
         # NOTE: torch's loader casts every state tensor to the parameter's dtype (fp16 here), which
         # would destroy fp32 states and integer extra bits, so state entries are mapped here as-is.
         sd = dict(state_dict)
@@ -157,6 +182,10 @@ class PackedOptimizer(torch.optim.Optimizer):
         seed = sd.pop("sr_seed", None)
         saved_ids = list(chain.from_iterable(g["params"] for g in sd["param_groups"]))
         super().load_state_dict(dict(sd, state={}))
+        for g in self.param_groups:
+            for k, v in LATER_KEYS.items():
+                if k in self.defaults:
+                    g.setdefault(k, v)
         params = list(chain.from_iterable(g["params"] for g in self.param_groups))
         for pid, p in zip(saved_ids, params, strict=True):
             if pid in saved_state:
@@ -182,9 +211,12 @@ class PackedOptimizer(torch.optim.Optimizer):
     def _math(self) -> Callable:
         raise NotImplementedError
 
-    def _coef(self, group: dict, step: int, device: torch.device) -> torch.Tensor:
-        """The group's update coefficients as an fp32 tensor, rebuilt only when they change."""
-        vals = self._coef_values(group, step)
+    def _coef(self, group: dict, step: int, device: torch.device, tail: tuple[float, float] | None = None
+              ) -> torch.Tensor:
+        """The group's update coefficients as an fp32 tensor, rebuilt only when they change.
+
+        ``tail``: (1 / loss scale, clip value), appended for a ``scaled`` update."""
+        vals = self._coef_values(group, step) + (list(tail) if tail is not None else [])
         hit = self._coef_cache.get(id(group))
         if hit is not None and hit[0] == (vals, device):
             return hit[1]
@@ -195,41 +227,52 @@ class PackedOptimizer(torch.optim.Optimizer):
     def _random(self, group: dict) -> bool:
         return group["stochastic_rounding"] or group["master_rounding"] == "stochastic"
 
-    def _kwargs(self, group: dict, step: int) -> dict[str, Any]:
-        return dict(math_fn=self._math(), extra_bits=group["extra_bits"],
-                    stochastic_rounding=group["stochastic_rounding"],
-                    master_rounding=group["master_rounding"], options=self._options(group, step))
+    def _select(self, group: dict, step: int, dtype: torch.dtype, device: torch.device, *, dynamic: bool,
+                scaled: bool = False) -> tuple[str, Callable]:
+        # math_fn and options tell SGD, Adam and AdamW apart; the dtypes do the rest
+        static = dict(math_fn=self._math(), extra_bits=group["extra_bits"],
+                      stochastic_rounding=group["stochastic_rounding"], master_rounding=group["master_rounding"],
+                      options=self._options(group, step), scaled=scaled)
+        spec = StepSpec(static, self._bits(group), dtype, group["state_dtype"], dynamic)
+        return select_step(device, spec, fused=group["fused"], compile=self.compile)
 
-    def _compiled(self, group: dict, step: int, dtype: torch.dtype, device: torch.device, *,
-                  dynamic: bool) -> Callable:
-        # math_fn and options in the kwargs tell SGD, Adam and AdamW apart; the dtypes do the rest
-        return compiled_update(dynamic=dynamic, device_type=device.type, key=(dtype, group["state_dtype"]),
-                               **self._kwargs(group, step))
+    def step_backend(self, group_index: int = 0, *, per_parameter: bool = False) -> str:
+        """Name of the update backend a step of this param group runs (``fused.select_step``)."""
+        group = self.param_groups[group_index]
+        p = group["params"][0]
+        flat = group["fused"] and not per_parameter
+        dynamic = not flat or extra_storage(32, self._bits(group), aligned=True)[1] == torch.uint8
+        return self._select(group, 0, p.dtype, p.device, dynamic=dynamic)[0]
 
     def _mark_stepped(self) -> None:
         # NOTE: LR schedulers check this flag (set by their wrapper of ``step``) to warn about a
         # scheduler step before any optimizer step; updates inside backward never call ``step``.
         self._opt_called = True
 
+    @staticmethod
+    def _tail(grad_scale: float | None, clip_value: float | None) -> tuple[float, float] | None:
+        if grad_scale is None and clip_value is None:
+            return None
+        inv = 1.0 if grad_scale is None else 1.0 / float(grad_scale)  # as GradScaler: reciprocal in double
+        return inv, math.inf if clip_value is None else float(clip_value)
+
     @torch.no_grad()
-    def step_param(self, p: torch.Tensor, group: dict | None = None) -> None:
-        """Update one parameter from its ``.grad`` (used by :func:`step_in_backward`)."""
+    def step_param(self, p: torch.Tensor, group: dict | None = None, *, grad_scale: float | None = None,
+                   clip_value: float | None = None) -> None:
+        """Update one parameter from its ``.grad`` (used by :func:`step_in_backward`).
+
+        ``grad_scale``: the loss scale the gradient carries (divided out in fp32); ``clip_value``:
+        clamp the unscaled gradient to [-clip_value, clip_value] in fp32 first (paper 4.1)."""
         located, gi, offset = self._locate(p)
         group = located if group is None else group
         st = self._init_state(p, group)
         step = st["step"]
-        coef = self._coef(group, step + 1, p.device)
+        tail = self._tail(grad_scale, clip_value)
+        coef = self._coef(group, step + 1, p.device, tail)
         key = shift_key(mix_key(self.seed, gi, step), offset) if self._random(group) else None
         states = [st[k].view(-1) for k in self._state_keys(group)]
-        extra = _extra_arg(st["extra"])
-        if self.compile:
-            if key is not None:
-                key = torch.tensor(key, dtype=torch.int32, device=p.device)
-            update = self._compiled(group, step, p.dtype, p.device, dynamic=True)
-            update(p.view(-1), p.grad.reshape(-1), extra, states, coef, key)
-        else:
-            chunked_update(p.view(-1), p.grad.reshape(-1), extra, states, coef, key,
-                           bits=self._bits(group), **self._kwargs(group, step))
+        update = self._select(group, step, p.dtype, p.device, dynamic=True, scaled=tail is not None)[1]
+        update(p.view(-1), p.grad.reshape(-1), _extra_arg(st["extra"]), states, coef, key)
         st["step"] = step + 1
         self._mark_stepped()
 
@@ -239,6 +282,12 @@ class PackedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # torch.amp.GradScaler's protocol for optimizers that unscale inside their step
+        found_inf, grad_scale = getattr(self, "found_inf", None), getattr(self, "grad_scale", None)
+        if found_inf is not None and float(found_inf) != 0:
+            return loss  # an inf/NaN gradient: the step is skipped, as GradScaler.step does
+        scale = None if grad_scale is None else float(grad_scale)
+        tail = self._tail(scale, None)
         for gi, group in enumerate(self.param_groups):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
@@ -248,34 +297,28 @@ class PackedOptimizer(torch.optim.Optimizer):
                     self._init_state(p, group)
                 steps = {self.state[p]["step"] for p in group["params"]}
                 if len(params) == len(group["params"]) and len(steps) == 1:
-                    self._fused_step(gi, group, steps.pop())
+                    self._fused_step(gi, group, steps.pop(), tail)
                     continue
                 # NOTE: a fused group where some parameters have no gradient (or different step
                 # counts after a state load) takes the per-parameter path, which computes the same.
             for p in params:
-                self.step_param(p, group)
+                self.step_param(p, group, grad_scale=scale)
         return loss
 
-    def _fused_step(self, gi: int, group: dict, step: int) -> None:
+    def _fused_step(self, gi: int, group: dict, step: int, tail: tuple[float, float] | None) -> None:
         bits = self._bits(group)
         flat = self._flat.get(gi)
         if flat is None or not flat.valid(self.state):
             flat = self._flat[gi] = FlatGroup(group["params"], self.state, list(self._state_keys(group)),
                                                bits, group["state_dtype"])
         grad = flat.gather_grads()
-        coef = self._coef(group, step + 1, flat.half.device)
+        coef = self._coef(group, step + 1, flat.half.device, tail)
         key = mix_key(self.seed, gi, step) if self._random(group) else None
         states = [flat.states[k] for k in flat.keys]
-        extra = _extra_arg(flat.extra)
-        if self.compile:
-            if key is not None:
-                key = torch.tensor(key, dtype=torch.int32, device=flat.half.device)
-            # byte planes: dynamic shapes (one kernel per format); dense words: static (see update.py)
-            dynamic = flat.extra.dtype == torch.uint8
-            update = self._compiled(group, step, flat.half.dtype, flat.half.device, dynamic=dynamic)
-            update(flat.half, grad, extra, states, coef, key)
-        else:
-            chunked_update(flat.half, grad, extra, states, coef, key, bits=bits, **self._kwargs(group, step))
+        # byte planes: dynamic shapes (one kernel per format); dense words: static (see update.py)
+        update = self._select(group, step, flat.half.dtype, flat.half.device,
+                              dynamic=flat.extra.dtype == torch.uint8, scaled=tail is not None)[1]
+        update(flat.half, grad, _extra_arg(flat.extra), states, coef, key)
         for p in group["params"]:
             self.state[p]["step"] += 1
 
@@ -289,9 +332,10 @@ class PackedSGD(PackedOptimizer):
 
     @takes_options
     def __init__(self, params: Iterable, lr: float, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, **options: Any) -> None:
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+                 **options: Any) -> None:
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
-                        weight_decay=weight_decay, nesterov=nesterov)
+                        weight_decay=weight_decay, nesterov=nesterov, maximize=bool(maximize))
         super().__init__(params, defaults, **options)
 
     def _check_group(self, group):
@@ -308,7 +352,8 @@ class PackedSGD(PackedOptimizer):
         return [group["lr"], group["weight_decay"], group["momentum"], 1.0 - group["dampening"]]
 
     def _options(self, group, step):
-        return dict(momentum=group["momentum"] != 0, nesterov=group["nesterov"], first=step == 0)
+        return dict(momentum=group["momentum"] != 0, nesterov=group["nesterov"], first=step == 0,
+                    maximize=bool(group.get("maximize", False)))
 
     def _math(self):
         return sgd_math
@@ -319,15 +364,17 @@ class PackedAdamW(PackedOptimizer):
 
     ``decoupled=False`` gives Adam (L2 weight decay added to the gradient); see :class:`PackedAdam`.
     ``state_dtype=torch.bfloat16`` keeps both moments in bf16 (4 instead of 8 bytes per parameter).
-    Keyword options (``extra_bits`` required): :class:`PackedOptions`.
+    ``amsgrad=True`` keeps the running max of the second moment as a third state (``max_exp_avg_sq``,
+    4 more bytes per parameter in fp32); ``maximize=True`` ascends. Keyword options (``extra_bits``
+    required): :class:`PackedOptions`.
     """
 
     @takes_options
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, *, decoupled: bool = True,
-                 **options: Any) -> None:
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        decoupled=decoupled)
+                 eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
+                 maximize: bool = False, decoupled: bool = True, **options: Any) -> None:
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=bool(amsgrad),
+                        maximize=bool(maximize), decoupled=decoupled)
         super().__init__(params, defaults, **options)
 
     def _check_group(self, group):
@@ -342,7 +389,7 @@ class PackedAdamW(PackedOptimizer):
         check_real("eps", group["eps"])
 
     def _state_keys(self, group):
-        return ("exp_avg", "exp_avg_sq")
+        return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
 
     def _coef_values(self, group, step):
         b1, b2 = group["betas"]
@@ -351,7 +398,8 @@ class PackedAdamW(PackedOptimizer):
                 group["eps"], lr / (1.0 - b1**step), b1]
 
     def _options(self, group, step):
-        return dict(decoupled=group["decoupled"])
+        return dict(decoupled=group["decoupled"], amsgrad=bool(group.get("amsgrad", False)),
+                    maximize=bool(group.get("maximize", False)))
 
     def _math(self):
         return adam_math
@@ -365,10 +413,12 @@ class PackedAdam(PackedAdamW):
 
     @takes_options
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, **options: Any) -> None:
+                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
+                 maximize: bool = False, **options: Any) -> None:
         # NOTE: past PackedAdamW's constructor, which takes ``decoupled``: Adam refuses it as an
         # unknown keyword, as before.
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, decoupled=False)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=bool(amsgrad),
+                        maximize=bool(maximize), decoupled=False)
         PackedOptimizer.__init__(self, params, defaults, **options)
 
 

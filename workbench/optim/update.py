@@ -50,8 +50,10 @@ def _keep(state: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return value
 
 
-def sgd_math(master, g, states, coef, *, momentum: bool, nesterov: bool, first: bool):
+def sgd_math(master, g, states, coef, *, momentum: bool, nesterov: bool, first: bool, maximize: bool = False):
     """torch.optim.SGD's update on the fp32 master value; coef = [lr, wd, mom, 1 - dampening]."""
+    if maximize:
+        g = -g
     g = g + coef[1] * master
     if momentum:
         (buf,) = states
@@ -73,12 +75,14 @@ def _sqrt(x: torch.Tensor) -> torch.Tensor:
     return x.double().sqrt().float()
 
 
-def adam_math(master, g, states, coef, *, decoupled: bool):
-    """torch.optim.Adam(W)'s update.
+def adam_math(master, g, states, coef, *, decoupled: bool, amsgrad: bool = False, maximize: bool = False):
+    """torch.optim.Adam(W)'s update (``amsgrad``: states end with the running max of the second moment).
 
     coef = [1 - lr*wd, wd, 1 - b1, b2, 1 - b2, sqrt(1 - b2**t), eps, lr / (1 - b1**t), b1].
     """
-    exp_avg, exp_avg_sq = states
+    exp_avg, exp_avg_sq = states[0], states[1]
+    if maximize:
+        g = -g
     if decoupled:
         master = master * coef[0]
     else:
@@ -88,6 +92,8 @@ def adam_math(master, g, states, coef, *, decoupled: bool):
     # to a few fp32 ulps.
     m = _keep(exp_avg, exp_avg.float() * coef[8] + g * coef[2])
     v = _keep(exp_avg_sq, exp_avg_sq.float() * coef[3] + g * g * coef[4])
+    if amsgrad:
+        v = _keep(states[2], torch.maximum(states[2].float(), v))
     denom = _sqrt(v) / coef[5] + coef[6]
     return master - coef[7] * (m / denom)
 
@@ -105,6 +111,7 @@ def packed_update(
     stochastic_rounding: bool,
     master_rounding: str = "truncate",
     options: dict[str, Any],
+    scaled: bool = False,
     offset: int = 0,
 ) -> None:
     """One in-place update of 1-D ``half`` (and its ``extra`` bits and ``states``): merge, step, split.
@@ -112,13 +119,22 @@ def packed_update(
     ``extra`` is int32 words (``half``'s first value on a 32-value boundary of the packed stream)
     or a list of 1-D uint8 byte planes. ``key`` seeds the per-element random bits (needed with
     stochastic rounding or ``master_rounding="stochastic"``); ``offset`` is the index of
-    ``half[0]`` in the stream the key numbers.
+    ``half[0]`` in the stream the key numbers. ``scaled``: the last two entries of ``coef`` are
+    (1 / loss scale, clip value); the gradient is unscaled and clipped by value in fp32 first.
     """
     bits = storage_bits(extra_bits, stochastic_rounding)
     n = half.numel()
     values = decode(extra, bits, n)
     master = merge_values(half, values, extra_bits=extra_bits, stochastic_rounding=stochastic_rounding)
-    master = math_fn(master, grad.float(), states, coef, **options)
+    g = grad.float()
+    if scaled:
+        # NOTE: unscaling in fp32 inside the step is what torch.amp.GradScaler cannot do for fp16
+        # gradients (it unscales them in place, in fp16, and refuses). Paper 4.1: loss scaling and
+        # clipping become part of the optimizer when the step is fused.
+        clip = coef[-1]
+        g = torch.minimum(torch.maximum(g * coef[-2], -clip), clip)
+    master = math_fn(master, g, states, coef, **options)
+    del g  # freed before the split's temporaries exist (the eager step's peak)
     noise = master_noise = None
     if stochastic_rounding or master_rounding == "stochastic":
         if key is None:

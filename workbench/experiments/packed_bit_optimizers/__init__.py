@@ -4,8 +4,10 @@ Optimizers, Lewandowski & Kosson).
 ``bench``: formats and peak memory (with the phase where it falls and memory over the steps by
 category); ``steps``: training-step times by format and the step fused into backward (Table 2);
 ``accuracy``: accuracy by format over seeds and the addition-error study; ``speed``: optimizer-step
-throughput (Fig 3); ``peers``: the side-by-side table against torch, torchao, torch-optimi and
-bitsandbytes; ``plots``: the figures; ``claims``: the paper's claims and our targets as data, and the ledger.
+throughput (Fig 3); ``limits``: section 4.1"s limits measured (memory of gradient accumulation with
+the step in backward, fp16 loss scaling) and bytes per parameter by optimizer option; ``peers``: the
+side-by-side table against torch, torchao, torch-optimi and bitsandbytes; ``plots``: the figures;
+``claims``: the paper"s claims and our targets as data, and the ledger.
 """
 
 from . import claims
@@ -34,6 +36,7 @@ from .bench import (
     saving_ceiling,
     step_timeline,
 )
+from .limits import accumulation_memory, bytes_per_param_table, loss_scaling_curves
 from .peers import PEER_METHODS, PeerUnavailable, make_peer, peer_methods, peer_table
 from .plots import (
     plot_accuracy,
@@ -48,12 +51,13 @@ from .speed import memory_bandwidth, step_throughput, throughput_share_ratio
 from .steps import TokenClassifier, fused_backward, paired_ratio, round_times, rounds_ratio, step_time_by_format
 
 __all__ = [
-    "FORMATS", "Format", "PEER_METHODS", "PeerUnavailable", "TokenClassifier", "accuracy_by_format",
-    "accuracy_summary", "addition_error", "analytic_bytes_per_param", "claims", "find_row", "fp8_extra_bits",
-    "fused_backward", "load_task", "make_model", "make_optimizer", "make_peer", "measure_peak", "memory_bandwidth",
-    "memory_by_format", "packed_option_available", "paired_gap", "paired_ratio", "parse_format", "peak_vs_amp",
-    "peer_methods", "peer_table", "plot_accuracy", "plot_addition_error", "plot_fused_backward", "plot_memory",
+    "accumulation_memory", "accuracy_by_format", "accuracy_summary", "addition_error",
+    "analytic_bytes_per_param", "bytes_per_param_table", "claims", "find_row", "Format", "FORMATS",
+    "fp8_extra_bits", "fused_backward", "load_task", "loss_scaling_curves", "make_model", "make_optimizer",
+    "make_peer", "measure_peak", "memory_bandwidth", "memory_by_format", "packed_option_available",
+    "paired_gap", "paired_ratio", "parse_format", "peak_vs_amp", "PEER_METHODS", "peer_methods", "peer_table",
+    "PeerUnavailable", "plot_accuracy", "plot_addition_error", "plot_fused_backward", "plot_memory",
     "plot_peers", "plot_throughput", "plot_timeline", "round_times", "rounds_ratio", "saving_ceiling",
-    "step_throughput", "step_time_by_format", "step_timeline", "throughput_share_ratio", "truncate_significand",
-    "truncate_to_e5m2",
+    "step_throughput", "step_time_by_format", "step_timeline", "throughput_share_ratio", "TokenClassifier",
+    "truncate_significand", "truncate_to_e5m2",
 ]

@@ -96,23 +96,27 @@ def packed_option_available(option: str) -> bool:
 
 def make_optimizer(
     params: Iterable, fmt: Format, *, optimizer: str = "sgd", lr: float, momentum: float = 0.9,
-    weight_decay: float = 0.0, fused: bool = False, compile: bool = False, seed: int = 0,
-    state_dtype: torch.dtype | None = None,
+    weight_decay: float = 0.0, fused: bool = False, compile: bool | None = False, seed: int = 0,
+    state_dtype: torch.dtype | None = None, amsgrad: bool = False,
 ) -> torch.optim.Optimizer:
     """torch.optim.SGD/AdamW for plain formats, PackedSGD/PackedAdamW for ``fp16+k``/``bf16+k``.
 
     ``state_dtype`` (packed formats only) stores the optimizer state (momentum, moments) in that
     dtype; a build whose packed optimizers have no such option raises ``NotImplementedError``.
+    ``compile`` (packed formats): False runs the eager update, None the fastest available for
+    ``fused`` groups, True the compiled one. ``amsgrad`` (AdamW only) keeps a third state.
     """
     if optimizer not in ("sgd", "adamw"):
         raise ValueError(f"optimizer={optimizer!r}: allowed 'sgd' or 'adamw'")
+    if amsgrad and optimizer != "adamw":
+        raise ValueError(f"amsgrad=True applies to optimizer='adamw' only, not {optimizer!r}")
     if state_dtype is not None and not fmt.packed:
         raise ValueError(f"state_dtype={state_dtype} applies to packed formats (fp16+k, bf16+k) only, "
                          f"not {fmt.name!r}")
     if not fmt.packed:
         if optimizer == "sgd":
             return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, amsgrad=amsgrad)
     kw = dict(extra_bits=fmt.extra_bits, stochastic_rounding=fmt.stochastic_rounding,
               fused=fused, compile=compile, seed=seed)
     if state_dtype is not None:
@@ -121,22 +125,25 @@ def make_optimizer(
         kw["state_dtype"] = state_dtype
     if optimizer == "sgd":
         return PackedSGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, **kw)
-    return PackedAdamW(params, lr=lr, weight_decay=weight_decay, **kw)
+    return PackedAdamW(params, lr=lr, weight_decay=weight_decay, amsgrad=amsgrad, **kw)
 
 
-def analytic_bytes_per_param(fmt: Format, *, optimizer: str = "sgd", in_backward: bool = False) -> float:
+def analytic_bytes_per_param(fmt: Format, *, optimizer: str = "sgd", in_backward: bool = False,
+                             amsgrad: bool = False, accumulate: int = 1) -> float:
     """Parameter + gradient + optimizer state (+ AMP's 16-bit weight copy) bytes per parameter.
 
     With the step inside backward a gradient lives only until its parameter is updated, so
-    gradients count as zero per parameter (one layer's gradient remains, not counted here).
+    gradients count as zero per parameter (one layer's gradient remains, not counted here) unless
+    ``accumulate`` > 1 keeps them over micro-batches. ``amsgrad`` (AdamW) adds the running max of
+    the second moment: one more state (4 bytes for the packed optimizers' fp32 states).
     """
     size = torch.tensor([], dtype=fmt.param_dtype).element_size()
-    n_states = 1 if optimizer == "sgd" else 2
+    n_states = 1 if optimizer == "sgd" else (3 if amsgrad else 2)
     if fmt.packed:
         total = size + 4 * n_states + storage_bits(fmt.extra_bits, fmt.stochastic_rounding) / 8
     else:
         total = size + size * n_states
-    total += 0 if in_backward else size
+    total += 0 if in_backward and accumulate == 1 else size
     return total + (2 if fmt.autocast is not None else 0)
 
 

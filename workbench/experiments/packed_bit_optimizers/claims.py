@@ -187,7 +187,7 @@ def _table2(memory: bool) -> Callable[[Records, Mapping], Measured | None]:
 
 def _tp_scale(df: pd.DataFrame, params: Mapping, method: str) -> str:
     return (f"{int(df['numel'].iloc[0]) / 1e6:.1f}M params in {int(df['n_tensors'].iloc[0])} tensors, "
-            f"{'compiled' if params.get('tp_compile') else 'eager'}, {int(df['threads'].iloc[0])} threads; {method}")
+            f"{int(df['threads'].iloc[0])} threads; {method}")
 
 
 def _best_packed(df: pd.DataFrame, aligned: bool) -> pd.DataFrame:

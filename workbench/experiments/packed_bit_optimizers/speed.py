@@ -117,7 +117,9 @@ def step_throughput(
     over ``bandwidth_numel`` fp32 values (best of 5; or ``bandwidth`` if given). ``ratio_paired`` is
     the median over rounds of torch's time / the method's time in the same round, with
     ``ratio_lo``/``ratio_hi`` the min/max over rounds; ``ratio_vs_torch_fused`` compares best
-    steps, ``ratio_median_vs_torch_fused`` median steps. ``threads`` (CPU) runs every method with
+    steps, ``ratio_median_vs_torch_fused`` median steps. ``compile`` True runs the packed optimizers'
+    fastest step (`PackedAdamW.step_backend()`, named in ``method``: the C++ kernel on CPU where it
+    builds, else torch.compile), False the eager one. ``threads`` (CPU) runs every method with
     that many intra-op threads and restores the setting afterwards. ``peers`` adds the installed
     peer optimizers.
     """
@@ -153,12 +155,14 @@ def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progre
     for cfg in configs:
         fmt, options = _config(cfg)
         k = fmt.extra_bits
-        opt = PackedAdamW(tensors(fmt.param_dtype), extra_bits=k, fused=True, compile=compile, **options)
+        # compile=True: the fastest step available (the C++ kernel on CPU, else torch.compile); False: eager
+        opt = PackedAdamW(tensors(fmt.param_dtype), extra_bits=k, fused=True, compile=None if compile else False,
+                          **options)
         sdt = options.get("state_dtype", torch.float32)
         state_bytes = 2 if sdt == torch.bfloat16 else 4
         sr = bool(options.get("stochastic_rounding", False))
         label = f"Packed AdamW {fmt.name.removesuffix(' SR')}{' SR' if sr else ''}" + (
-            " bf16 states" if sdt == torch.bfloat16 else "") + (" fused compiled" if compile else " fused eager")
+            " bf16 states" if sdt == torch.bfloat16 else "") + f" fused {opt.step_backend().replace('_', ' ')}"
         methods.append((label, k, str(sdt).replace("torch.", "").replace("float32", "fp32"),
                         opt, 2 + 2 + 2 + 2 * (k + sr) / 8 + 2 * 2 * state_bytes))
     if peers:

@@ -1,0 +1,245 @@
+"""The hand-written CPU packed step against the eager step, bit for bit (Lewandowski & Kosson, 3.1).
+
+Tests ``workbench.optim.cpu_kernel``: every byte-plane format (bf16+8, bf16+16, fp16+8, and with
+stochastic rounding bf16+7, bf16+15, fp16+7), fp32 and bf16 states, truncated and stochastic master
+rounding, AdamW, Adam and SGD, on ordinary values, special values (zeros, subnormals, infinities,
+NaNs, the largest finite values, rounding ties) and random bit patterns, over one and two threads;
+and the fallback when the kernel cannot be built. The kernel is built once into torch's extension
+cache (first run: seconds; later sessions load it).
+"""
+
+import math
+
+import pytest
+import torch
+
+from workbench.optim import cpu_kernel
+from workbench.optim.formats import storage_bits
+from workbench.optim.update import adam_math, chunked_update, packed_update, sgd_math
+
+BF16, FP16 = torch.bfloat16, torch.float16
+# (16-bit dtype, extra bits, stochastic rounding): every format the kernel takes
+FORMATS = [(BF16, 8, False), (BF16, 16, False), (BF16, 7, True), (BF16, 15, True), (FP16, 8, False),
+           (FP16, 7, True)]
+MATHS = [
+    (adam_math, {"decoupled": True}),
+    (adam_math, {"decoupled": False}),
+    (sgd_math, {"momentum": True, "nesterov": True, "first": False}),
+    (sgd_math, {"momentum": True, "nesterov": False, "first": True}),
+    (sgd_math, {"momentum": False, "nesterov": False, "first": False}),
+]
+KEY = -123456789
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """Build (or load from torch's extension cache) the kernel once; skip where it cannot be built."""
+    if not cpu_kernel.available():
+        pytest.skip(f"the C++ kernel could not be built here: {cpu_kernel._STATE['error']}")
+
+
+def _fmt_id(fmt):
+    dtype, k, sr = fmt
+    return f"{'bf16' if dtype == BF16 else 'fp16'}+{k}{'SR' if sr else ''}"
+
+
+def _coef(math_fn, step=3):
+    if math_fn is sgd_math:
+        return torch.tensor([1e-2, 1e-3, 0.9, 0.95])
+    lr, wd, b1, b2 = 1e-2, 1e-2, 0.9, 0.999
+    return torch.tensor([1 - lr * wd, wd, 1 - b1, b2, 1 - b2, math.sqrt(1 - b2**step), 1e-8, lr / (1 - b1**step), b1])
+
+
+def _random_patterns(n, dtype, g):
+    bits = 16 if dtype != torch.float32 else 32
+    raw = torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), (n,), dtype=torch.int64, generator=g)
+    return raw.to(torch.int16 if bits == 16 else torch.int32).view(dtype)
+
+
+def _inputs(n, dtype, k, sr, state_dtype, n_states, g, *, garbage=False):
+    """Ordinary values with special ones mixed in, or (``garbage``) random bit patterns everywhere."""
+    planes = torch.randint(0, 256, (storage_bits(k, sr) // 8, n), dtype=torch.uint8, generator=g)
+    if garbage:
+        return (_random_patterns(n, dtype, g), _random_patterns(n, dtype, g), planes,
+                [_random_patterns(n, state_dtype, g) for _ in range(n_states)])
+    scale = 2.0 ** torch.randint(-20, 10, (n,), generator=g).float()
+    half = (torch.randn(n, generator=g) * scale).to(dtype)
+    grad = (torch.randn(n, generator=g) * scale * 1e-3).to(dtype)
+    states = [(torch.randn(n, generator=g).abs() * 1e-3).to(state_dtype) for _ in range(n_states)]
+    specials = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1e-40, -1e-40, 3.4e38, -3.4e38, 65504.0,
+                             6e-8, -6e-8, 2.0**-14, 1 + 2.0**-8, 1 + 3 * 2.0**-8])
+    for t in (half, grad, *states):
+        idx = torch.randint(0, n, (n // 16,), generator=g)
+        t[idx] = specials[torch.randint(0, len(specials), (n // 16,), generator=g)].to(t.dtype)
+    # 16-bit patterns: subnormals, the largest finite values, signalling NaNs
+    pats = torch.tensor([0x0001, 0x8001, 0x03FF, 0x7F7F, 0xFF7F, 0x7BFF, 0xFBFF, 0x7F81, 0x7C01, 0x7FFF, 0x0080],
+                        dtype=torch.int32).to(torch.int16)
+    idx = torch.randint(0, n, (n // 16,), generator=g)
+    half.view(torch.int16)[idx] = pats[torch.randint(0, len(pats), (n // 16,), generator=g)]
+    return half, grad, planes, states
+
+
+def _assert_same(a, b):
+    for x, y in zip(a, b, strict=True):
+        xi = x.view(torch.int16) if x.element_size() == 2 else x.view(torch.int32) if x.element_size() == 4 else x
+        yi = y.view(torch.int16) if y.element_size() == 2 else y.view(torch.int32) if y.element_size() == 4 else y
+        diff = (xi != yi).nonzero().flatten()
+        assert diff.numel() == 0, f"{diff.numel()} values differ, first at {diff[:5].tolist()}"
+
+
+def _compare(n, fmt, state_dtype, master_rounding, math_fn, options, *, steps=2, garbage=False, seed=0):
+    dtype, k, sr = fmt
+    g = torch.Generator().manual_seed(seed)
+    n_states = 2 if math_fn is adam_math else int(options["momentum"])
+    half, grad, planes, states = _inputs(n, dtype, k, sr, state_dtype, n_states, g, garbage=garbage)
+    static = dict(math_fn=math_fn, extra_bits=k, stochastic_rounding=sr, master_rounding=master_rounding,
+                  options=options)
+    eager = [half.clone(), [p.clone() for p in planes], [s.clone() for s in states]]
+    kernel = [half.clone(), [p.clone() for p in planes], [s.clone() for s in states]]
+    for step in range(steps):
+        key = KEY + step
+        coef = _coef(math_fn, step=(1, 1000, 3)[step % 3])  # bias corrections of early and late steps
+        chunked_update(eager[0], grad, eager[1], eager[2], coef, key, bits=storage_bits(k, sr), **static)
+        cpu_kernel.packed_update_cpu(kernel[0], grad, kernel[1], kernel[2], coef, key, **static)
+    _assert_same([eager[0], *eager[1], *eager[2]], [kernel[0], *kernel[1], *kernel[2]])
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=_fmt_id)
+def test_every_option_equals_the_eager_step(kernel, fmt, one_thread):
+    for state_dtype in (torch.float32, BF16):
+        for master_rounding in ("truncate", "stochastic"):
+            for math_fn, options in MATHS:
+                _compare(4133, fmt, state_dtype, master_rounding, math_fn, options)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=_fmt_id)
+def test_random_bit_patterns_equal_the_eager_step(kernel, fmt, one_thread):
+    # NaN payloads and signs, infinities, subnormals and negative moments in every input
+    for state_dtype in (torch.float32, BF16):
+        for master_rounding in ("truncate", "stochastic"):
+            for math_fn, options in MATHS[:3]:
+                _compare(2053, fmt, state_dtype, master_rounding, math_fn, options, steps=1, garbage=True, seed=1)
+
+
+def test_two_threads_and_chunk_boundaries_equal_the_eager_step(kernel):
+    # 70001 values: the eager path's chunks of 32768, the kernel's two threads and a tail
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _compare(70001, (BF16, 8, False), torch.float32, "truncate", adam_math, {"decoupled": True}, steps=1)
+        _compare(70001, (BF16, 7, True), BF16, "stochastic", adam_math, {"decoupled": True}, steps=1)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_bf16_states_round_ties_to_even(kernel, one_thread):
+    # SGD with momentum 1 and no dampening keeps buf + grad: sums exactly between two bf16 values
+    n = 64
+    half = torch.zeros(n, dtype=BF16)
+    grad = torch.full((n,), 2.0**-8, dtype=BF16)
+    buf = (1 + torch.arange(n) % 4 * 2.0**-7).to(BF16)  # 1, 1+2^-7, 1+2^-6, 1+3*2^-7: ties both ways
+    coef = torch.tensor([0.0, 0.0, 1.0, 1.0])
+    static = dict(math_fn=sgd_math, extra_bits=8, stochastic_rounding=False, master_rounding="truncate",
+                  options={"momentum": True, "nesterov": False, "first": False})
+    eager, kernel = buf.clone(), buf.clone()
+    packed_update(half.clone(), grad, [torch.zeros(n, dtype=torch.uint8)], [eager], coef, None, **static)
+    cpu_kernel.packed_update_cpu(half.clone(), grad, [torch.zeros(n, dtype=torch.uint8)], [kernel], coef, None,
+                                 **static)
+    _assert_same([eager], [kernel])
+    assert kernel[:4].tolist() == [1.0, 1 + 2.0**-6, 1 + 2.0**-6, 1 + 2.0**-5]
+
+
+def test_offset_and_planes_tensor_match_packed_update(kernel, one_thread):
+    g = torch.Generator().manual_seed(3)
+    n = 1000
+    half, grad, planes, states = _inputs(n, BF16, 15, True, torch.float32, 2, g)
+    static = dict(math_fn=adam_math, extra_bits=15, stochastic_rounding=True, master_rounding="stochastic",
+                  options={"decoupled": True})
+    a = [half.clone(), planes.clone(), [s.clone() for s in states]]
+    b = [half.clone(), planes.clone(), [s.clone() for s in states]]
+    packed_update(a[0], grad, list(a[1].unbind(0)), a[2], _coef(adam_math), KEY, offset=777, **static)
+    cpu_kernel.packed_update_cpu(b[0], grad, b[1], b[2], _coef(adam_math), torch.tensor(KEY), offset=777, **static)
+    _assert_same([a[0], a[1], *a[2]], [b[0], b[1], *b[2]])
+
+
+def test_updates_the_kernel_does_not_take_are_named():
+    n = 64
+    half, grad = torch.zeros(n, dtype=BF16), torch.zeros(n, dtype=BF16)
+    states, coef = [torch.zeros(n), torch.zeros(n)], _coef(adam_math)
+    static = dict(math_fn=adam_math, extra_bits=12, stochastic_rounding=False, options={"decoupled": True})
+    words = torch.zeros(24, dtype=torch.int32)
+    assert "byte planes" in cpu_kernel.unsupported_reason(half, grad, words, states, coef, **static)
+    planes = [torch.zeros(n, dtype=torch.uint8)]
+    static["extra_bits"] = 8
+    assert cpu_kernel.supports(half, grad, planes, states, coef, **static)
+    assert "contiguous" in cpu_kernel.unsupported_reason(half, grad[::1].expand(2, n)[:, 0], planes, states, coef,
+                                                         **static)
+    assert "state" in cpu_kernel.unsupported_reason(half, grad, planes, states[:1], coef, **static)
+    # options the kernel does not implement go to the fallback; the same options switched off do not
+    for options in ({"decoupled": True, "maximize": True}, {"decoupled": True, "amsgrad": True},
+                    {"decoupled": True, "foreach": False}):
+        assert "does not implement" in cpu_kernel.unsupported_reason(half, grad, planes, states, coef,
+                                                                     **dict(static, options=options))
+    assert "scaled" in cpu_kernel.unsupported_reason(half, grad, planes, states, coef, scaled=True, **static)
+    assert cpu_kernel.supports(half, grad, planes, states, coef,
+                               **dict(static, options={"decoupled": True, "maximize": False, "amsgrad": False}))
+    with pytest.raises(ValueError, match="does not take this update"):
+        cpu_kernel.packed_update_cpu(half, grad, words, states, coef, None, **dict(static, extra_bits=12))
+
+
+def _fresh_state(monkeypatch):
+    monkeypatch.setattr(cpu_kernel, "_STATE", {"tried": False, "ok": False, "error": None})
+
+
+def test_a_failed_build_warns_and_falls_back(monkeypatch, tmp_path):
+    cpu_kernel.available()  # the real build first (cached), so the failing one below gets its own name
+    # no compiler: a fresh extension directory and a C++ compiler that does not exist
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    _fresh_state(monkeypatch)
+    with pytest.warns(RuntimeWarning, match="packed-step kernel failed"):
+        assert not cpu_kernel.available()
+    assert not cpu_kernel.available()  # tried once, warned once
+    n = 100
+    g = torch.Generator().manual_seed(4)
+    half, grad, planes, states = _inputs(n, BF16, 8, False, torch.float32, 2, g)
+    static = dict(math_fn=adam_math, extra_bits=8, stochastic_rounding=False, master_rounding="truncate",
+                  options={"decoupled": True})
+    calls = []
+
+    def fallback(*args):
+        calls.append(1)
+        chunked_update(*args, bits=8, **static)
+
+    a = [half.clone(), [p.clone() for p in planes.unbind(0)], [s.clone() for s in states]]
+    b = [half.clone(), [p.clone() for p in planes.unbind(0)], [s.clone() for s in states]]
+    cpu_kernel.kernel_update(fallback, **static)(a[0], grad, a[1], a[2], _coef(adam_math), None)
+    chunked_update(b[0], grad, b[1], b[2], _coef(adam_math), None, bits=8, **static)
+    assert calls == [1]
+    _assert_same([a[0], *a[1], *a[2]], [b[0], *b[1], *b[2]])
+    with pytest.raises(RuntimeError, match="not available"):
+        cpu_kernel.packed_update_cpu(a[0], grad, a[1], a[2], _coef(adam_math), None, **static)
+
+
+def test_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CPU_KERNEL", "0")
+    _fresh_state(monkeypatch)
+    assert not cpu_kernel.available()
+    assert not cpu_kernel._STATE["tried"]  # nothing built, nothing warned
+
+
+def test_kernel_update_runs_the_kernel_when_it_can(kernel, one_thread):
+    n = 300
+    g = torch.Generator().manual_seed(5)
+    half, grad, planes, states = _inputs(n, BF16, 16, False, BF16, 2, g)
+    static = dict(math_fn=adam_math, extra_bits=16, stochastic_rounding=False, master_rounding="truncate",
+                  options={"decoupled": True})
+
+    def fallback(*args):
+        raise AssertionError("the fallback ran")
+
+    a = [half.clone(), list(planes.clone().unbind(0)), [s.clone() for s in states]]
+    b = [half.clone(), list(planes.clone().unbind(0)), [s.clone() for s in states]]
+    cpu_kernel.kernel_update(fallback, **static)(a[0], grad, a[1], a[2], _coef(adam_math), None)
+    chunked_update(b[0], grad, b[1], b[2], _coef(adam_math), None, bits=16, **static)
+    _assert_same([a[0], *a[1], *a[2]], [b[0], *b[1], *b[2]])

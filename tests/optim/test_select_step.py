@@ -1,0 +1,150 @@
+"""``fused=True`` runs the fastest step available on the device, chosen in one place
+(``workbench.optim.fused.select_step``): the compiled update where torch.compile works, the eager one
+where it does not or fails to build, and a backend put at the front of ``STEP_BACKENDS`` (the slot a
+hand-written kernel plugs into) before either. Lewandowski & Kosson, 3.1 ("Fused" optimizers)."""
+
+import pytest
+import torch
+
+from workbench.optim import PackedAdamW, fused
+from workbench.optim.fused import StepSpec, compile_available, eager_step, select_step
+
+BF16 = torch.bfloat16
+SHAPES = [(37, 5), (64,), (3, 3, 3)]
+needs_compile = pytest.mark.skipif(not compile_available("cpu"), reason="torch.compile has no C++ compiler here")
+
+
+def _params(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(s, generator=g).to(BF16)) for s in SHAPES]
+
+
+def _run(opt, params, steps=3):
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g).to(BF16)
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in params] + [opt.state[p]["extra"].clone() for p in params]
+
+
+def _spec():
+    from workbench.optim.update import sgd_math
+
+    static = dict(math_fn=sgd_math, extra_bits=8, stochastic_rounding=False, master_rounding="truncate",
+                  options=dict(momentum=False, nesterov=False, first=True), scaled=False)
+    return StepSpec(static, 8, BF16, torch.float32, dynamic=True)
+
+
+def test_explicit_choices_and_the_unfused_default():
+    cpu = torch.device("cpu")
+    assert select_step(cpu, _spec(), fused=True, compile=False)[0] == "eager"
+    assert select_step(cpu, _spec(), fused=False, compile=None)[0] == "eager"
+    opt = PackedAdamW(_params(), extra_bits=8)  # not fused, compile=None: the eager per-parameter step
+    assert opt.step_backend() == "eager" and opt.step_backend(per_parameter=True) == "eager"
+
+
+@needs_compile
+@pytest.mark.parametrize("kernel", [True, False])
+def test_fused_alone_selects_the_fastest_step_and_computes_what_eager_does(monkeypatch, kernel):
+    from workbench.optim import cpu_kernel
+
+    if not kernel:  # no C++ kernel (no compiler, or WORKBENCH_CPU_KERNEL=0): the compiled step
+        monkeypatch.setattr(cpu_kernel, "available", lambda: False)
+    expected = "cpu_kernel" if kernel and cpu_kernel.available() else "compiled"
+    params = _params()
+    opt = PackedAdamW(params, lr=1e-2, extra_bits=16, fused=True)
+    assert opt.step_backend() == expected and opt.step_backend(per_parameter=True) == expected
+    ref = _params()
+    eager = PackedAdamW(ref, lr=1e-2, extra_bits=16, fused=True, compile=False)
+    for a, b in zip(_run(opt, params), _run(eager, ref), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_without_torch_compile_fused_falls_back_to_eager_and_compile_true_says_why(monkeypatch):
+    from workbench.optim import cpu_kernel
+
+    monkeypatch.setattr(fused, "compile_available", lambda device_type: False)
+    monkeypatch.setattr(cpu_kernel, "available", lambda: False)  # nor a C++ kernel
+    opt = PackedAdamW(_params(), extra_bits=8, fused=True)
+    assert opt.step_backend() == "eager"
+    with pytest.raises(RuntimeError, match=r"compile=True, but torch.compile cannot build code for cpu.*"
+                                           r"use compile=None"):
+        select_step(torch.device("cpu"), _spec(), fused=True, compile=True)
+
+
+def test_a_backend_at_the_front_of_the_list_is_used_first(monkeypatch):
+    calls = []
+
+    def plugged(device, spec):
+        if spec.static["extra_bits"] != 8:
+            return None  # cannot serve this format: the next backend is asked
+        inner = eager_step(device, spec)
+
+        def step(*args):
+            calls.append(args[0].numel())
+            inner(*args)
+
+        return step
+
+    monkeypatch.setattr(fused, "STEP_BACKENDS", [("plugged", plugged), *fused.STEP_BACKENDS])
+    params = _params()
+    opt = PackedAdamW(params, extra_bits=8, fused=True)
+    assert opt.step_backend() == "plugged"
+    out = _run(opt, params)
+    assert len(calls) == 3  # one flat update per step
+    ref = _params()
+    for a, b in zip(out, _run(PackedAdamW(ref, extra_bits=8, fused=True, compile=False), ref), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    monkeypatch.setattr(fused, "compile_available", lambda device_type: False)
+    assert PackedAdamW(_params(), extra_bits=5, fused=True).step_backend() == "eager"
+
+
+def test_a_backend_that_fails_to_build_warns_once_and_eager_takes_over(monkeypatch):
+    def broken(device, spec):
+        def step(*args):
+            raise torch._dynamo.exc.TorchDynamoException("InvalidCxxCompiler: no working C++ compiler")
+
+        return step
+
+    monkeypatch.setattr(fused, "STEP_BACKENDS", [("broken", broken), ("eager", eager_step)])
+    monkeypatch.setattr(fused, "_FAILED", set())
+    params = _params()
+    opt = PackedAdamW(params, extra_bits=8, fused=True)
+    with pytest.warns(UserWarning, match=r"the broken packed update failed to build on cpu.*eager update"):
+        out = _run(opt, params)
+    assert opt.step_backend() == "eager"  # skipped from then on
+    ref = _params()
+    for a, b in zip(out, _run(PackedAdamW(ref, extra_bits=8, fused=True, compile=False), ref), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_lazily_imported_backend_is_skipped_while_its_module_is_missing(monkeypatch):
+    # the one-line plug-in for a kernel in a module of its own: absent module, next backend
+    missing = fused.lazy_backend("workbench.optim.no_such_kernel", "packed_step")
+    monkeypatch.setattr(fused, "STEP_BACKENDS", [("kernel", missing), ("eager", eager_step)])
+    assert PackedAdamW(_params(), extra_bits=8, fused=True).step_backend() == "eager"
+    present = fused.lazy_backend("workbench.optim.fused", "eager_step")
+    monkeypatch.setattr(fused, "STEP_BACKENDS", [("kernel", present), ("eager", eager_step)])
+    assert PackedAdamW(_params(), extra_bits=8, fused=True).step_backend() == "kernel"
+
+
+def test_the_cpu_kernel_adapter_keeps_away_the_updates_the_kernel_does_not_take(monkeypatch):
+    # a stand-in for workbench.optim.cpu_kernel (building the real one is its own tests' business)
+    import sys
+    import types
+
+    built = []
+    fake = types.ModuleType("workbench.optim.cpu_kernel")
+    fake.available = lambda: True
+    fake.kernel_update = lambda fallback=None, **static: built.append(static) or fallback
+    monkeypatch.setitem(sys.modules, "workbench.optim.cpu_kernel", fake)
+    cpu = torch.device("cpu")
+    spec = _spec()
+    assert fused.cpu_kernel_step(cpu, spec) is not None and "scaled" not in built[0]
+    for change in (dict(scaled=True), dict(options=dict(spec.static["options"], maximize=True))):
+        assert fused.cpu_kernel_step(cpu, StepSpec(dict(spec.static, **change), 8, BF16, torch.float32, True)) is None
+    assert fused.cpu_kernel_step(torch.device("cuda"), spec) is None
+    fake.available = lambda: False
+    assert fused.cpu_kernel_step(cpu, spec) is None

@@ -1,0 +1,225 @@
+"""A hand-written CPU kernel for the packed optimizers' flat step (byte-plane formats), built at first use.
+
+Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 3.1: merge the
+16-bit value with its extra bits, update in fp32, split back ("16bits only mixed-precision"), over a
+group's parameters as one stream of values (the "Fused" optimizers, 8 and 16 extra bits).
+
+The kernel (``csrc/packed_step.cpp``) runs :func:`workbench.optim.update.packed_update` for byte-plane
+formats (8 or 16 stored bits: bf16+8, bf16+16, fp16+8, and bf16+7 / bf16+15 / fp16+7 with stochastic
+rounding), Adam(W) or SGD, fp32 or bf16 states, truncated or stochastic master rounding, in one
+vectorised loop (``at::vec::Vectorized``, AVX512 or AVX2) split over threads with
+``at::parallel_for``. It gives the eager step's bits: the same operations in the same order, each
+rounded once, ATen's rules for which NaN an operation returns, and the random bits of
+``rng.hash_noise`` computed per element from (key, index). Tested over ordinary values, special
+values and random bit patterns (``tests/optim/test_cpu_kernel.py``); the AVX2 and generic builds were
+checked the same way with ``ATEN_CPU_CAPABILITY=avx2`` / ``default``.
+
+It is compiled with ``torch.utils.cpp_extension.load`` on the first call of :func:`available` into
+torch's extension cache (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), where
+later processes find it built. Without a working C++ compiler :func:`available` warns once and
+returns False, and :func:`kernel_update` runs its fallback (the ``torch.compile``d step).
+``WORKBENCH_CPU_KERNEL=0`` in the environment turns the kernel off.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.optim.formats import FORMATS, storage_bits
+from workbench.optim.update import adam_math, chunked_update, sgd_math
+
+__all__ = ["available", "build_flags", "kernel_update", "packed_update_cpu", "supports", "unsupported_reason"]
+
+# NOTE: hand-written because the torch.compile'd step (inductor's C++ backend) measured 0.43-0.56x
+# of torch.optim.AdamW(fused=True) at 1 thread and 0.67-0.85x at 2 (issue 21; 0.15-0.45x in
+# experiments/packed_bit_optimizers/cpu_bench.py) although it moves 24 (bf16+8) or 16 (bf16 moments)
+# bytes per parameter against torch's 28: inductor tiles 16 fp32 lanes against the mixed fp32/bf16
+# stores and writes the uint8 byte planes with masked stores. Here every byte is read and written once
+# per step in one loop, and the division by sqrt(1 - beta2**t) leaves the divider (see packed_vec.h).
+SOURCE = Path(__file__).resolve().parent / "csrc" / "packed_step.cpp"  # includes csrc/packed_vec.h
+
+# NOTE: the vector width is chosen as ATen's own kernels choose theirs (torch's CPU capability), with
+# inductor's flags for that ISA. -ffp-contract=off: no fused multiply-add, so each multiply and add
+# rounds once, as the eager step's separate torch ops do.
+_ARCH_FLAGS = {
+    "AVX512": ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma", "-mf16c"],
+    "AVX2": ["-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
+}
+
+_STATE: dict[str, Any] = {"tried": False, "ok": False, "error": None}
+# the options each algorithm's kernel reads; _OFF_ONLY ones are taken only when off
+_OPTIONS = {adam_math: {"decoupled"}, sgd_math: {"momentum", "nesterov", "first"}}
+_OFF_ONLY = {"maximize", "amsgrad"}
+
+
+def _capability() -> str:
+    cap = torch.backends.cpu.get_cpu_capability()
+    return cap if cap in _ARCH_FLAGS else "DEFAULT"
+
+
+def build_flags(capability: str | None = None) -> list[str]:
+    """The C++ flags of the kernel for a CPU capability ("AVX512", "AVX2", else generic code)."""
+    cap = _capability() if capability is None else capability
+    return ["-O3", "-fopenmp", "-ffp-contract=off", *_ARCH_FLAGS.get(cap, [])]
+
+
+def _build() -> None:
+    """Compile (or find in torch's extension cache) and load the kernel's shared library."""
+    from torch.utils import cpp_extension
+
+    cap = _capability()
+    cpp_extension.load(
+        name=f"workbench_packed_step_{cap.lower()}", sources=[str(SOURCE)], extra_cflags=build_flags(cap),
+        extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False,
+    )
+
+
+def available() -> bool:
+    """True when the kernel is built and loaded; builds it on the first call (seconds, then cached).
+
+    False with a warning (once) when the build fails, e.g. without a C++ compiler; False without one
+    when ``WORKBENCH_CPU_KERNEL=0`` is set.
+    """
+    if os.environ.get("WORKBENCH_CPU_KERNEL", "1") == "0":
+        return False
+    if not _STATE["tried"]:
+        _STATE["tried"] = True
+        try:
+            _build()
+            _STATE["ok"] = True
+        except Exception as e:  # noqa: BLE001 - any build or load failure means: use the fallback
+            text = f"{type(e).__name__}: {e}".strip()
+            first, _, rest = text.partition("\n")
+            _STATE["error"] = first[:300] + (f" ... {rest[-600:]}" if rest else "")
+            warnings.warn(
+                "workbench.optim.cpu_kernel: building the C++ packed-step kernel failed "
+                f"({_STATE['error']}); the packed optimizers keep the torch.compile'd step",
+                RuntimeWarning, stacklevel=2,
+            )
+    return bool(_STATE["ok"])
+
+
+def _planes(extra: Any) -> Any:
+    """Byte planes as a list: a list/tuple as given, a 2-D uint8 tensor by rows (else unchanged)."""
+    if torch.is_tensor(extra) and extra.dtype == torch.uint8 and extra.dim() == 2:
+        return list(extra.unbind(0))
+    return extra
+
+
+def _flat_ok(t: Any, dtype: torch.dtype, n: int) -> bool:
+    return (torch.is_tensor(t) and t.device.type == "cpu" and t.dtype == dtype and t.numel() == n
+            and t.is_contiguous())
+
+
+def unsupported_reason(
+    half: torch.Tensor, grad: torch.Tensor, extra: Any, states: Sequence[torch.Tensor], coef: torch.Tensor, *,
+    math_fn: Callable, extra_bits: int, stochastic_rounding: bool, master_rounding: str = "truncate",
+    options: dict[str, Any], scaled: bool = False,
+) -> str | None:
+    """Why the kernel cannot run this update (None when it can); checks the arguments, builds nothing.
+
+    The kernel takes Adam(W) (``decoupled``) and SGD (``momentum``, ``nesterov``, ``first``); options
+    it does not implement (``maximize``, ``amsgrad``, loss scaling ``scaled``, any other name) are
+    refused, so the caller's fallback computes them.
+    """
+    if not torch.is_tensor(half) or half.device.type != "cpu" or half.dtype not in FORMATS:
+        return "half must be a bf16/fp16 CPU tensor"
+    n = half.numel()
+    if not _flat_ok(half, half.dtype, n) or not _flat_ok(grad, half.dtype, n):
+        return "half and grad must be contiguous CPU tensors of one dtype and size"
+    if math_fn is not adam_math and math_fn is not sgd_math:
+        return f"math_fn {getattr(math_fn, '__name__', math_fn)!r}: only adam_math and sgd_math"
+    known = _OPTIONS[math_fn]
+    unknown = sorted(k for k in options if k not in known and not (k in _OFF_ONLY and not options[k]))
+    if unknown or scaled:
+        return f"options the kernel does not implement: {unknown + (['scaled'] if scaled else [])}"
+    if master_rounding not in ("truncate", "stochastic"):
+        return f"master_rounding={master_rounding!r}"
+    if not isinstance(extra_bits, int) or not 0 <= extra_bits <= FORMATS[half.dtype][0]:
+        return f"extra_bits={extra_bits!r} out of range for {half.dtype}"
+    bits = storage_bits(extra_bits, stochastic_rounding)
+    extra = _planes(extra)
+    if not isinstance(extra, list | tuple) or bits not in (8, 16) or len(extra) != bits // 8:
+        return f"{bits} stored bits: the kernel takes byte planes (8 or 16 stored bits) only"
+    if not all(_flat_ok(p, torch.uint8, n) for p in extra):
+        return "byte planes must be contiguous uint8 CPU tensors of the parameters' size"
+    want = 2 if math_fn is adam_math else int(bool(options.get("momentum")))
+    if len(states) != want:
+        return f"expected {want} state tensors, got {len(states)}"
+    if states and (states[0].dtype not in (torch.float32, torch.bfloat16)
+                   or not all(_flat_ok(t, states[0].dtype, n) for t in states)):
+        return "states must be contiguous fp32 or bf16 CPU tensors of one dtype and the parameters' size"
+    if not _flat_ok(coef, torch.float32, 9 if math_fn is adam_math else 4):
+        return "coef must be a contiguous fp32 CPU tensor"
+    return None
+
+
+def supports(half, grad, extra, states, coef, **static) -> bool:
+    """True when the kernel can run this update (:func:`unsupported_reason` is None); builds nothing."""
+    return unsupported_reason(half, grad, extra, states, coef, **static) is None
+
+
+def packed_update_cpu(
+    half: torch.Tensor, grad: torch.Tensor, extra: Sequence[torch.Tensor] | torch.Tensor,
+    states: Sequence[torch.Tensor], coef: torch.Tensor, key: torch.Tensor | int | None, *, math_fn: Callable,
+    extra_bits: int, stochastic_rounding: bool, master_rounding: str = "truncate", options: dict[str, Any],
+    scaled: bool = False, offset: int = 0,
+) -> None:
+    """:func:`workbench.optim.update.packed_update` (same arguments, same bits) run by the C++ kernel.
+
+    ``extra`` is the list of byte planes (or their ``(planes, n)`` uint8 tensor). Raises ValueError
+    for an update the kernel does not take (see :func:`unsupported_reason`) and RuntimeError when the
+    kernel is not available.
+    """
+    static = dict(math_fn=math_fn, extra_bits=extra_bits, stochastic_rounding=stochastic_rounding,
+                  master_rounding=master_rounding, options=options)
+    reason = unsupported_reason(half, grad, extra, states, coef, scaled=scaled, **static)
+    if reason is not None:
+        raise ValueError(f"the CPU packed-step kernel does not take this update: {reason}")
+    if not available():
+        raise RuntimeError(f"the CPU packed-step kernel is not available: {_STATE['error'] or 'turned off'}")
+    _run(half, grad, extra, states, coef, key, offset=offset, **static)
+
+
+def _run(half, grad, extra, states, coef, key, *, math_fn, extra_bits, stochastic_rounding, master_rounding,
+         options, scaled=False, offset=0) -> None:
+    """The kernel call itself, for arguments :func:`unsupported_reason` accepted."""
+    if key is None and (stochastic_rounding or master_rounding == "stochastic"):
+        raise ValueError("stochastic rounding needs a random key")
+    if math_fn is adam_math:
+        math = 0 if options.get("decoupled", False) else 1  # AdamW, Adam
+    else:
+        math = 2  # SGD
+    torch.ops.workbench_packed_cpu.step(
+        half, grad, list(_planes(extra)), list(states), coef, 0 if key is None else int(key), int(offset),
+        int(extra_bits), bool(stochastic_rounding), master_rounding == "stochastic", math,
+        bool(options.get("momentum", False)), bool(options.get("nesterov", False)), bool(options.get("first", False)),
+    )
+
+
+def kernel_update(fallback: Callable | None = None, **static: Any) -> Callable:
+    """The flat step ``(half, grad, extra, states, coef, key)`` with :func:`packed_update`'s keywords bound.
+
+    The calling convention of :func:`workbench.optim.update.compiled_update`'s result: each call runs
+    the C++ kernel when it is available and takes the update, else ``fallback`` (e.g. the compiled
+    step; None: :func:`workbench.optim.update.chunked_update`, the eager step).
+    """
+    if fallback is None:
+        bits = storage_bits(static["extra_bits"], static["stochastic_rounding"])
+
+        def fallback(half, grad, extra, states, coef, key):
+            chunked_update(half, grad, extra, states, coef, key, bits=bits, **static)
+
+    def update(half, grad, extra, states, coef, key) -> None:
+        if available() and supports(half, grad, extra, states, coef, **static):
+            _run(half, grad, extra, states, coef, key, **static)
+        else:
+            fallback(half, grad, extra, states, coef, key)
+
+    return update

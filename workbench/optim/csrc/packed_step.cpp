@@ -1,0 +1,291 @@
+// The packed optimizers' fused flat step on CPU, hand-written with ATen's at::vec::Vectorized.
+//
+// Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 3.1 (merge
+// the 16-bit value with its extra bits, update in fp32, split back; the "Fused" optimizers handle a
+// group's parameters as one stream of values). Loaded by workbench/optim/cpu_kernel.py.
+//
+// NOTE: hand-written rather than left to inductor: the compiled step tiles 16 fp32 lanes against
+// mixed fp32/bf16 stores and writes the uint8 byte planes with masked stores, and measured 0.43-0.85x
+// of torch.optim.AdamW(fused=True) although it moves fewer bytes. Here one loop reads each byte
+// once: 16-bit value + byte planes + states in, the same out, the gradient read once.
+//
+// Every operation mirrors workbench/optim/split_merge.py and update.py (the eager path) in the same
+// order, each rounded once (built with -ffp-contract=off: no implicit fused multiply-add), so the
+// result is bit-identical to the eager step: int32 arithmetic wraps as torch's does, sqrt is
+// correctly rounded (as the eager float64 detour), NaNs are the ones ATen's kernels return (packed_vec.h),
+// bf16 states round to nearest even as ATen's float->bf16 copy does, and the random bits are
+// rng.hash_noise's hash of (key, offset + index). A tail shorter than one vector runs the same vector
+// code on a zero-padded copy.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "packed_vec.h"
+
+namespace {
+
+using namespace workbench_packed;
+
+// ------------------------------------------------------------------------------- the step
+enum Math : int64_t { kAdamW = 0, kAdam = 1, kSgd = 2 };
+
+struct Step {
+  uint16_t* half;
+  const uint16_t* grad;
+  uint8_t* plane0;
+  uint8_t* plane1;
+  void* state0;
+  void* state1;
+  float c[9];
+  int32_t key;
+  int64_t offset;
+  bool momentum, nesterov, first;  // SGD's options (runtime: SGD is not the measured case)
+};
+
+// NOTE: the format (dtype, planes, stochastic rounding; they fix the extra bits), the master
+// rounding, the state dtype and the algorithm are template parameters: the loop has no branch and
+// every shift is by a constant. Pointers and options are copied into locals before the loop, since a
+// uint8 store may alias anything reachable through a pointer and would force reloads.
+template <bool kFp16, int kPlanes, bool kSR, bool kMSR, bool kBf16State, int kMath>
+struct Kernel {
+  static constexpr int kFull = kFp16 ? 13 : 16;
+  static constexpr int kExtra = 8 * kPlanes - (kSR ? 1 : 0);  // the extra bits k
+  static constexpr int kDrop = kFull - kExtra;
+  static constexpr bool kNoise = kMSR && kExtra < kFull;
+  static constexpr int32_t kInf = kFp16 ? 0x7C00 : 0x7F80;
+  static constexpr int64_t kStateSize = kBf16State ? 2 : 4;
+  static constexpr bool kFast = !kFp16 && !kSR;  // byte-aligned extra bits right below the pattern
+
+  static fvec load_state(const char* p) {
+    if constexpr (kBf16State) return as_float(load_u16_hi(reinterpret_cast<const uint16_t*>(p)));
+    else return fvec::loadu(p);
+  }
+  static void store_state(char* p, const fvec& v) {
+    if constexpr (kBf16State) store_u16_hi(reinterpret_cast<uint16_t*>(p), float_to_bf16_hi(v));
+    else v.store(p);
+  }
+
+  // kLanes values: merge, the fp32 update, split (split_merge.merge_values / update.*_math /
+  // split_merge.split_values); `index` numbers the first value in the random stream of `key`.
+  static inline void block(uint16_t* half, const uint16_t* grad, uint8_t* plane0, uint8_t* plane1, char* state0,
+                           char* state1, const fvec* c, const DivideByConstant& c5, int32_t index, int32_t key,
+                           bool momentum, bool nesterov, bool first) {
+    fvec master;
+    if constexpr (kFast) {  // bf16 without the rounding flag: the pattern and the extra bits, or-ed
+      ivec low = kPlanes == 1 ? load_u8_at<1>(plane0) : load_u8_at<0>(plane0) | load_u8_at<1>(plane1);
+      master = as_float(load_u16_hi(half) | low);
+    } else {
+      ivec hb = load_u16(half);
+      ivec values = load_u8_at<0>(plane0);
+      if constexpr (kPlanes == 2) values = values | load_u8_at<1>(plane1);
+      if constexpr (kSR) {
+        hb = hb - (values & I(1));  // un-round
+        values = values >> I(1);
+      }
+      master = compose<kFp16>(hb, values << I(kDrop));
+    }
+    fvec g = kFp16 ? load_fp16_as_float(grad) : as_float(load_u16_hi(grad));
+    if constexpr (kMath == kSgd) {
+      g = add_t(g, c[1] * master);
+      if (momentum) {
+        fvec buf = first ? g : add_t(load_state(state0) * c[2], c[3] * g);
+        store_state(state0, buf);
+        g = nesterov ? add_t(g, c[2] * buf) : buf;
+      }
+      master = sub_t(master, c[0] * g);
+    } else {
+      if constexpr (kMath == kAdamW) master = master * c[0];
+      else g = add_t(g, c[1] * master);
+      const fvec m = add_t(load_state(state0) * c[8], g * c[2]);
+      store_state(state0, m);
+      const fvec v = add_t(load_state(state1) * c[3], g * g * c[4]);
+      store_state(state1, v);
+      const fvec denom = divide(sqrt_t(v), c5) + c[6];  // eps is never NaN
+      master = sub_t(master, c[7] * (m / denom));
+    }
+    if constexpr (kFast && !kNoise) {  // split: the upper half is the pattern, the lower the extra bits
+      ivec bits = as_int(master);
+      if constexpr (kExtra < kFull) bits = quiet_if_nan(bits, master);
+      store_u16_hi(half, bits);
+      if constexpr (kPlanes == 1) {
+        store_u8_from<1>(plane0, bits);
+      } else {
+        store_u8_from<0>(plane0, bits);
+        store_u8_from<1>(plane1, bits);
+      }
+      return;
+    }
+    ivec hb, low;
+    fields<kFp16>(master, hb, low);
+    ivec nan_bit = I(0);
+    if constexpr (!kFp16 && kExtra < kFull) {  // keep a NaN a NaN once its low bits are dropped
+      nan_bit = sign_mask(I(0x7F800000) - (((hb & I(0x7FFF)) << I(16)) | low)) & I(0x40);
+    }
+    ivec h = I(0);
+    if constexpr (kSR || kNoise) h = hash_noise(ivec::arange(index, 1), key);
+    if constexpr (kNoise) {  // stochastic rounding of the master value at its lowest kept bit
+      const ivec sign = hb & I(0x8000), mag = hb & I(0x7FFF);
+      ivec z = (mag << I(kFull)) | low;
+      const ivec r = h & I((1 << kDrop) - 1);
+      const ivec ok = sign_mask((mag - I(kInf)) & (((z + r) >> I(kFull)) - I(kInf)));
+      z = z + (r & ok);
+      hb = sign | (z >> I(kFull));
+      low = ((z & I((1 << kFull) - 1)) >> I(kDrop)) << I(kDrop);
+    }
+    ivec values = low >> I(kDrop);
+    hb = hb | nan_bit;
+    if constexpr (kSR) {  // round the 16-bit value up when the remainder exceeds the noise
+      const ivec noise = (h >> I(16)) & I((1 << kFull) - 1);
+      const ivec up = sign_mask((noise - low) & ((hb & I(0x7FFF)) + I(1 - kInf))) & I(1);
+      hb = hb + up;
+      values = (values << I(1)) | up;
+    }
+    store_u16(half, hb);
+    store_u8_from<0>(plane0, values);
+    if constexpr (kPlanes == 2) store_u8_from<1>(plane1, values);
+  }
+
+  static void run(const Step& s, int64_t n) {
+    fvec c[9];
+    for (int j = 0; j < 9; j++) c[j] = fvec(s.c[j]);
+    const float c5f = s.c[5];
+    const DivideByConstant c5{fvec(c5f), fvec(1.0f / c5f), std::isnormal(c5f) && c5f > 0.0f && c5f <= 1.0f};
+    const int64_t blocks = (n + kLanes - 1) / kLanes;
+    // NOTE: at least 32768 values per task (ATen's grain size): a small group runs on one thread.
+    at::parallel_for(0, blocks, 32768 / kLanes, [&](int64_t b0, int64_t b1) {
+      uint16_t* const half = s.half;
+      const uint16_t* const grad = s.grad;
+      uint8_t* const p0 = s.plane0;
+      uint8_t* const p1 = s.plane1;
+      char* const s0 = static_cast<char*>(s.state0);
+      char* const s1 = static_cast<char*>(s.state1);
+      const int32_t key = s.key;
+      const int64_t offset = s.offset;
+      const bool momentum = s.momentum, nesterov = s.nesterov, first = s.first;
+      fvec cl[9];
+      for (int j = 0; j < 9; j++) cl[j] = c[j];
+      const DivideByConstant c5l = c5;
+      const int64_t full_end = std::min(b1, n / kLanes);
+      for (int64_t blk = b0; blk < full_end; blk++) {
+        const int64_t i = blk * kLanes;
+        block(half + i, grad + i, p0 + i, kPlanes == 2 ? p1 + i : nullptr, s0 ? s0 + i * kStateSize : nullptr,
+              s1 ? s1 + i * kStateSize : nullptr, cl, c5l, static_cast<int32_t>(offset + i), key, momentum, nesterov,
+              first);
+      }
+      if (b1 * kLanes > n && b0 < b1) {  // the tail: the same code on zero-padded copies
+        const int64_t i = (b1 - 1) * kLanes, count = n - i;
+        alignas(64) uint16_t th[kLanes] = {}, tg[kLanes] = {};
+        alignas(64) uint8_t t0[kLanes] = {}, t1[kLanes] = {};
+        alignas(64) char ts0[kLanes * 4] = {}, ts1[kLanes * 4] = {};
+        std::memcpy(th, half + i, count * 2);
+        std::memcpy(tg, grad + i, count * 2);
+        std::memcpy(t0, p0 + i, count);
+        if (p1) std::memcpy(t1, p1 + i, count);
+        if (s0) std::memcpy(ts0, s0 + i * kStateSize, count * kStateSize);
+        if (s1) std::memcpy(ts1, s1 + i * kStateSize, count * kStateSize);
+        block(th, tg, t0, t1, ts0, ts1, cl, c5l, static_cast<int32_t>(offset + i), key, momentum, nesterov, first);
+        std::memcpy(half + i, th, count * 2);
+        std::memcpy(p0 + i, t0, count);
+        if (p1) std::memcpy(p1 + i, t1, count);
+        if (s0) std::memcpy(s0 + i * kStateSize, ts0, count * kStateSize);
+        if (s1) std::memcpy(s1 + i * kStateSize, ts1, count * kStateSize);
+      }
+    });
+  }
+};
+
+template <bool kFp16, int kPlanes, bool kSR, bool kMSR, bool kBf16State>
+void dispatch_math(const Step& s, int64_t n, int64_t math) {
+  if (math == kAdamW) Kernel<kFp16, kPlanes, kSR, kMSR, kBf16State, kAdamW>::run(s, n);
+  else if (math == kAdam) Kernel<kFp16, kPlanes, kSR, kMSR, kBf16State, kAdam>::run(s, n);
+  else Kernel<kFp16, kPlanes, kSR, kMSR, kBf16State, kSgd>::run(s, n);
+}
+
+template <bool kFp16, int kPlanes, bool kSR>
+void dispatch_format(const Step& s, int64_t n, int64_t math, bool master_stochastic, bool bf16_state) {
+  // with all 16 bits kept (bf16+16) master rounding has nothing to round: one instantiation
+  constexpr bool kHasDropped = 8 * kPlanes - (kSR ? 1 : 0) < (kFp16 ? 13 : 16);
+  if (kHasDropped && master_stochastic) {
+    bf16_state ? dispatch_math<kFp16, kPlanes, kSR, kHasDropped, true>(s, n, math)
+               : dispatch_math<kFp16, kPlanes, kSR, kHasDropped, false>(s, n, math);
+  } else {
+    bf16_state ? dispatch_math<kFp16, kPlanes, kSR, false, true>(s, n, math)
+               : dispatch_math<kFp16, kPlanes, kSR, false, false>(s, n, math);
+  }
+}
+
+void check_flat(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t n) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor, got ", t.device());
+  TORCH_CHECK(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous() && t.numel() == n, name, " must be contiguous with ", n, " values, got ",
+              t.sizes(), " strides ", t.strides());
+}
+
+void packed_step(const at::Tensor& half, const at::Tensor& grad, at::TensorList planes, at::TensorList states,
+                 const at::Tensor& coef, int64_t key, int64_t offset, int64_t extra_bits,
+                 bool stochastic_rounding, bool master_stochastic, int64_t math, bool momentum, bool nesterov,
+                 bool first) {
+  const int64_t n = half.numel();
+  const bool fp16 = half.scalar_type() == at::kHalf;
+  TORCH_CHECK(fp16 || half.scalar_type() == at::kBFloat16, "half must be bf16 or fp16, got ", half.scalar_type());
+  check_flat(half, "half", half.scalar_type(), n);
+  check_flat(grad, "grad", half.scalar_type(), n);
+  const int64_t nplanes = static_cast<int64_t>(planes.size());
+  TORCH_CHECK((nplanes == 1 || (nplanes == 2 && !fp16)) && extra_bits == 8 * nplanes - (stochastic_rounding ? 1 : 0),
+              "byte planes hold 8 or 16 stored bits: got ", nplanes, " planes for ", extra_bits, " extra bits",
+              stochastic_rounding ? " + the rounding flag" : "", " of ", half.scalar_type());
+  for (const auto& p : planes) check_flat(p, "plane", at::kByte, n);
+  TORCH_CHECK(math == kAdamW || math == kAdam || math == kSgd, "math=", math, ": 0 (AdamW), 1 (Adam) or 2 (SGD)");
+  const int64_t nstates = static_cast<int64_t>(states.size());
+  const int64_t want = math == kSgd ? (momentum ? 1 : 0) : 2;
+  TORCH_CHECK(nstates == want, "expected ", want, " state tensors, got ", nstates);
+  const bool bf16_state = nstates > 0 && states[0].scalar_type() == at::kBFloat16;
+  for (const auto& t : states) check_flat(t, "state", bf16_state ? at::kBFloat16 : at::kFloat, n);
+  const int64_t ncoef = math == kSgd ? 4 : 9;
+  check_flat(coef, "coef", at::kFloat, ncoef);
+  if (n == 0) return;
+  Step s{};
+  s.half = reinterpret_cast<uint16_t*>(half.data_ptr());
+  s.grad = reinterpret_cast<const uint16_t*>(grad.data_ptr());
+  s.plane0 = planes[0].data_ptr<uint8_t>();
+  s.plane1 = nplanes == 2 ? planes[1].data_ptr<uint8_t>() : nullptr;
+  s.state0 = nstates > 0 ? states[0].data_ptr() : nullptr;
+  s.state1 = nstates > 1 ? states[1].data_ptr() : nullptr;
+  const float* c = coef.data_ptr<float>();
+  for (int64_t j = 0; j < ncoef; j++) s.c[j] = c[j];
+  s.key = static_cast<int32_t>(static_cast<uint32_t>(key));
+  s.offset = offset;
+  s.momentum = momentum;
+  s.nesterov = nesterov;
+  s.first = first;
+  const bool sr = stochastic_rounding, ms = master_stochastic;
+  if (fp16) {
+    sr ? dispatch_format<true, 1, true>(s, n, math, ms, bf16_state)
+       : dispatch_format<true, 1, false>(s, n, math, ms, bf16_state);
+  } else if (nplanes == 1) {
+    sr ? dispatch_format<false, 1, true>(s, n, math, ms, bf16_state)
+       : dispatch_format<false, 1, false>(s, n, math, ms, bf16_state);
+  } else {
+    sr ? dispatch_format<false, 2, true>(s, n, math, ms, bf16_state)
+       : dispatch_format<false, 2, false>(s, n, math, ms, bf16_state);
+  }
+}
+
+int64_t lanes() { return kLanes; }
+
+}  // namespace
+
+TORCH_LIBRARY(workbench_packed_cpu, m) {
+  m.def(
+      "step(Tensor(a!) half, Tensor grad, Tensor(b!)[] planes, Tensor(c!)[] states, Tensor coef, int key, "
+      "int offset, int extra_bits, bool stochastic_rounding, bool master_stochastic, int math, bool momentum, "
+      "bool nesterov, bool first) -> ()");
+  m.def("lanes() -> int", &lanes);
+}
+
+TORCH_LIBRARY_IMPL(workbench_packed_cpu, CPU, m) { m.impl("step", &packed_step); }

@@ -1,0 +1,353 @@
+// Vector helpers of the packed CPU step (packed_step.cpp): narrow loads and stores, float <-> 16-bit
+// patterns, and fp32 arithmetic with the eager step's exact results (ATen's NaN rules, torch's sqrt,
+// a correctly rounded division by a per-step constant). See packed_step.cpp for the paper and why.
+#pragma once
+
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace workbench_packed {
+
+using fvec = at::vec::Vectorized<float>;
+using ivec = at::vec::Vectorized<int32_t>;
+constexpr int kLanes = fvec::size();
+static_assert(ivec::size() == kLanes, "int32 and float vectors must have the same lane count");
+
+// ------------------------------------------------------------------ narrow loads and stores
+// Each reads or writes exactly kLanes elements; the tail goes through a padded buffer.
+inline ivec load_u16(const uint16_t* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  alignas(64) int32_t b[kLanes];
+  for (int j = 0; j < kLanes; j++) b[j] = p[j];
+  return ivec::loadu(b);
+#endif
+}
+
+inline ivec load_u8(const uint8_t* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+#else
+  alignas(64) int32_t b[kLanes];
+  for (int j = 0; j < kLanes; j++) b[j] = p[j];
+  return ivec::loadu(b);
+#endif
+}
+
+// low 16 bits of each lane (a truncating store, as torch's int32 -> int16 conversion)
+inline void store_u16(uint16_t* p, const ivec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
+#elif defined(CPU_CAPABILITY_AVX2)
+  __m256i w = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
+  w = _mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0xD8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(w));
+#else
+  alignas(64) int32_t b[kLanes];
+  v.store(b);
+  for (int j = 0; j < kLanes; j++) p[j] = static_cast<uint16_t>(b[j]);
+#endif
+}
+
+// low 8 bits of each lane
+inline void store_u8(uint8_t* p, const ivec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(v));
+#elif defined(CPU_CAPABILITY_AVX2)
+  __m256i w = _mm256_and_si256(v, _mm256_set1_epi32(0xFF));
+  w = _mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0xD8);
+  w = _mm256_packus_epi16(w, w);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(w));
+#else
+  alignas(64) int32_t b[kLanes];
+  v.store(b);
+  for (int j = 0; j < kLanes; j++) p[j] = static_cast<uint8_t>(b[j]);
+#endif
+}
+
+// fp16 -> fp32 as ATen's vectorised conversion does it (F16C; the same for every non-NaN value)
+inline fvec load_fp16_as_float(const uint16_t* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  alignas(64) float b[kLanes];
+  for (int j = 0; j < kLanes; j++) b[j] = static_cast<float>(c10::Half(p[j], c10::Half::from_bits()));
+  return fvec::loadu(b);
+#endif
+}
+
+// NOTE: the bf16 step keeps a 16-bit pattern in the upper half of its lane (where fp32 keeps it) and
+// a byte plane at its byte position, so loads and stores are one permute each on AVX512 instead of
+// a widening move plus a shift (512-bit shifts only issue on one port, and the step is port-bound).
+// Lanes holding pattern << 16 (the bf16 value as fp32 bits), from kLanes 16-bit patterns.
+inline ivec load_u16_hi(const uint16_t* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512i odd_from = _mm512_set_epi32(15 << 16, 14 << 16, 13 << 16, 12 << 16, 11 << 16, 10 << 16, 9 << 16,
+                                            8 << 16, 7 << 16, 6 << 16, 5 << 16, 4 << 16, 3 << 16, 2 << 16, 1 << 16, 0);
+  const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_maskz_permutexvar_epi16(0xAAAAAAAA, odd_from, _mm512_castsi256_si512(words));
+#else
+  return load_u16(p) << ivec(16);
+#endif
+}
+
+// store the upper 16 bits of each lane
+inline void store_u16_hi(uint16_t* p, const ivec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512i odd_words = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, (31 << 16) | 29, (27 << 16) | 25,
+                                             (23 << 16) | 21, (19 << 16) | 17, (15 << 16) | 13, (11 << 16) | 9,
+                                             (7 << 16) | 5, (3 << 16) | 1);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_castsi512_si256(_mm512_permutexvar_epi16(odd_words, v)));
+#else
+  store_u16(p, v >> ivec(16));
+#endif
+}
+
+// Lanes holding byte << (8 * J), from kLanes bytes.
+template <int J>
+inline ivec load_u8_at(const uint8_t* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  // each 128-bit lane L holds all 16 bytes; its dword t takes byte 4L + t into byte position J
+  alignas(64) static const int8_t ctrl[64] = {
+#define WB_B(L, t) (J == 0 ? 4 * L + t : -128), (J == 1 ? 4 * L + t : -128), (J == 2 ? 4 * L + t : -128), \
+                   (J == 3 ? 4 * L + t : -128)
+#define WB_LANE(L) WB_B(L, 0), WB_B(L, 1), WB_B(L, 2), WB_B(L, 3)
+      WB_LANE(0), WB_LANE(1), WB_LANE(2), WB_LANE(3)};
+#undef WB_LANE
+#undef WB_B
+  const __m512i all = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_shuffle_epi8(all, _mm512_load_si512(ctrl));
+#else
+  return load_u8(p) << ivec(8 * J);
+#endif
+}
+
+// store byte J of each lane
+template <int J>
+inline void store_u8_from(uint8_t* p, const ivec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (J == 0) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(v));
+  } else {
+    // gather byte J of the lane's 4 dwords into its first dword, then the 4 first dwords together
+    alignas(64) static const int8_t ctrl[64] = {
+#define WB_LANE J, 4 + J, 8 + J, 12 + J, -128, -128, -128, -128, -128, -128, -128, -128, -128, -128, -128, -128
+        WB_LANE, WB_LANE, WB_LANE, WB_LANE};
+#undef WB_LANE
+    const __m512i packed = _mm512_shuffle_epi8(v, _mm512_load_si512(ctrl));
+    const __m512i firsts = _mm512_permutexvar_epi32(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0),
+                                                    packed);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_castsi512_si128(firsts));
+  }
+#else
+  store_u8(p, v >> ivec(8 * J));
+#endif
+}
+
+// ------------------------------------------------------------------------ bit-level helpers
+inline ivec I(int32_t v) { return ivec(v); }
+inline fvec as_float(const ivec& v) { return at::vec::cast<float>(v); }
+inline ivec as_int(const fvec& v) { return at::vec::cast<int32_t>(v); }
+// where(mask, a, b) for masks of all-ones / all-zeros lanes
+inline ivec select(const ivec& mask, const ivec& a, const ivec& b) { return b ^ ((a ^ b) & mask); }
+inline ivec sign_mask(const ivec& v) { return v >> I(31); }  // -1 where v < 0
+// whether every lane of a mask (all-ones / all-zeros lanes) is set
+inline bool all_lanes(const ivec& mask) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_movepi32_mask(mask) == 0xFFFF;
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_movemask_ps(_mm256_castsi256_ps(mask)) == 0xFF;
+#else
+  alignas(64) int32_t b[kLanes];
+  mask.store(b);
+  for (int j = 0; j < kLanes; j++) {
+    if (b[j] == 0) return false;
+  }
+  return true;
+#endif
+}
+
+// NOTE: ATen's add and sub kernels compute self + alpha * other as fmadd(other, alpha, self): where
+// both operands are NaN the result is `other`'s NaN (quieted, sign kept), where x86's vaddps/vsubps
+// would return `self`'s. The eager step's NaN payloads (so the bits of a NaN master value's half and
+// extra bits) follow ATen's rule; these two helpers keep it.
+inline fvec nan_from_other(const fvec& r, const fvec& other) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __mmask16 nan = _mm512_cmp_ps_mask(other, other, _CMP_UNORD_Q);
+  return _mm512_mask_or_ps(r, nan, other, _mm512_castsi512_ps(_mm512_set1_epi32(0x400000)));
+#else
+  return fvec::blendv(r, other | as_float(ivec(0x400000)), other.isnan());
+#endif
+}
+
+// self + other and self - other with ATen's NaN rule. On AVX512 the instruction's operand order
+// gives the rule for free (x86 returns the first source's NaN; the compiler may swap the operands of a
+// plain `+`, not of an asm statement): vaddps with `other` first, and ATen's own fmadd(other, -1,
+// self) for the difference (an FMA returns its first NaN operand; checked against torch for every
+// pair of NaN, number and signalling NaN).
+inline fvec add_t(const fvec& self, const fvec& other) {
+#if defined(CPU_CAPABILITY_AVX512)
+  __m512 r;
+  asm("vaddps %[s], %[o], %[r]"
+      : [r] "=v"(r)
+      : [s] "v"(static_cast<__m512>(self)), [o] "v"(static_cast<__m512>(other)));
+  return r;
+#else
+  return nan_from_other(self + other, other);
+#endif
+}
+inline fvec sub_t(const fvec& self, const fvec& other) {
+#if defined(CPU_CAPABILITY_AVX512)
+  __m512 o = other;
+  asm("vfmadd132ps %[m], %[s], %[o]"
+      : [o] "+v"(o)
+      : [s] "v"(static_cast<__m512>(self)), [m] "v"(_mm512_set1_ps(-1.0f)));
+  return o;
+#else
+  return nan_from_other(self - other, other);
+#endif
+}
+
+// torch's sqrt (Sleef) returns +NaN (0x7FC00000) for a negative input where x86's vsqrtps gives the
+// default NaN 0xFFC00000; NaN inputs keep their payload and -0 stays -0 in both.
+inline fvec sqrt_t(const fvec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __mmask16 negative = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
+  return _mm512_mask_mov_ps(_mm512_sqrt_ps(v), negative, _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+#else
+  return fvec::blendv(v.sqrt(), as_float(ivec(0x7FC00000)), v < fvec(0.0f));
+#endif
+}
+
+// x / c for a divisor c known per step (Adam's sqrt(1 - beta2**t)), correctly rounded without the
+// divider: with y = RN(1/c), q = RN(x * y), r = x - c * q (exact, one FMA), RN(q + r * y) is RN(x / c)
+// for every x (Markstein's theorem; division by a constant, Brisebarre, Muller & Raina 2004), checked
+// against vdivps over every x significand for 10^4 divisors (markstein_check.cpp). Zeros, infinities
+// and NaNs take RN(x * y), which equals x / c there for 0 < c <= 1. NOTE: the divider (sqrt and two
+// divisions per vector) bounds the in-cache step; this moves one division to the FMA ports.
+struct DivideByConstant {
+  fvec c, y;
+  bool exact;  // c is a positive normal number <= 1 (else: plain division)
+};
+inline fvec divide(const fvec& x, const DivideByConstant& d) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  if (d.exact) {
+    const fvec q = x * d.y;
+    const fvec r = at::vec::fmadd(fvec(0.0f) - q, d.c, x);
+    const fvec fine = at::vec::fmadd(r, d.y, q);
+#if defined(CPU_CAPABILITY_AVX512)
+    return _mm512_mask_mov_ps(fine, _mm512_fpclass_ps_mask(x, 0x9F), q);  // 0x9F: NaN, +-0, +-inf
+#else
+    const fvec special = (x == fvec(0.0f)) | (x.abs() < fvec(INFINITY)) ^ as_float(ivec(-1));
+    return fvec::blendv(fine, q, special);
+#endif
+  }
+#endif
+  return x / d.c;
+}
+
+// fp32 -> bf16 in the upper half of each lane (the lower half is don't-care for store_u16_hi), round
+// to nearest even, as the eager step's copy_ into bf16 states rounds: NaN -> 0xFFFF in ATen's AVX2 and
+// AVX512 conversion, 0x7FC0 in c10's scalar one (which generic builds mirror).
+inline ivec float_to_bf16_hi(const fvec& x) {
+  const ivec u = as_int(x);
+  const ivec r = ((u >> I(16)) & I(1)) + I(0x7FFF) + u;
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(-65536));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return select(sign_mask(I(0x7F800000) - (u & I(0x7FFFFFFF))), I(-65536), r);
+#else
+  return select(sign_mask(I(0x7F800000) - (u & I(0x7FFFFFFF))), I(0x7FC00000), r);
+#endif
+}
+
+// bits | 0x400000 where x is a NaN: the quiet bit of fp32 is bf16's bit 0x40, which split sets on a
+// NaN whose payload may sit in dropped bits
+inline ivec quiet_if_nan(const ivec& bits, const fvec& x) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_mask_or_epi32(bits, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), bits, _mm512_set1_epi32(0x400000));
+#else
+  return bits | (sign_mask(I(0x7F800000) - (bits & I(0x7FFFFFFF))) & I(0x400000));
+#endif
+}
+
+// rng.hash_noise: murmur3's finaliser over index * golden ratio + key (int32, wrapping)
+inline ivec hash_noise(const ivec& index, int32_t key) {
+  ivec h = index * I(-1640531535) + I(key);
+  h = h ^ ((h >> I(16)) & I(0xFFFF));
+  h = h * I(-2048144789);
+  h = h ^ ((h >> I(13)) & I(0x7FFFF));
+  h = h * I(-1028477387);
+  return h ^ ((h >> I(16)) & I(0xFFFF));
+}
+
+// split_merge._compose: (16-bit pattern, full-width remainder) -> fp32
+template <bool kFp16>
+inline fvec compose(const ivec& hb, const ivec& low) {
+  if constexpr (!kFp16) {
+    return as_float((hb << I(16)) | low);
+  } else {
+    const ivec sign = (hb & I(0x8000)) << I(16);
+    const ivec e = hb & I(0x7C00);
+    const ivec normal_mag = (((hb & I(0x7FFF)) << I(13)) + I(112 << 23)) | low;
+    // NOTE: a vector of fp16 normal numbers (the common case) skips the subnormal and special lanes
+    if (all_lanes((e > I(0)) & (e < I(0x7C00)))) return as_float(sign | normal_mag);
+    ivec frac = hb & I(0x3FF);
+    ivec q = (frac << I(13)) | low;
+    ivec small_mag = as_int(at::vec::convert_to_fp_of_same_size<float>(q) * fvec(0x1p-37f));
+    ivec nonzero_frac = (frac == I(0)) ^ I(-1);
+    ivec special_mag = I(0x7F800000) | (nonzero_frac & (I(0x400000) | (frac << I(13))));
+    ivec mag = select(e == I(0), small_mag, select(e == I(0x7C00), special_mag, normal_mag));
+    return as_float(sign | mag);
+  }
+}
+
+// split_merge._fields: fp32 -> (16-bit pattern truncated toward zero, full-width remainder)
+template <bool kFp16>
+inline void fields(const fvec& x, ivec& hb, ivec& low) {
+  ivec bits = as_int(x);
+  if constexpr (!kFp16) {
+    hb = (bits >> I(16)) & I(0xFFFF);
+    low = bits & I(0xFFFF);
+  } else {
+    const ivec sign = (bits >> I(16)) & I(0x8000);
+    const ivec mag = bits & I(0x7FFFFFFF);
+    if (all_lanes((mag >= I(0x38800000)) & (mag < I(0x47800000)))) {  // all in fp16's normal range
+      hb = sign | ((mag >> I(13)) - I(112 << 10));
+      low = mag & I(0x1FFF);
+      return;
+    }
+    ivec small = mag < I(0x38800000);
+    ivec overflow = (mag >= I(0x47800000)) & (mag < I(0x7F800000));
+    ivec special = mag >= I(0x7F800000);
+    ivec nan = mag > I(0x7F800000);
+    // below fp16's normal range: fixed point in units of 2**-37 (exact scaling, truncation);
+    // other lanes are overwritten below, whatever their q.
+    ivec q = at::vec::convert_to_int_of_same_size<float>(as_float(mag) * fvec(0x1p37f));
+    ivec h = select(small, q >> I(13), (mag >> I(13)) - I(112 << 10));
+    ivec l = select(small, q & I(0x1FFF), mag & I(0x1FFF));
+    h = select(overflow, I(0x7BFF), h);
+    l = select(overflow, I(0x1FFF), l);
+    ivec special_hb = I(0x7C00) | (nan & (I(0x200) | ((mag >> I(13)) & I(0x3FF))));
+    h = select(special, special_hb, h);
+    l = select(special, I(0), l);
+    hb = sign | h;
+    low = l;
+  }
+}
+
+}  // namespace workbench_packed

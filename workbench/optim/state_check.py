@@ -1,0 +1,102 @@
+"""Validate a state dict before a packed optimizer loads it, naming what differs.
+
+Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 3.1: a packed
+optimizer's state is the k extra bits of every parameter (``extra``: uint8 byte planes or dense
+int32 words) beside the algorithm's moments, so a state dict of another optimizer cannot stand in
+for it. ``torch.optim.Optimizer.load_state_dict`` checks only the number of parameters per group;
+a ``torch.optim.AdamW`` state dict then failed at ``step()`` with ``KeyError: 'extra_bits'``, a
+``PackedSGD`` one with ``KeyError: 'betas'``, and a moment of the wrong shape with a raw size
+mismatch. :func:`check_state_dict` raises a ValueError first, naming the param group or the
+parameter index (its id in the state dict, which torch numbers across groups), the key, and what
+was expected and found.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from workbench.optim.options import PackedOptions
+
+if TYPE_CHECKING:
+    from workbench.optim.packed import PackedOptimizer
+
+__all__ = ["LATER_KEYS", "check_state_dict"]
+
+# NOTE: keys added after state dicts were first saved, with the value an older state dict means
+# (torch.optim fills its own new keys the same way, with setdefault in __setstate__).
+LATER_KEYS = {"amsgrad": False, "maximize": False}
+_FOREIGN_HINT = ("; a packed optimizer loads only state dicts saved by the same packed optimizer class "
+                 "(torch.optim's state has no packed extra bits, and PackedSGD's no Adam moments)")
+
+
+def _describe(value: Any) -> str:
+    if torch.is_tensor(value):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _check_param_state(name: str, pid: Any, p: torch.Tensor, saved: Any, expected: dict[str, Any]) -> None:
+    where = f"{name}.load_state_dict: state of parameter {pid!r} (shape {tuple(p.shape)}, {p.dtype})"
+    if not isinstance(saved, dict):
+        raise ValueError(f"{where}: expected a dict of states, got {_describe(saved)}")
+    missing = [k for k in expected if k not in saved]
+    extra = [k for k in saved if k not in expected]
+    if missing or extra:
+        key, what = (missing[0], "is missing") if missing else (extra[0], "is not a state of this optimizer")
+        raise ValueError(f"{where}: key {key!r} {what}; expected keys {sorted(expected)}, got {sorted(saved)}"
+                         + _FOREIGN_HINT)
+    for key, want in expected.items():
+        value = saved[key]
+        if want is int:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{where}: key 'step' expected a non-negative Python int, got {_describe(value)}"
+                                 + _FOREIGN_HINT)
+            continue
+        shape, dtype = want
+        if not torch.is_tensor(value) or tuple(value.shape) != shape or value.dtype != dtype:
+            raise ValueError(f"{where}: key {key!r} expected a tensor of shape {shape} and dtype {dtype}, "
+                             f"got {_describe(value)}")
+
+
+def check_state_dict(optimizer: PackedOptimizer, state_dict: Any) -> None:
+    """Raise ValueError where ``state_dict`` cannot be loaded into ``optimizer`` as it is.
+
+    Checks, in order: the two top-level entries; the number of param groups; each saved group has
+    every hyperparameter and option key of this optimizer's groups, the same number of parameters,
+    and values the optimizer accepts (``validate_group``); each saved per-parameter state has
+    exactly the keys a step creates (``step``, ``extra``, the algorithm's moments), an int step and
+    tensors of the expected shape and dtype for that parameter and group.
+    """
+    name = type(optimizer).__name__
+    if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict) \
+            or not isinstance(state_dict.get("param_groups"), list):
+        found = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+        raise ValueError(f"{name}.load_state_dict: expected a dict with 'state' (a dict) and 'param_groups' "
+                         f"(a list), got {found}")
+    groups, state = state_dict["param_groups"], state_dict["state"]
+    if len(groups) != len(optimizer.param_groups):
+        raise ValueError(f"{name}.load_state_dict: the state dict has {len(groups)} param groups, the optimizer "
+                         f"{len(optimizer.param_groups)}")
+    for gi, (saved, ours) in enumerate(zip(groups, optimizer.param_groups, strict=True)):
+        where = f"{name}.load_state_dict: param group {gi}"
+        packed = [k for k in PackedOptions.GROUP if k in ours]
+        keys = packed + sorted(k for k in ours if k != "params" and k not in packed)
+        missing = [k for k in keys if k not in saved and k not in LATER_KEYS]
+        if missing:
+            raise ValueError(f"{where}: missing key{'s' if len(missing) > 1 else ''} "
+                             f"{', '.join(map(repr, missing))}; expected the keys {keys}, got "
+                             f"{sorted(k for k in saved if k != 'params')}" + _FOREIGN_HINT)
+        if len(saved.get("params", ())) != len(ours["params"]):
+            raise ValueError(f"{where}: key 'params' lists {len(saved.get('params', ()))} parameters, expected "
+                             f"{len(ours['params'])} (the optimizer's group)")
+        group = dict(LATER_KEYS, **saved)  # the group as it will be once loaded
+        group["params"] = ours["params"]
+        try:
+            optimizer.validate_group(group, gi)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+        for pid, p in zip(saved["params"], ours["params"], strict=True):
+            if pid in state:
+                _check_param_state(name, pid, p, state[pid], optimizer.expected_state(p, group))
