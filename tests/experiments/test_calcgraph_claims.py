@@ -4,6 +4,7 @@ the boundaries; and a ledger of what the experiment functions really record has 
 
 import pandas as pd
 import pytest
+from claim_rows import claim_row
 
 from workbench.experiments import calcgraph as cgx
 from workbench.experiments.calcgraph.claims import CLAIMS, PAPER_HEAP_BYTES, ledger
@@ -281,3 +282,19 @@ def test_ledger_of_real_records_has_a_row_for_every_claim():
     assert by[_claim(HEAP).text]["measured"] > 31_360_000  # the batch of 10,000 images alone
     assert by[_claim(META).text]["verdict"] == "other device"
     assert by[_claim(MORE).text]["measured"] is not None
+
+
+def _zoo(errors):
+    return {"zoo": pd.DataFrame({"model": [f"m{i}" for i in range(len(errors))], "batch_size": 8,
+                                 "error": errors, "uncalibrated_error": [-0.5] * len(errors)})}
+
+
+@pytest.mark.parametrize(("errors", "verdict"), [
+    ([0.0, 0.049, -0.019], "reproduced"), ([0.0, -0.03], "not reproduced"), ([0.06, 0.0], "not reproduced"),
+])
+def test_the_zoo_target_is_two_sided(errors, verdict):
+    from workbench.experiments.calcgraph import claims
+
+    row = claim_row(claims, "Calibrated plan within 5%", _zoo(errors), device_class="cpu")
+    assert row["verdict"] == verdict and row["source"] == "target"
+    assert claim_row(claims, "Calibrated plan within 5%", _zoo(errors), device_class="gpu")["verdict"] == "other device"

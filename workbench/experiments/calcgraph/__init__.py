@@ -19,11 +19,13 @@ from .plots import (
 )
 from .prediction import METERS, PAPER_HEAP_BATCH, calcheap_layout, explain_max_batch, meter_name, prediction_error
 from .single_model import FRAMEWORKS, accuracy_curves, max_accuracy_difference, single_model_cost, train_rounds
+from .zoo import zoo_accuracy
 from .workload import (
     DATA_SOURCES, MODELS, PAPER_MLP, load_data, model_factory, paper_mlp, paper_mlp_plan, small_cnn,
 )
 
 __all__ = [
+    "zoo_accuracy",
     "claims",
     "DATA_SOURCES", "MODELS", "PAPER_MLP", "load_data", "model_factory", "paper_mlp", "paper_mlp_plan", "small_cnn",
     "METERS", "PAPER_HEAP_BATCH", "calcheap_layout", "explain_max_batch", "meter_name", "prediction_error",

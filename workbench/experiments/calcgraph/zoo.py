@@ -1,0 +1,43 @@
+"""The held-out zoo in the notebook (issue 18): CalcGraph's plan alone and calibrated, judged against the
+allocator (`workbench.calcgraph.zoo.accuracy_table`: 13 small networks, CPU, one intra-op thread), and the
+measure of our target on it: within 5% of the allocator everywhere, never under by more than 2%."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pandas as pd
+import torch
+
+from workbench.calcgraph.zoo import accuracy_table
+from workbench.report import Measured, Records, record_frame
+
+__all__ = ["ZOO_BAND", "zoo_accuracy", "zoo_worst"]
+
+ZOO_BAND = (-0.02, 0.05)  # our target: never under by more than 2%, never over by more than 5%
+
+
+def zoo_accuracy(batch_sizes: Sequence[int]) -> pd.DataFrame:
+    """The zoo's error table at `batch_sizes` (one intra-op thread: scratch depends on the thread count)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return accuracy_table(batch_sizes=batch_sizes)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def zoo_worst(records: Records, params: Mapping) -> Measured | None:
+    """The calibrated error farthest outside the target band (or the largest |error| when all are inside)."""
+    df = record_frame(records, "zoo")
+    if df is None:
+        return None
+    rows = df.dropna(subset=["error"])
+    low, high = ZOO_BAND
+    outside = (low - rows["error"]).clip(lower=0) + (rows["error"] - high).clip(lower=0)
+    worst = rows.loc[outside.idxmax()] if outside.max() > 0 else rows.loc[rows["error"].abs().idxmax()]
+    plain = rows.loc[rows["uncalibrated_error"].abs().idxmax()]
+    return Measured(float(worst["error"]), scale=(
+        f"{rows['model'].nunique()} networks x batches {sorted({int(b) for b in rows['batch_size']})}, CPU allocator "
+        f"(torch.profiler), one thread; worst: {worst['model']} at batch {int(worst['batch_size'])}; the plan alone "
+        f"misses by up to {float(plain['uncalibrated_error']):+.1%} ({plain['model']})"))
