@@ -1,0 +1,31 @@
+"""The advisor's peers run for real on a small model: MemTracker's prediction, the trial-based finders'
+answers, each checked under the allocator."""
+
+import pytest
+import torch
+
+from workbench.experiments.advisor import peers, suite
+
+
+def test_memtracker_sees_the_mlp_exactly_and_misses_the_lstm_workspace():
+    build, shape = suite.suite_model("mlp", width=0.125, image_size=16)
+    real = peers._allocator_peak(build, shape, 8, "adamw")
+    assert peers.memtracker_peak(build, shape, 8) == pytest.approx(real, rel=0.01)
+    build, shape = suite.suite_model("lstm", width=0.125, image_size=16)
+    assert peers.memtracker_peak(build, shape, 8) < 0.8 * peers._allocator_peak(build, shape, 8, "adamw")
+
+
+def test_every_answer_is_checked_by_a_real_run(one_thread):
+    candidates, _, advices = suite.evaluate(["mlp"], batch_size=4, width=0.125, image_size=16, budget_quantile=1.0,
+                                            repeats=1, min_run_time=0.01, progress=False,
+                                            candidates=lambda c: c.precision == "fp32")
+    table = peers.peer_table("mlp", advices["mlp"], width=0.125, image_size=16, start_batch=16)
+    assert {"advisor (fp32 row)", "torch MemTracker (fake tensors)", "accelerate find_executable_batch_size",
+            "lightning scale_batch_size (power)", "lightning scale_batch_size (binsearch)"} <= set(table["method"])
+    batches = table[table["question"] == "largest batch in the budget"]
+    assert batches[batches["answer"].notna()]["allocator_bytes"].notna().all()
+    mine = batches[batches["method"] == "advisor (fp32 row)"].iloc[0]
+    assert mine["trials"] == 0 and mine["within_budget"]
+    others = batches[batches["method"] != "advisor (fp32 row)"]
+    assert ((others["trials"] > 0) | others["note"].str.startswith("failed")).all()
+    assert torch.get_num_threads() == 1

@@ -1,0 +1,106 @@
+"""The advisor's peers on the same model, installed and run in the same process (issue 19).
+
+- Peak at the user's batch (fp32, AdamW: the one configuration every peer models): the advisor's prediction,
+  PyTorch's `MemTracker` under fake tensors (torch.distributed._tools.mem_tracker), DeepSpeed's model-state
+  estimate where deepspeed is installed, each against `AllocatorMeter` over the same training program.
+- Largest batch for the budget: the advisor's (zero trials) against accelerate's `find_executable_batch_size`
+  and Lightning's `Tuner.scale_batch_size` (power, binsearch), whose trials run under a `BudgetGuard` (it
+  counts tensors, as those tools see out-of-memory); every answer is then run once under `AllocatorMeter`,
+  which sees kernel scratch too: an answer above the budget is one that would fail later.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import time
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from workbench.advisor import Advice
+from workbench.calcgraph import training_program
+from workbench.experiments.calcgraph.peers import _accelerate, _lightning
+from workbench.measure import AllocatorMeter
+
+from .suite import suite_model
+
+__all__ = ["memtracker_peak", "peer_table"]
+
+
+def memtracker_peak(build, shape: tuple[int, ...], batch_size: int) -> int:
+    """PyTorch's MemTracker prediction of the fp32 AdamW program (build + two steps) under fake tensors."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    with FakeTensorMode():
+        tracker = MemTracker()
+        with tracker:
+            model = build()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            tracker.track_external(model, opt)
+            for _ in range(2):
+                x, y = torch.randn(batch_size, *shape), torch.zeros(batch_size, dtype=torch.long)
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                tracker.reset_mod_stats()  # MemTracker refuses a second iteration's module stats otherwise
+        return int(sum(v["Total"] for v in tracker.get_tracker_snapshot("peak").values()))
+
+
+def _allocator_peak(build, shape, batch_size: int, optimizer: str) -> int:
+    gc.collect()
+    with AllocatorMeter("cpu") as meter:
+        training_program(build, shape, batch_size, optimizer=optimizer)
+    return meter.peak_bytes
+
+
+def _trial(finder, method: str) -> dict:
+    try:
+        return finder()
+    except Exception as error:  # noqa: BLE001 - a finder that gives up (accelerate: "reached zero") is a row
+        return {"method": method, "max_batch": None, "trials": None, "seconds": None,
+                "note": f"failed: {type(error).__name__}: {error}"[:200]}
+
+
+def peer_table(name: str, advice: Advice, *, width: float, image_size: int, start_batch: int = 256) -> pd.DataFrame:
+    """Peak and largest-batch answers of the advisor and its peers for the suite model `name`, each checked
+    by a real run (CPU)."""
+    build, shape = suite_model(name, width=width, image_size=image_size)
+    b, budget = advice.batch_size, advice.memory_budget
+    rows = []
+    measured = _allocator_peak(build, shape, b, "adamw")
+
+    def peak_row(method, value, seconds, note=""):
+        rows.append({"model": name, "question": f"peak at batch {b}", "method": method, "answer": value,
+                     "trials": 0, "seconds": seconds, "allocator_bytes": measured,
+                     "error": None if value is None else (value - measured) / measured, "note": note})
+
+    fp32 = advice.table.set_index("config").loc["fp32"]
+    peak_row("advisor (fp32 row)", int(fp32["predicted_peak_bytes"]), None, "CalcGraph plan, calibrated")
+    start = time.perf_counter()
+    try:
+        peak_row("torch MemTracker (fake tensors)", memtracker_peak(build, shape, b), time.perf_counter() - start)
+    except Exception as error:  # noqa: BLE001 - a peer that cannot trace this model is a row that says so
+        peak_row("torch MemTracker (fake tensors)", None, None, f"failed: {type(error).__name__}: {error}"[:200])
+    if importlib.util.find_spec("deepspeed") is None:
+        peak_row("DeepSpeed model-state estimate", None, None, "deepspeed is not installed here")
+    cap = budget * (1 - advice.margin)
+    answers = [{"method": "advisor (fp32 row)", "max_batch": int(fp32["max_batch"]), "trials": 0, "seconds": None,
+                "note": "zero trials"},
+               _trial(lambda: _accelerate(build, shape, cap, start_batch), "accelerate find_executable_batch_size"),
+               *(_trial(lambda m=mode: _lightning(build, shape, cap, m, max_val=4 * start_batch),
+                        f"lightning scale_batch_size ({mode})") for mode in ("power", "binsearch"))]
+    for answer in answers:
+        batch = answer["max_batch"]
+        # NOTE: the trial peers train Adam; AdamW keeps the same state, so one check serves both
+        real = _allocator_peak(build, shape, int(batch), "adamw") if batch else None
+        rows.append({"model": name, "question": "largest batch in the budget", "method": answer["method"],
+                     "answer": batch, "trials": answer["trials"], "seconds": answer["seconds"],
+                     "allocator_bytes": real, "error": None if real is None else real / budget - 1,
+                     "note": answer.get("note", "")})
+    frame = pd.DataFrame(rows)
+    frame["within_budget"] = [None if pd.isna(r["allocator_bytes"]) or r["question"].startswith("peak")
+                              else bool(r["allocator_bytes"] <= budget) for _, r in frame.iterrows()]
+    return frame
