@@ -9,7 +9,8 @@ import urllib.parse
 from pathlib import Path
 
 from .folders import GENERATOR, page_is_ours
-from .ledger import ledger_html, tally
+from .ledger import format_value, ledger_html, tally
+from .reference import REFERENCE, checkout_commit, commit_relation, cuda_memory_rows, read_references
 from .results import (
     FAILED_RUN, INTERACTIVE, NAME_PATTERN, PROFILES, UsageError, _read_json, _write_atomic, paper_citation,
 )
@@ -23,6 +24,7 @@ table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;p
 .paper{color:#333;font-style:italic}.rebuild{border:1px solid #b00020;padding:.3em .8em;background:#fff4f4}
 figure{display:inline-block;margin:6px;vertical-align:top}figcaption{font-size:12px;color:#555}
 img{width:480px;max-width:100%;border:1px solid #ddd}img.wide{width:960px}pre{white-space:pre-wrap;color:#b00020}
+.stale{color:#8a4b00;font-weight:600}
 """
 
 
@@ -114,7 +116,112 @@ def _status(entry: dict) -> tuple[str, str]:
     return ("ok" if status == "ok" else "failed"), status
 
 
-def _section(entry: dict) -> str:
+def _claims(results: dict) -> list[dict]:
+    claims = results.get("claims") if isinstance(results, dict) and isinstance(results.get("claims"), list) else []
+    return [c for c in claims if isinstance(c, dict) and isinstance(c.get("claim"), str)]
+
+
+_RELATION = {
+    "older": "The reference is from an older commit ({r}) than {b}: rebuild it on the GPU to compare like with like.",
+    "newer": "The reference is from a newer commit ({r}) than {b}.",
+    "different": "The reference is from another commit ({r}) than {b}.",
+}
+
+
+def _reference_note(ref: dict, build_commit, up: str, against: str) -> str:
+    """Where a reference ran (device, driver, torch, CUDA, commit), its links, and a warning when its commit
+    is not the one it is compared with."""
+    env, name, slug = ref["environment"], ref["name"], ref["slug"]
+    where = ", ".join(f"{k} {env[k]}" for k in ("driver", "torch", "cuda", "python") if env.get(k))
+    links = " · ".join(f'<a href="{_href(*up, REFERENCE, slug, name, f)}">{_e(text)}</a>'
+                       for f, text in ((f"{name}.html", "notebook (HTML)"), ("results.json", "results.json"))
+                       if (ref["folder"] / f).is_file())
+    text = (f"Reference <b>{_e(env.get('device_name') or slug)}</b> ({_e(where or 'versions not recorded')}), "
+            f"profile {_e(env.get('profile', '?'))}, status {_e(env.get('status', '?'))}, commit "
+            f"<code>{_e(env.get('commit') or 'unknown')}</code>, made {_e(env.get('made', '?'))}. {links}")
+    relation = commit_relation(env.get("commit"), build_commit)
+    if relation in _RELATION:
+        text += (' <span class="stale">' + _e(_RELATION[relation].format(r=env.get("commit"), b=against)) + "</span>")
+    return f'<p class="note">{text}</p>'
+
+
+def _cell(claim: dict | None, missing: str) -> str:
+    if claim is None:
+        return f"<td>—</td><td>{_e(missing)}</td>"
+    verdict = str(claim.get("verdict", ""))
+    value = format_value(claim.get("measured"), str(claim.get("unit") or ""))
+    return f'<td>{_e(value)}</td><td class="verdict-{_e(verdict.replace(" ", "-"))}">{_e(verdict)}</td>'
+
+
+def _memory_table(ref: dict) -> str:
+    rows = cuda_memory_rows(ref["results"])
+    if not rows:
+        return ""
+    body = "".join(f"<tr><td>{_e(r['record'])}</td><td>{_e(r['allocated_column'])}</td>"
+                   f"<td>{_e(format_value(r['max_allocated_bytes'], 'bytes'))}</td><td>{_e(r['reserved_column'])}</td>"
+                   f"<td>{_e(format_value(r['max_reserved_bytes'], 'bytes'))}</td></tr>" for r in rows)
+    return (f"<p class='note'>CUDA memory on {_e(ref['environment'].get('device_name') or ref['slug'])}: "
+            "max_memory_allocated (what tensors held) beside max_memory_reserved (what the caching allocator "
+            "took from the GPU, what runs out)</p><table><tr><th>record</th><th>allocated column</th>"
+            f"<th>largest</th><th>reserved column</th><th>largest</th></tr>{body}</table>")
+
+
+def _beside_reference(entry: dict, references: list[dict]) -> str:
+    """Every claim of this build beside the same claim in each reference report of the notebook."""
+    if not references:
+        return ""
+    results = entry["results"]
+    env = results.get("environment") if isinstance(results.get("environment"), dict) else {}
+    build = {c["claim"]: c for c in _claims(results)}
+    refs = [{c["claim"]: c for c in _claims(ref["results"])} for ref in references]
+    texts = list(dict.fromkeys([*build, *(t for r in refs for t in r)]))
+    against = f"this build ({env.get('git_commit') or 'commit unknown'})"
+    parts = ["<h3>Beside the reference</h3>"]
+    parts += [_reference_note(ref, env.get("git_commit"), ("..",), against) for ref in references]
+    head = "".join(f"<th colspan=2>{_e(ref['environment'].get('device_name') or ref['slug'])} "
+                   f"({_e(ref['environment'].get('profile', '?'))})</th>" for ref in references)
+    rows = []
+    for text in texts:
+        first = build.get(text) or next(r[text] for r in refs if text in r)
+        unit = str(first.get("unit") or "")
+        cells = _cell(build.get(text), "not in this build") + "".join(
+            _cell(r.get(text), "not in the reference") for r in refs)
+        rows.append(f"<tr><td>{_e(text)}</td><td>{_e(first.get('source', 'paper'))}</td>"
+                    f"<td>{_e(format_value(first.get('paper'), unit))}</td><td>{_e(unit)}</td>{cells}</tr>")
+    device = env.get("device_name") or "this build"
+    parts.append(f"<table><tr><th rowspan=2>claim</th><th rowspan=2>source</th><th rowspan=2>paper</th>"
+                 f"<th rowspan=2>unit</th><th colspan=2>this build ({_e(device)})</th>{head}</tr>"
+                 f"<tr>{'<th>measured</th><th>verdict</th>' * (1 + len(references))}</tr>{''.join(rows)}</table>")
+    parts += [_memory_table(ref) for ref in references]
+    return "\n".join(p for p in parts if p)
+
+
+def _references_summary(references: dict[str, list[dict]], head_commit) -> str:
+    """The top page's list of reference reports, each with where it ran and whether its commit is older."""
+    rows = []
+    for name, refs in sorted(references.items()):
+        for ref in refs:
+            env, slug = ref["environment"], ref["slug"]
+            relation = commit_relation(env.get("commit"), head_commit)
+            stale = f' <span class="stale">({relation} than this checkout, {_e(head_commit)})</span>' if relation in (
+                "older", "newer", "different") else ""
+            link = f'<a href="{_href(REFERENCE, slug, name, name + ".html")}">{_e(name)}</a>' if (
+                ref["folder"] / f"{name}.html").is_file() else _e(name)
+            rows.append(f"<tr><td>{link}</td><td>{_e(paper_citation(name))}</td>"
+                        f"<td>{_e(env.get('device_name') or slug)}</td><td>{_e(env.get('driver') or '—')}</td>"
+                        f"<td>{_e(env.get('torch') or '—')}</td><td>{_e(env.get('profile', '?'))}</td>"
+                        f"<td>{_e(env.get('status', '?'))}</td><td>{_e(env.get('made', '—'))}</td>"
+                        f"<td><code>{_e(env.get('commit') or 'unknown')}</code>{stale}</td>"
+                        f"<td>{_e(_tally_text(ref['results']))}</td></tr>")
+    if not rows:
+        return ""
+    return (f'<h2 id="{REFERENCE}">reference</h2><p class="note">reports kept in reports/reference/&lt;device&gt;/ '
+            "(the gpu profile on a GPU); each profile page shows them beside its own build, claim by claim</p>"
+            "<table><tr><th>notebook</th><th>paper</th><th>device</th><th>driver</th><th>torch</th><th>profile</th>"
+            f"<th>status</th><th>made</th><th>commit</th><th>paper claims</th></tr>{''.join(rows)}</table>")
+
+
+def _section(entry: dict, references: list[dict] | None = None) -> str:
     name, run, results = entry["name"], entry["run"], entry["results"]
     cls, status = _status(entry)
     env = results.get("environment") if isinstance(results.get("environment"), dict) else {}
@@ -146,6 +253,7 @@ def _section(entry: dict) -> str:
         parts.append(f"<pre>{_e(run['error'])}</pre>")
     claims = results.get("claims") if isinstance(results.get("claims"), list) else []
     parts.append(ledger_html([c for c in claims if isinstance(c, dict)]))
+    parts.append(_beside_reference(entry, references or []))
     parts.append(_figures_html(entry["folder"], name, results.get("figures")))
     return "\n".join(parts)
 
@@ -175,7 +283,8 @@ def _page(title: str, body: str) -> str:
 _GROUP_NOTES = {
     "smoke": "seconds-long runs that check the notebooks work; toy sizes, so no verdicts",
     "cpu": "the default report, sized for a laptop-class CPU",
-    "paper": "the papers' own sizes (needs a GPU)",
+    "gpu": "each paper at its own scale on one GPU, training cut to minutes (the reference report's profile)",
+    "paper": "the papers' own sizes and training lengths (needs a GPU and hours)",
     INTERACTIVE: "results saved by notebooks run in JupyterLab with their own parameters; "
                  "each run replaces the notebook's previous one",
 }
@@ -187,15 +296,18 @@ def write_index(out_dir: str | Path) -> Path:
     A page of that name that the runner did not write is refused (UsageError), never overwritten."""
     out = Path(out_dir)
     groups, pages = [], {}
+    references = read_references(out / REFERENCE)
     for group in (*PROFILES, INTERACTIVE):
         entries = _entries(out / group)
         if not entries:
             continue
         body = (f'<p><a href="../index.html">all profiles</a> · {_e(_GROUP_NOTES[group])}</p>'
-                + _summary_rows(entries, "") + "".join(_section(e) for e in entries))
+                + _summary_rows(entries, "") + "".join(_section(e, references.get(e["name"])) for e in entries))
         pages[out / group / "index.html"] = _page(f"Workbench reports: {group}", body)
         groups.append(f'<h2 id="{_e(group)}"><a href="{_href(group, "index.html")}">{_e(group)}</a></h2>'
                       f'<p class="note">{_e(_GROUP_NOTES[group])}</p>{_summary_rows(entries, group)}')
+    if references:
+        groups.append(_references_summary(references, checkout_commit()))
     body = "".join(groups) or "<p>No reports yet: run <code>make report</code>.</p>"
     path = out / "index.html"
     pages[path] = _page("Workbench reports", body)

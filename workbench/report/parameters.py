@@ -226,7 +226,7 @@ def _typed(name: str, value, declared: Declared, where: str):
 # ---------------------------------------------------------------------------------------------
 # Profiles: notebooks/profiles/<name>.yaml
 
-_PROFILE_SHAPE = "a mapping of profile names (smoke, cpu, paper) to mappings of parameter names to values"
+_PROFILE_SHAPE = "a mapping of profile names (smoke, cpu, gpu, paper) to mappings of parameter names to values"
 
 
 class _DuplicateKey(Exception):

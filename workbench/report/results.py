@@ -21,7 +21,7 @@ import pandas as pd
 from ..devices import environment, repo_root
 from .ledger import Ledger
 
-PROFILES = ("smoke", "cpu", "paper")
+PROFILES = ("smoke", "cpu", "gpu", "paper")  # gpu: each paper at its own scale, cut to minutes on one GPU
 KERNEL_NAME = "workbench"
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")  # notebook, figure and report folder names

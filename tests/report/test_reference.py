@@ -1,0 +1,259 @@
+"""Reference reports (issue 22): reports/reference/<device>/<name>/ shown beside a build, claim by claim; the
+archive that brings one back from a GPU machine; and the gpu_run script, dry-run on a CPU at smoke sizes."""
+
+import io
+import json
+import os
+import subprocess
+import tarfile
+
+import pytest
+import torch
+
+from workbench.devices import repo_root
+from workbench.report import gpu_run, reference, write_index
+from workbench.report.reference import (
+    bundle, commit_relation, cuda_memory_rows, device_slug, read_references, unpack, write_reference,
+)
+from workbench.report.results import UsageError
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + (200).to_bytes(4, "big") + (100).to_bytes(4, "big") + b"\x00" * 8
+
+
+def _claim(text, measured, verdict, *, unit="x", paper=1.0, source="paper"):
+    return {"claim": text, "source": source, "paper": paper, "measured": measured, "spread": None, "unit": unit,
+            "scale": "", "device": "", "verdict": verdict, "rule": ""}
+
+
+def _report(folder, *, device, device_name, commit, claims, records=None, profile="cpu"):
+    """A report folder as the runner leaves it: results.json, run.json, the notebook (HTML, .ipynb), a figure."""
+    folder.mkdir(parents=True)
+    name = folder.name
+    env = {"device": device, "device_name": device_name, "torch": "2.11.0+cu130" if device != "cpu" else "2.13.0",
+           "cuda": "13.0" if device != "cpu" else None, "python": "3.12.3", "git_commit": commit}
+    results = {"name": name, "saved": "2026-11-20 10:00:00", "parameters": {"batch_size": 64}, "environment": env,
+               "records": records or {}, "claims": claims, "figures": ["memory_trace.png"]}
+    (folder / "results.json").write_text(json.dumps(results))
+    (folder / "run.json").write_text(json.dumps({"name": name, "profile": profile, "status": "ok", "seconds": 12.5,
+                                                 "started": "2026-11-20 09:59:47", "overrides": {}}))
+    (folder / f"{name}.html").write_text("<html>executed</html>")
+    (folder / f"{name}.ipynb").write_text(json.dumps({"cells": [
+        {"cell_type": "code", "source": "step = training_step()\n", "metadata": {"papermill": {"duration": 3.25}}}]}))
+    (folder / "memory_trace.png").write_bytes(PNG)
+    return folder
+
+
+CUDA_CLAIMS = [_claim("AMP trains faster than fp32", 1.6, "partly"),
+               _claim("peak memory is exact", 0, "reproduced", unit="bytes of error", source="target"),
+               _claim("a row only the GPU run has", 2.0, "reproduced")]
+CPU_CLAIMS = [_claim("AMP trains faster than fp32", 0.9, "other device"),
+              _claim("peak memory is exact", 0, "reproduced", unit="bytes of error", source="target")]
+CUDA_RECORDS = {"step": [{"model": "resnet18", "peak_bytes": 3 * 2**30, "reserved_peak_bytes": 4 * 2**30},
+                         {"model": "resnet50", "peak_bytes": 5 * 2**30, "reserved_peak_bytes": 6 * 2**30}],
+                "trace": [{"op": "conv", "bytes": 10}]}
+
+
+@pytest.fixture
+def reports(tmp_path):
+    """reports/ with a cpu build of `tour` (commit bbb2222) and an H200 reference of it (commit aaa1111)."""
+    root = tmp_path / "reports"
+    _report(root / "cpu" / "tour", device="cpu", device_name="CPU (test)", commit="bbb2222", claims=CPU_CLAIMS)
+    built = _report(tmp_path / "device-build" / "gpu" / "tour", device="cuda:0", device_name="NVIDIA H200",
+                    commit=None, claims=CUDA_CLAIMS, records=CUDA_RECORDS, profile="gpu")
+    write_reference(built, root / "reference", commit="aaa1111", driver="580.159.03")
+    return root
+
+
+def test_a_reference_folder_holds_results_run_html_figures_and_where_it_ran(reports):
+    folder = reports / "reference" / "nvidia-h200" / "tour"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "memory_trace.png", "results.json", "run.json", "tour.html"]  # no executed .ipynb
+    run = json.loads((folder / "run.json").read_text())
+    assert run["status"] == "ok" and run["profile"] == "gpu" and run["seconds"] == 12.5  # the runner's record
+    env = run["environment"]
+    assert env["device_name"] == "NVIDIA H200" and env["driver"] == "580.159.03" and env["torch"] == "2.11.0+cu130"
+    assert env["commit"] == "aaa1111" and env["cuda"] == "13.0" and env["device"] == "cuda:0"
+    assert env["cell_seconds"] == [{"cell": 0, "seconds": 3.25, "first_line": "step = training_step()"}]
+    assert [r["slug"] for r in read_references(reports / "reference")["tour"]] == ["nvidia-h200"]
+
+
+def test_the_index_shows_each_claim_beside_the_reference_and_says_it_is_older(reports, monkeypatch):
+    monkeypatch.setattr(reference, "_is_ancestor", lambda older, newer, repo: (older, newer) == ("aaa1111", "bbb2222"))
+    write_index(reports)
+    page = (reports / "cpu" / "index.html").read_text()
+    section = page[page.index("Beside the reference"):]
+    assert "NVIDIA H200" in section and "driver 580.159.03" in section and "torch 2.11.0+cu130" in section
+    assert "The reference is from an older commit (aaa1111) than this build (bbb2222)" in section
+    row = section[section.index("AMP trains faster than fp32"):].split("</tr>")[0]
+    assert "0.9" in row and "other device" in row and "1.6" in row and "partly" in row  # build, then reference
+    only = section[section.index("a row only the GPU run has"):].split("</tr>")[0]
+    assert "not in this build" in only and "reproduced" in only
+    assert 'href="../reference/nvidia-h200/tour/tour.html"' in section
+    memory = section[section.index("CUDA memory on NVIDIA H200"):]
+    assert "max_memory_reserved" in memory and "5 GiB" in memory and "6 GiB" in memory  # largest of each column
+    top = (reports / "index.html").read_text()
+    assert 'href="reference/nvidia-h200/tour/tour.html"' in top and "580.159.03" in top and "aaa1111" in top
+
+
+def test_no_warning_when_the_reference_is_from_the_build_s_commit(reports):
+    results = json.loads((reports / "cpu" / "tour" / "results.json").read_text())
+    results["environment"]["git_commit"] = "aaa1111"
+    (reports / "cpu" / "tour" / "results.json").write_text(json.dumps(results))
+    write_index(reports)
+    page = (reports / "cpu" / "index.html").read_text()
+    assert "Beside the reference" in page and "class=\"stale\"" not in page
+
+
+def test_commit_relation():
+    assert commit_relation("abc1234", "abc1234def") == "same"
+    assert commit_relation(None, "abc1234") == "unknown" and commit_relation("not a commit", "abc1234") == "unknown"
+    root = repo_root()
+    found = [subprocess.run(["git", "rev-parse", "--short", rev], cwd=root, capture_output=True, text=True)
+             for rev in ("HEAD", "HEAD~1")]
+    if any(done.returncode != 0 for done in found):
+        pytest.skip("needs a git checkout with two commits")
+    head, parent = (done.stdout.strip() for done in found)
+    assert commit_relation(parent, head, root) == "older"
+    assert commit_relation(head, parent, root) == "newer"
+    assert commit_relation("0123456", head, root) == "different"
+
+
+def test_cuda_memory_rows_pair_allocated_with_reserved_on_cuda_only():
+    cuda = {"environment": {"device": "cuda:0"}, "records": CUDA_RECORDS}
+    assert cuda_memory_rows(cuda) == [{"record": "step", "allocated_column": "peak_bytes",
+                                       "reserved_column": "reserved_peak_bytes",
+                                       "max_allocated_bytes": 5 * 2**30, "max_reserved_bytes": 6 * 2**30}]
+    assert cuda_memory_rows({"environment": {"device": "cpu"}, "records": CUDA_RECORDS}) == []
+
+
+def test_device_slug():
+    assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert device_slug("CPU (Intel(R) Xeon(R) Platinum)") == "cpu-intel-xeon-platinum"
+    assert device_slug("") == "unknown-device"
+
+
+def test_bundle_and_unpack_round_trip_and_replace_only_reference_folders(reports, tmp_path):
+    folder = reports / "reference" / "nvidia-h200" / "tour"
+    archive = bundle(folder, tmp_path / "out")
+    assert archive.name == "reference-nvidia-h200-tour.tar.gz"
+    elsewhere = tmp_path / "elsewhere"
+    (target,) = unpack(archive, elsewhere)
+    assert target == elsewhere / "nvidia-h200" / "tour"
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == {p.name: p.read_bytes() for p in folder.iterdir()}
+    (target / "results.json").write_text("{}")
+    unpack(archive, elsewhere)  # a reference folder is replaced as a whole
+    assert (target / "results.json").read_bytes() == (folder / "results.json").read_bytes()
+    mine = elsewhere / "nvidia-h200" / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    with tarfile.open(archive) as tar, tarfile.open(tmp_path / "mine.tar.gz", "w:gz") as out:
+        for member in tar.getmembers():
+            data = tar.extractfile(member).read()
+            member.name = member.name.replace("/tour/", "/mine/")
+            out.addfile(member, io.BytesIO(data))
+    with pytest.raises(UsageError, match="not a reference folder"):
+        unpack(tmp_path / "mine.tar.gz", elsewhere)
+    assert (mine / "notes.txt").read_text() == "keep" and not list(elsewhere.glob("nvidia-h200/.incoming-*"))
+
+
+@pytest.mark.parametrize("member", ["../evil/tour/results.json", "nvidia-h200/tour/run.sh",
+                                    "nvidia-h200/tour/sub/results.json", "NVIDIA/tour/results.json", "link"])
+def test_unpack_refuses_members_outside_the_reference_layout(tmp_path, member):
+    path = tmp_path / "bad.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        info = tarfile.TarInfo(member)
+        if member == "link":
+            info.name, info.type, info.linkname = "nvidia-h200/tour/results.json", tarfile.SYMTYPE, "/etc/passwd"
+            tar.addfile(info)
+        else:
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"{}"))
+    with pytest.raises(UsageError, match="refusing member"):
+        unpack(path, tmp_path / "root")
+    assert not (tmp_path / "root").exists()
+
+
+def test_wheels_are_the_jupyter_stack_at_this_environment_s_versions(capsys):
+    wanted = gpu_run.wheel_requirements()
+    names = {w.split("==")[0] for w in wanted}
+    assert {"papermill", "nbclient", "nbconvert", "ipykernel", "jupyter-client", "pyzmq", "tornado"} <= names
+    assert not names & {"torch", "numpy", "pandas", "matplotlib"}  # already in a CUDA PyTorch image
+    assert all(w.split("==")[1] for w in wanted)
+    assert gpu_run.main(["wheels", "--print"]) == 0 and "papermill==" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_run_refuses_cuda_where_there_is_none(tmp_path, capsys):
+    assert gpu_run.main(["run", "tour", "--out", str(tmp_path / "o"), "--reference", str(tmp_path / "r")]) == 2
+    assert "CUDA is not available here" in capsys.readouterr().err
+
+
+def test_dry_run_on_cpu_at_smoke_sizes_then_unpack(tmp_path, capsys):
+    """The script a GPU machine runs, on this CPU at toy sizes: build, keep as reference, archive, bring back."""
+    path_before = os.environ.get("PATH")
+    code = gpu_run.main(["run", "tour", "--profile", "smoke", "--device", "cpu", "--out", str(tmp_path / "build"),
+                         "--reference", str(tmp_path / "ref"), "--bundle", str(tmp_path / "bundle"),
+                         "--commit", "abc1234", "--wheels", str(tmp_path / "no-wheels")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert os.environ.get("PATH") == path_before  # the python shim is gone with the run
+    (folder,) = (tmp_path / "ref").glob("*/tour")
+    files = {p.name for p in folder.iterdir()}
+    assert {"results.json", "run.json", "tour.html", "memory_trace.png"} <= files
+    run = json.loads((folder / "run.json").read_text())
+    env = run["environment"]
+    assert env["commit"] == "abc1234" and run["profile"] == "smoke" and env["device"] == "cpu"
+    assert run["status"] == "ok" and env["cell_seconds"] and run["overrides"] == {"device": "cpu"}
+    (archive,) = (tmp_path / "bundle").glob("*.tar.gz")
+    assert gpu_run.main(["unpack", str(archive), "--reports", str(tmp_path / "reports")]) == 0
+    assert (tmp_path / "reports" / "reference" / folder.parent.name / "tour" / "tour.html").is_file()
+    assert "abc1234" in (tmp_path / "reports" / "index.html").read_text()
+
+
+def test_a_notebook_past_its_deadline_is_kept_as_a_failed_reference(tmp_path, capsys):
+    """--deadline stops a notebook that would overrun a machine's time limit; what it finished comes back."""
+    code = gpu_run.main(["run", "tour", "--profile", "smoke", "--device", "cpu", "--deadline", "3",
+                         "--out", str(tmp_path / "build"), "--reference", str(tmp_path / "ref"),
+                         "--bundle", str(tmp_path / "bundle"), "--commit", "abc1234"])
+    out = capsys.readouterr().out
+    assert code == 1 and "ran past --deadline 3 s" in out, out
+    (folder,) = (tmp_path / "ref").glob("*/tour")
+    run = json.loads((folder / "run.json").read_text())
+    assert run["status"] == "failed" and "DeadlineExceeded" in run["error"]
+    assert run["environment"]["device"] == "cpu" and run["environment"]["torch"] == torch.__version__
+    assert folder.parent.name.startswith("cpu") and len(list((tmp_path / "bundle").glob("*.tar.gz"))) == 1
+
+
+def test_unpack_refuses_a_folder_whose_run_json_has_no_environment(tmp_path):
+    path = tmp_path / "plain.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in (("run.json", b'{"status": "ok"}'), ("results.json", b"{}")):
+            info = tarfile.TarInfo(f"nvidia-h200/tour/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(UsageError, match="holds no environment"):
+        unpack(path, tmp_path / "root")
+    assert not list((tmp_path / "root").glob("nvidia-h200/*"))
+
+
+def test_install_wheels_installs_only_what_this_python_lacks(tmp_path, monkeypatch):
+    """On the GPU image the carried wheels fill gaps and never shadow the image's own packages."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name in ("papermill-2.7.0-py3-none-any.whl", "no_such_dist_here-1.0-py3-none-any.whl"):
+        (wheels / name).write_bytes(b"")  # never opened: pip is replaced below
+    missing = iter([["papermill"], []])  # missing at first, importable once installed
+    monkeypatch.setattr(gpu_run, "_missing", lambda: next(missing))
+    calls = []
+    monkeypatch.setattr(gpu_run.subprocess, "run", lambda command, check: calls.append(command))
+    monkeypatch.setattr(gpu_run.sys, "path", list(gpu_run.sys.path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    site = tmp_path / "site"
+    assert gpu_run.install_wheels(wheels, site) == site
+    (command,) = calls
+    assert command[-1] == str(wheels / "no_such_dist_here-1.0-py3-none-any.whl")  # papermill is installed here
+    assert "--no-index" in command and "--no-deps" in command and command[command.index("--target") + 1] == str(site)
+    assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == str(site)
+    with pytest.raises(UsageError, match="no wheels in"):
+        monkeypatch.setattr(gpu_run, "_missing", lambda: ["papermill"])
+        gpu_run.install_wheels(tmp_path / "none", tmp_path / "other-site")
