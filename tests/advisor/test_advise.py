@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from workbench.advisor import CATEGORIES, Config, advise, default_grid
+from workbench.measure import AllocatorMeter
 from workbench.optim import PackedAdamW, step_in_backward
 
 FEW = {"fp32", "amp bf16", "bf16+8, bf16 state, step in backward"}
@@ -139,6 +140,50 @@ def test_bad_configs_are_refused_and_the_grid_is_whole():
         Config(checkpoint="every")
     cpu, cuda = default_grid(torch.device("cpu"), checkpointable=True), default_grid(torch.device("cuda"),
                                                                                    checkpointable=False)
-    assert len(cpu) == len({c.name for c in cpu}) == (2 + 3 * 2) * 2 * 2
+    assert len(cpu) == len({c.name for c in cpu}) == (2 + 3 * 2) * 2 * 3  # checkpoints none, uniform, optimal
     assert {c.precision for c in cuda} == {"fp32", "amp_bf16", "amp_fp16", "bf16"}
     assert all(c.checkpoint == "none" for c in cuda)
+
+
+def deep() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(64, 64), nn.Tanh())], nn.Linear(64, 10))
+
+
+def test_the_optimal_checkpoint_plan_is_chosen_for_the_budget_and_built_as_planned():
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(256, 64, generator=g), torch.randint(0, 10, (256,), generator=g)
+    names = ("fp32", "fp32, checkpoint uniform", "fp32, checkpoint optimal")
+    advice = advise(deep, (x, y), memory_budget=2**40, candidates=[Config(checkpoint=c) for c in
+                                                                   ("none", "uniform", "optimal")], min_run_time=0.02)
+    table = advice.table.set_index("config")
+    assert table.loc[names[2], "segments"] == 1  # a budget that holds everything: nothing recomputed
+    assert table.loc[names[2], "predicted_peak_bytes"] == table.loc[names[0], "predicted_peak_bytes"]
+
+    plain, uniform = table.loc[names[0], "predicted_peak_bytes"], table.loc[names[1], "predicted_peak_bytes"]
+    assert uniform < plain
+    advice.rebudget((plain + uniform) / 2 / (1 - advice.margin))  # uniform fits, no checkpoints does not
+    table = advice.table.set_index("config")
+    row = table.loc[names[2]]
+    assert row["fits"] and table.loc[names[1], "fits"] and not table.loc[names[0], "fits"]
+    assert row["segments"] > 1 and row["predicted_peak_bytes"] < plain
+    # the planner spends the budget on less recomputation than the uniform plan
+    assert row["predicted_step_seconds"] <= table.loc[names[1], "predicted_step_seconds"] * (1 + 1e-9)
+    assert advice.real_runs["layer profile (checkpoints)"] == 1
+
+    with AllocatorMeter() as meter:  # the planned checkpoints, run for real
+        advice.program(names[2])(256, None)
+    assert abs(row["predicted_peak_bytes"] - meter.peak_bytes) <= 0.05 * meter.peak_bytes
+
+    step = advice.build(names[2])
+    assert step.model.plan.segments == advice._segments[names[2]]
+    model = deep()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        torch.testing.assert_close(step((x, y)), loss.detach())
+    for p, q in zip(step.model.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(p, q)

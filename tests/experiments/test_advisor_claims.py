@@ -5,7 +5,10 @@ import pandas as pd
 import pytest
 from claim_rows import claim_row
 
-from workbench.experiments.advisor import claims
+import torch
+
+from workbench.advisor import Config
+from workbench.experiments.advisor import claims, suite
 
 
 def _records(peak_errors=(0.01, -0.02, 0.03), time_errors=(0.1, -0.05, 0.12), within=(True, True),
@@ -39,6 +42,24 @@ def test_planning_time_is_judged_only_at_100m_parameters_and_on_a_cpu():
     slow = _records(parameters=(100_000_000, 10), planning=(61.0, 1.0))
     assert claim_row(claims, prefix, slow, device_class="cpu")["verdict"] == "not reproduced"
     assert claim_row(claims, prefix, big, device_class="gpu")["verdict"] == "other device"
+    # the notebook's own planning record (a model built for the target) is judged before the suite's
+    planned = {**_records(), "planning": pd.DataFrame({"model": ["MLP, width 5000"], "parameters": [100_500_000],
+                                                       "batch_size": [8], "candidates": [48],
+                                                       "planning_seconds": [75.0]})}
+    row = claim_row(claims, prefix, planned, device_class="cpu")
+    assert row["verdict"] == "not reproduced" and row["measured"] == 75.0 and "100,500,000" in row["scale"]
+
+
+def test_the_planning_model_has_the_parameters_asked_for_and_is_timed():
+    for wanted in (20_000, 1_000_000, 100_000_000):
+        factory, shape = suite.planning_model(wanted)
+        with torch.device("meta"):
+            count = sum(p.numel() for p in factory().parameters())
+        assert abs(count - wanted) <= 0.03 * wanted and shape == (1024,)  # one unit of width: ~1,100
+    with pytest.raises(ValueError, match="parameters must be an int >= 10000, got 5"):
+        suite.planning_model(5)
+    row = suite.planning_time(20_000, batch_size=4, min_run_time=0.01, candidates=[Config()])
+    assert row["candidates"] == 1 and row["planning_seconds"] > 0 and abs(row["parameters"] - 20_000) <= 600
 
 
 def test_toy_scale_and_missing_records_give_no_verdict_and_rows_are_targets():

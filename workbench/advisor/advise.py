@@ -8,13 +8,7 @@ scratch that fake tensors cannot see is calibrated once per precision (the candi
 backward or checkpointing, real steps at batches 1, 2, 4 and 8, `CompiledGraph.calibrate`) and added to
 every candidate of that precision as a workspace term.
 
-Time (a cost model, derived from measurements in this process): one baseline step (fp32, the user's
-optimizer) timed in three parts, forward+loss, backward and optimizer step, at the user's batch (or the
-largest the budget allows for fp32, scaled linearly in the batch); one forward under each other precision
-(its ratio to fp32 scales forward and backward); one optimizer step of each optimizer variant on the
-model's parameters. A candidate's step is forward + backward (precision ratio) + its optimizer step, plus
-a recomputed forward for all but the last of the checkpointed segments. Step in backward moves the
-update into backward and is predicted at the same time.
+The step-time cost model and the checkpoint profile are in `costs`.
 """
 
 from __future__ import annotations
@@ -24,60 +18,27 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from numbers import Real
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
-import torch.utils.benchmark as benchmark
 from torch import nn
 from tqdm.auto import tqdm
 
-from workbench.calcgraph import CompiledGraph, search_max, training_program
+from workbench.calcgraph import CompiledGraph, search_max
 from workbench.measure import AllocatorMeter
 from workbench.optim import step_in_backward
 
 from .configs import Config, can_checkpoint, default_grid, training_setup
+from .costs import Checkpoints, Workload, measure_time, predict_seconds, profile_checkpoints
 
 __all__ = ["Advice", "advise"]
 
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "workspace")
 _KINDS = {"parameter": "weights", "buffer": "weights", "gradient": "gradients", "state": "optimizer_state",
           "input": "activations", "activation": "activations"}
-
-
-@dataclass
-class _Workload:
-    build: Callable[[], nn.Module]
-    inputs: torch.Tensor
-    targets: torch.Tensor
-    loss_fn: Callable
-    optimizer: str
-    lr: float
-    device: torch.device
-
-    def make_batch(self, config: Config) -> Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]]:
-        """Fresh tensors shaped like the user's batch at any batch size (float inputs in bf16 for bf16 weights)."""
-        def fresh(t: torch.Tensor, size: int, device: torch.device, cast: bool) -> torch.Tensor:
-            dtype = torch.bfloat16 if cast and t.is_floating_point() else t.dtype
-            shape = (size, *t.shape[1:])
-            if t.is_floating_point():
-                return torch.randn(shape, device=device, dtype=dtype)
-            return torch.zeros(shape, device=device, dtype=dtype)
-
-        bf16 = config.precision == "bf16"
-        return lambda size, device: (fresh(self.inputs, size, device, bf16), fresh(self.targets, size, device, False))
-
-    def program(self, config: Config, *, steps: int = 2) -> Callable:
-        setup = training_setup(config, self.build, optimizer=self.optimizer, lr=self.lr)
-        batch = self.make_batch(config)
-        return lambda size, tracker: training_program(
-            setup["build"], tuple(self.inputs.shape[1:]), size, loss=self.loss_fn, optimizer=setup["optimizer"],
-            device=self.device, steps=steps, annotate=tracker, autocast=setup["autocast"],
-            in_backward=setup["in_backward"], make_batch=batch,
-            input_dtype=torch.bfloat16 if config.precision == "bf16" and self.inputs.is_floating_point()
-            else self.inputs.dtype)
 
 
 def _categories(graph: CompiledGraph, batch_size: int, extra: int) -> dict[str, int]:
@@ -93,40 +54,77 @@ def _categories(graph: CompiledGraph, batch_size: int, extra: int) -> dict[str, 
     return out
 
 
-def _seconds(fn: Callable[[], object], min_run_time: float) -> tuple[float, int]:
-    """Median seconds per call of `fn` (torch.utils.benchmark, blocks of calls after a warm-up) and the
-    number of calls it made."""
-    fn()  # warm-up: first-call allocations and kernel selection
-    measured = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
-    return measured.median, measured.number_per_run * len(measured.raw_times) + 1
-
-
 @dataclass
 class Advice:
     """Every candidate predicted (`table`), the fastest that fits (`best`), `build()` and `verify()`."""
 
-    table: pd.DataFrame
+    table: pd.DataFrame | None
     memory_budget: float
     margin: float
     batch_size: int
     device: torch.device
     real_runs: dict[str, int]
-    _workload: _Workload = field(repr=False)
+    _workload: Workload = field(repr=False)
     _configs: dict[str, Config] = field(repr=False)
     _graphs: dict[str, CompiledGraph] = field(repr=False)
-    _extra: dict[str, Callable[[int], int]] = field(repr=False)
+    _extra: dict[tuple, Callable[[int], int]] = field(repr=False)
+    _seconds: dict[str, float] = field(repr=False)
+    _time_scale: float = field(repr=False)
+    _checkpoints: Checkpoints | None = field(repr=False)
+    _segments: dict[str, list] = field(default_factory=dict, repr=False)
+    _traced: dict[tuple, CompiledGraph] = field(default_factory=dict, repr=False)
     verification: dict | None = None
 
+    def _trace(self, cfg: Config, segments: Sequence | None = None) -> CompiledGraph:
+        key = (cfg.name, None if segments is None else tuple(segments))
+        if key not in self._traced:
+            self._traced[key] = self._graphs.get(cfg.name) if segments is None and cfg.name in self._graphs else \
+                CompiledGraph(self._workload.program(cfg, segments=segments), device=self.device,
+                              input_shape=tuple(self._workload.inputs.shape[1:]), description=cfg.name)
+        return self._traced[key]
+
+    def _plan_optimal(self, cfg: Config) -> None:
+        """Choose the `optimal` candidate's checkpoints for the current budget and trace them: the activations
+        may use what the same configuration without checkpoints leaves of the usable budget."""
+        plain = replace(cfg, checkpoint="none")
+        more = self._extra[cfg.precision, cfg.extra_bits](self.batch_size)
+        parts = _categories(self._trace(plain), self.batch_size, more)
+        fixed = sum(parts.values()) - parts["activations"]
+        scale = max(parts["activations"], 1) / max(self._checkpoints.unchecked_peak, 1)
+        segments = self._checkpoints.optimal((self.memory_budget * (1 - self.margin) - fixed) / scale)
+        self._segments[cfg.name] = segments
+        self._graphs[cfg.name] = self._trace(cfg, segments)
+
+    def _row(self, cfg: Config) -> dict:
+        graph, more = self._graphs[cfg.name], self._extra[cfg.precision, cfg.extra_bits](self.batch_size)
+        segments, share = [(0, 0, False)], 0.0
+        if cfg.checkpoint != "none":  # a checkpoint candidate implies the profile (see `advise`)
+            segments = self._segments.get(cfg.name, self._checkpoints.uniform)
+            share = self._checkpoints.recompute_share(segments)
+        return {"config": cfg.name, "precision": cfg.precision, "extra_bits": cfg.extra_bits,
+                "state_dtype": cfg.state_dtype, "step_in_backward": cfg.step_in_backward,
+                "checkpoint": cfg.checkpoint, "segments": len(segments),
+                "predicted_peak_bytes": graph.required_bytes(self.batch_size) + more,
+                **_categories(graph, self.batch_size, more),
+                "predicted_step_seconds": predict_seconds(cfg, self._seconds, self._time_scale, share)}
+
     def rebudget(self, memory_budget: float) -> Advice:
-        """The same predictions judged against another budget: `fits`, `max_batch` and `best` recomputed
-        (no trace, no real step). Returns self."""
+        """The predictions judged against another budget: `fits`, `max_batch` and `best` recomputed, and the
+        `optimal` checkpoint candidates planned again for it (traced; no real step). Returns self."""
         _check_budget(memory_budget)
         self.memory_budget = float(memory_budget)
+        for cfg in self._configs.values():
+            if cfg.checkpoint == "optimal":
+                self._plan_optimal(cfg)
+        if self.table is None or any(c.checkpoint == "optimal" for c in self._configs.values()):
+            self.table = pd.DataFrame([self._row(c) for c in self._configs.values()])
         cap = memory_budget * (1 - self.margin)
         self.table["fits"] = self.table["predicted_peak_bytes"] <= cap
-        self.table["max_batch"] = [
-            search_max(lambda b, g=self._graphs[name], m=self._extra[name]: g.required_bytes(b) + m(b) <= cap,
-                       self.batch_size, limit=2**20)[0] for name in self.table["config"]]
+        costs = [(self._graphs[name].required_bytes, self._extra[self._configs[name].precision,
+                                                                self._configs[name].extra_bits])
+                 for name in self.table["config"]]
+        self.table["max_batch"] = [search_max(lambda b, g=g, m=m: g(b) + m(b) <= cap, self.batch_size,
+                                              limit=2**20)[0] for g, m in costs]
         return self
 
     @property
@@ -147,7 +145,8 @@ class Advice:
     def program(self, config: str | None = None) -> Callable:
         """The training program the plan traced for the chosen (or named) candidate: `program(batch_size,
         None)` runs it for real (model and optimizer built, two steps on fresh batches)."""
-        return self._workload.program(self.config(config))
+        cfg = self.config(config)
+        return self._workload.program(cfg, segments=self._segments.get(cfg.name))
 
     def make_batch(self, config: str | None = None) -> Callable[[int, torch.device], tuple]:
         """`make_batch(size, device)`: fresh (inputs, targets) like the user's, as the candidate takes them."""
@@ -157,7 +156,8 @@ class Advice:
         """`step(batch) -> loss`: one training step of the chosen configuration (or the named one), with its
         model (`step.model`) and optimizer (`step.optimizer`) built now on the advice's device."""
         cfg, work = self.config(config), self._workload
-        setup = training_setup(cfg, work.build, optimizer=work.optimizer, lr=work.lr)
+        setup = training_setup(cfg, work.build, optimizer=work.optimizer, lr=work.lr,
+                               segments=self._segments.get(cfg.name))
         with work.device:
             model = setup["build"]().train()
         opt = setup["optimizer"](model.parameters())
@@ -194,10 +194,13 @@ class Advice:
             step(batch(self.batch_size, self.device))
             step(batch(self.batch_size, self.device))
         times = []  # NOTE: timed outside the meter: the profiler's memory events slow every op down
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         for _ in range(repeats):
             data = batch(self.batch_size, self.device)
+            sync()
             start = time.perf_counter()
             step(data)
+            sync()
             times.append(time.perf_counter() - start)
             del data
         seconds = statistics.median(times)
@@ -221,65 +224,6 @@ class Advice:
             result.update(recalibrated=True, choice_after=self.best["config"])
         self.verification = result
         return result
-
-
-def _measure_time(work: _Workload, configs: Sequence[Config], batch_size: int, min_run_time: float,
-                  runs: dict[str, int]) -> dict[str, float]:
-    """Seconds of forward(+loss) per precision, of forward and backward in fp32, and of each optimizer
-    variant's step, at `batch_size` (the cost model's inputs; see the module docstring)."""
-    seconds: dict[str, float] = {}
-
-    def timed(key: str, what: str, fn: Callable[[], object]) -> None:
-        seconds[key], calls = _seconds(fn, min_run_time)
-        runs[what] = runs.get(what, 0) + calls
-
-    for cfg in [Config(), *configs]:
-        key, okey = _forward_key(cfg), _step_key(cfg)
-        if key in seconds and okey in seconds:
-            continue
-        setup = training_setup(cfg, work.build, optimizer=work.optimizer, lr=work.lr)
-        torch.manual_seed(0)
-        with work.device:
-            model = setup["build"]().train()
-        opt = setup["optimizer"](model.parameters())
-        x, y = work.make_batch(cfg)(batch_size, work.device)
-
-        forward = _forward(work, model, x, y, setup["autocast"])
-        if key not in seconds:
-            timed(key, "timed forward passes", forward)
-        if "forward and backward" not in seconds:
-            timed("forward and backward", "timed training passes", lambda f=forward: f().backward())
-        if okey not in seconds:
-            for p in model.parameters():
-                p.grad = torch.zeros_like(p)
-            timed(okey, "timed optimizer steps", opt.step)
-        del model, opt
-    return seconds
-
-
-def _forward(work: _Workload, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-             cast: torch.dtype | None) -> Callable[[], torch.Tensor]:
-    def forward() -> torch.Tensor:
-        with torch.autocast(work.device.type, dtype=cast, enabled=cast is not None):
-            return work.loss_fn(model(x), y)
-    return forward
-
-
-def _forward_key(cfg: Config) -> str:
-    return "forward " + cfg.precision
-
-
-def _step_key(cfg: Config) -> str:
-    return "step " + (f"bf16+{cfg.extra_bits} {cfg.state_dtype} state" if cfg.precision == "bf16" else "torch")
-
-
-def _predict_seconds(cfg: Config, seconds: dict[str, float], scale: float, segments: int) -> float:
-    fwd0 = seconds[_forward_key(Config())]
-    ratio = seconds[_forward_key(cfg)] / fwd0
-    fwd = fwd0 * ratio * scale
-    bwd = max(0.0, seconds["forward and backward"] - fwd0) * ratio * scale
-    recompute = fwd * (1 - 1 / segments) if cfg.checkpoint != "none" else 0.0
-    return fwd + bwd + seconds[_step_key(cfg)] + recompute
 
 
 def _check_budget(memory_budget: object) -> None:
@@ -314,7 +258,7 @@ def advise(
     if isinstance(min_run_time, bool) or not isinstance(min_run_time, Real) or not 0 < min_run_time < math.inf:
         raise ValueError(f"min_run_time must be a number of seconds > 0, got {min_run_time!r}")
     dev = torch.device(device) if device is not None else inputs.device
-    work = _Workload(model_fn, inputs, targets, loss_fn or F.cross_entropy, optimizer, lr, dev)
+    work = Workload(model_fn, inputs, targets, loss_fn or F.cross_entropy, optimizer, lr, dev)
     checkpointable = can_checkpoint(model_fn)
     grid = default_grid(dev, checkpointable=checkpointable)
     if callable(candidates):
@@ -327,7 +271,7 @@ def advise(
     runs: dict[str, int] = {}
     calibrate = dev.type == "cpu" if calibrate is None else calibrate
     graphs, extra = {}, {}
-    for cfg in tqdm(grid, desc="plans", disable=not progress, leave=False):
+    for cfg in tqdm([c for c in grid if c.checkpoint != "optimal"], desc="plans", disable=not progress, leave=False):
         graphs[cfg.name] = CompiledGraph(work.program(cfg), device=dev, input_shape=tuple(inputs.shape[1:]),
                                          description=cfg.name)
     # the calibrated scratch per precision, from its plainest candidate
@@ -348,23 +292,16 @@ def advise(
     cap = memory_budget * (1 - margin)
     timing_batch = batch_size if fp32.required_bytes(batch_size) <= cap else max(
         1, search_max(lambda b: fp32.required_bytes(b) <= cap, 1, limit=batch_size)[0])
-    seconds = _measure_time(work, grid, timing_batch, min_run_time, runs)
-    segments = max(1, round(math.sqrt(len(_units(model_fn))))) if checkpointable else 1
-    rows = []
-    for cfg in grid:
-        graph, more = graphs[cfg.name], extra[(cfg.precision, cfg.extra_bits)]
-        peak = graph.required_bytes(batch_size) + more(batch_size)
-        rows.append({"config": cfg.name, "precision": cfg.precision, "extra_bits": cfg.extra_bits,
-                     "state_dtype": cfg.state_dtype, "step_in_backward": cfg.step_in_backward,
-                     "checkpoint": cfg.checkpoint, "predicted_peak_bytes": peak,
-                     **_categories(graph, batch_size, more(batch_size)),
-                     "predicted_step_seconds": _predict_seconds(cfg, seconds, batch_size / timing_batch, segments)})
-    advice = Advice(pd.DataFrame(rows), float(memory_budget), float(margin), batch_size, dev, runs, work,
-                    {c.name: c for c in grid}, graphs, {c.name: extra[(c.precision, c.extra_bits)] for c in grid})
+    seconds = measure_time(work, grid, timing_batch, min_run_time, runs)
+    checkpoints = None
+    if any(c.checkpoint != "none" for c in grid):
+        checkpoints = profile_checkpoints(work, min(batch_size, 4))
+        runs["layer profile (checkpoints)"] = 1
+    for cfg in grid:  # the plain configuration each optimal plan is budgeted against
+        if cfg.checkpoint == "optimal" and replace(cfg, checkpoint="none").name not in graphs:
+            plain = replace(cfg, checkpoint="none")
+            graphs[plain.name] = CompiledGraph(work.program(plain), device=dev, input_shape=tuple(inputs.shape[1:]),
+                                               description=plain.name)
+    advice = Advice(None, float(memory_budget), float(margin), batch_size, dev, runs, work,
+                    {c.name: c for c in grid}, graphs, extra, seconds, batch_size / timing_batch, checkpoints)
     return advice.rebudget(memory_budget)
-
-
-def _units(model_fn: Callable[[], nn.Module]) -> list[nn.Module]:
-    from workbench.checkpoint import units_of
-    with torch.device("meta"):
-        return units_of(model_fn())

@@ -6,8 +6,10 @@
 - optimizer state dtype: fp32, or bf16 (packed optimizers only; torch's AdamW keeps its moments in the
   parameters' dtype);
 - step in backward (the same paper, Section 3.2): the update applied as each gradient is ready;
-- activation checkpointing: OpTorch's sequential checkpoints (`workbench.checkpoint.sc`, uniform
-  segments, round(sqrt(n)) of them), for models whose layers `workbench.checkpoint.layers_of` can open.
+- activation checkpointing: OpTorch's sequential checkpoints (`workbench.checkpoint.sc`) for models whose
+  layers `workbench.checkpoint.layers_of` can open: `uniform` (round(sqrt(n)) equal segments) or `optimal`
+  (`plan_checkpoints(strategy="optimal")`: the least recomputation whose activations fit the budget, planned
+  by `advise` from one per-layer profile at a small batch and passed here as `segments`).
 
 `training_setup` turns a `Config` into the arguments of CalcGraph's `training_program`, so the plan
 (fake tensors), the measurement and `Advice.build()` all run the same program.
@@ -16,20 +18,20 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from workbench.checkpoint import layers_of, sc
+from workbench.checkpoint import CheckpointPlan, layers_of, sc
 from workbench.optim import PackedAdamW, PackedSGD
 
 __all__ = ["CHECKPOINTS", "EXTRA_BITS", "PRECISIONS", "Config", "can_checkpoint", "default_grid", "training_setup"]
 
 PRECISIONS = ("fp32", "amp_bf16", "amp_fp16", "bf16")
 EXTRA_BITS = (0, 8, 16)
-CHECKPOINTS = ("none", "uniform")
+CHECKPOINTS = ("none", "uniform", "optimal")
 _AUTOCAST = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}
 _STATE = {"fp32": torch.float32, "bf16": torch.bfloat16}
 OPTIMIZERS = ("adamw", "sgd")
@@ -97,17 +99,27 @@ def can_checkpoint(build: Callable[[], nn.Module]) -> bool:
 
 
 def training_setup(config: Config, build: Callable[[], nn.Module], *, optimizer: str = "adamw",
-                   lr: float = 1e-3, seed: int = 0) -> dict:
+                   lr: float = 1e-3, seed: int = 0, segments: Sequence[tuple[int, int, bool]] | None = None) -> dict:
     """The keyword arguments of `training_program` for `config`: the model factory (cast, checkpointed),
-    the optimizer factory, autocast and step in backward. `seed` keys stochastic rounding."""
+    the optimizer factory, autocast and step in backward. `seed` keys stochastic rounding; `segments` are the
+    checkpoint plan's (start, end, checkpointed) over the model's units, required for `checkpoint='optimal'`."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if (config.checkpoint == "optimal") != (segments is not None):
+        raise ValueError(f"segments (the checkpoint plan) go with checkpoint 'optimal' and only with it; got "
+                         f"checkpoint {config.checkpoint!r} and segments {segments!r}")
+    plan = CheckpointPlan("optimal", list(segments), None, None) if segments is not None else None
 
     def model() -> nn.Module:
         net = build()
         if config.precision == "bf16":
             net = net.to(torch.bfloat16)
-        return sc(net) if config.checkpoint == "uniform" else net
+        if config.checkpoint == "none":
+            return net
+        wrapped = sc(net)
+        if plan is not None:
+            wrapped.plan = plan
+        return wrapped
 
     if config.precision == "bf16":
         packed = PackedAdamW if optimizer == "adamw" else PackedSGD

@@ -24,7 +24,7 @@ from workbench.measure import AllocatorMeter
 from workbench.models import build
 from workbench.models.densenet import densenet_bc
 
-__all__ = ["SUITE", "evaluate", "measure_candidate", "suite_model"]
+__all__ = ["SUITE", "evaluate", "measure_candidate", "planning_model", "planning_time", "suite_model"]
 
 SUITE = ("resnet50", "densenet_bc_100", "transformer", "lstm", "mlp")
 
@@ -71,35 +71,41 @@ def suite_model(name: str, *, width: float, image_size: int) -> tuple[Callable[[
 
 
 def measure_candidate(advice: Advice, config: str, *, repeats: int) -> dict:
-    """The real peak (AllocatorMeter over the very program the plan traced: build + two steps) and the
-    median step time of one candidate (timed outside the meter, after a warm-up step)."""
+    """The real peak (AllocatorMeter over the very program the plan traced: build + two steps; on CUDA also
+    the caching allocator's reserved peak) and the median step time of one candidate (timed outside the
+    meter, after a warm-up step)."""
     gc.collect()
     with AllocatorMeter(advice.device) as meter:
         advice.program(config)(advice.batch_size, None)
     step, batch = advice.build(config), advice.make_batch(config)
     step(batch(advice.batch_size, advice.device))
+    sync = torch.cuda.synchronize if advice.device.type == "cuda" else (lambda: None)
     times = []
     for _ in range(repeats):
         data = batch(advice.batch_size, advice.device)
+        sync()
         start = time.perf_counter()
         step(data)
+        sync()
         times.append(time.perf_counter() - start)
-    return {"measured_peak_bytes": meter.peak_bytes, "measured_step_seconds": statistics.median(times)}
+    return {"measured_peak_bytes": meter.peak_bytes, "measured_reserved_bytes": meter.reserved_peak_bytes,
+            "measured_step_seconds": statistics.median(times)}
 
 
 def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size: int, budget_quantile: float,
-             repeats: int = 3, min_run_time: float = 0.1, candidates=None,
+             repeats: int = 3, min_run_time: float = 0.1, candidates=None, device: torch.device | str = "cpu",
              progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Advice]]:
     """Advise on each model, with the budget at the `budget_quantile` of its candidates' predicted peaks (so
-    that some fit and some do not), verify the choice, and run every candidate for real. Returns
-    (candidates, decisions, advice per model)."""
+    that some fit and some do not), verify the choice, and run every candidate for real, all on `device`.
+    Returns (candidates, decisions, advice per model)."""
     rows, decisions, advices = [], [], {}
     for name in tqdm(models, desc="models", disable=not progress):
         factory, shape = suite_model(name, width=width, image_size=image_size)
-        x = torch.randn(batch_size, *shape)
-        y = torch.randint(0, 10, (batch_size,))
+        x = torch.randn(batch_size, *shape, device=device)
+        y = torch.randint(0, 10, (batch_size,), device=device)
         start = time.perf_counter()
-        advice = advise(factory, (x, y), memory_budget=2**62, candidates=candidates, min_run_time=min_run_time)
+        advice = advise(factory, (x, y), memory_budget=2**62, candidates=candidates, min_run_time=min_run_time,
+                        device=device)
         planning = time.perf_counter() - start
         peaks = advice.table["predicted_peak_bytes"]
         budget = float(peaks.quantile(budget_quantile, interpolation="lower")) / (1 - advice.margin)
@@ -144,3 +150,31 @@ def _decision(name: str, advice: Advice, budget: float, planning: float, rows: l
 def _parameters(advice: Advice) -> int:
     with torch.device("meta"):
         return sum(p.numel() for p in advice._workload.build().parameters())
+
+
+def planning_model(parameters: int) -> tuple[Callable[[], nn.Module], tuple[int, ...]]:
+    """An MLP of about `parameters` parameters (1024 inputs, three hidden layers of one width, 10 classes)
+    and its per-example input shape: the model the planning-time target is stated for."""
+    if isinstance(parameters, bool) or not isinstance(parameters, int) or parameters < 10_000:
+        raise ValueError(f"parameters must be an int >= 10000, got {parameters!r}")
+    # 1024 w + w (first layer) + 2 (w^2 + w) + 10 w + 10 = parameters, solved for the width w
+    a, b = 2, 1024 + 1 + 2 + 10
+    width = max(1, round((-b + (b * b + 4 * a * (parameters - 10)) ** 0.5) / (2 * a)))
+    return lambda: nn.Sequential(nn.Linear(1024, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                                 nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)), (1024,)
+
+
+def planning_time(parameters: int, *, batch_size: int, min_run_time: float, candidates=None) -> dict:
+    """Wall time of one `advise()` (every candidate traced, calibrated, timed; `candidates` narrows them) on
+    `planning_model(parameters)` at `batch_size`, with its real passes counted. Nothing else is run."""
+    factory, shape = planning_model(parameters)
+    x, y = torch.randn(batch_size, *shape), torch.randint(0, 10, (batch_size,))
+    gc.collect()
+    start = time.perf_counter()
+    advice = advise(factory, (x, y), memory_budget=2**62, min_run_time=min_run_time, candidates=candidates)
+    seconds = time.perf_counter() - start
+    with torch.device("meta"):
+        width = factory()[0].out_features
+    return {"model": f"MLP, width {width}", "parameters": _parameters(advice),
+            "batch_size": batch_size, "candidates": len(advice.table), "planning_seconds": seconds,
+            "real_runs": str(advice.real_runs)}

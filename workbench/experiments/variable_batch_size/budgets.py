@@ -24,7 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from workbench import vbs
-from workbench.measure import MemoryMeter, time_interleaved
+from workbench.measure import AllocatorMeter, time_interleaved
 
 __all__ = ["PAPER_FLOOR_MB", "TIGHT_MB", "LOOSE_MB", "METHODS", "budget_sweep", "sweep_plan", "plan_at_ratio",
            "execute_sweep", "agreement"]
@@ -137,7 +137,7 @@ def execute_sweep(
         for i, ex in runners.items():
             key = out.at[i, "plan_json"]
             if key not in peaks:
-                with MemoryMeter(device) as meter:
+                with AllocatorMeter(device) as meter:  # the allocator's count, not the DP's own rule
                     ex(x)
                 peaks[key] = meter.peak_bytes + x.numel() * x.element_size()
             t = np.asarray(times[i]) / request

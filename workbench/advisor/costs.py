@@ -1,0 +1,167 @@
+"""The advisor's step-time cost model and the per-layer profile its checkpoint candidates are planned from.
+
+Time (a cost model, derived from measurements in this process): one baseline step (fp32, the user's
+optimizer) timed in three parts, forward+loss, backward and optimizer step, at the user's batch (or the
+largest the budget allows for fp32, scaled linearly in the batch); one forward under each other precision
+(its ratio to fp32 scales forward and backward); one optimizer step of each optimizer variant on the
+model's parameters. A candidate's step is forward + backward (precision ratio) + its optimizer step, plus
+the recomputed share of the forward. Step in backward moves the update into backward and is predicted at
+the same time.
+
+Checkpointing (models whose layers open): one per-layer profile (`workbench.checkpoint.profile_layers`,
+real passes of each layer at a small batch) gives the share of the forward each plan recomputes, and the
+`optimal` candidate's plan: the least recomputation whose activations fit what the budget leaves after the
+same configuration's weights, gradients, state and workspace (OpTorch's planner, Ahmed & Naveed 2021,
+Sec. II-B-2, an exact dynamic program over the profile). The profile's bytes are scaled to the candidate's
+precision and batch by its un-checkpointed activations; the chosen plan is then traced like every other
+candidate, so its predicted peak is CalcGraph's, not the profile's. Without a profile (checkpoint
+candidates narrowed away) nothing is profiled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.utils.benchmark as benchmark
+from torch import nn
+
+from workbench.calcgraph import training_program
+from workbench.checkpoint import LayerProfile, evaluate_plan, plan_checkpoints, profile_layers, sc
+
+from .configs import Config, training_setup
+
+__all__ = ["Checkpoints", "Workload", "measure_time", "predict_seconds", "profile_checkpoints"]
+
+
+@dataclass
+class Workload:
+    build: Callable[[], nn.Module]
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    loss_fn: Callable
+    optimizer: str
+    lr: float
+    device: torch.device
+
+    def make_batch(self, config: Config) -> Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]]:
+        """Fresh tensors shaped like the user's batch at any batch size (float inputs in bf16 for bf16 weights)."""
+        def fresh(t: torch.Tensor, size: int, device: torch.device, cast: bool) -> torch.Tensor:
+            dtype = torch.bfloat16 if cast and t.is_floating_point() else t.dtype
+            shape = (size, *t.shape[1:])
+            if t.is_floating_point():
+                return torch.randn(shape, device=device, dtype=dtype)
+            return torch.zeros(shape, device=device, dtype=dtype)
+
+        bf16 = config.precision == "bf16"
+        return lambda size, device: (fresh(self.inputs, size, device, bf16), fresh(self.targets, size, device, False))
+
+    def program(self, config: Config, *, steps: int = 2, segments: Sequence | None = None) -> Callable:
+        setup = training_setup(config, self.build, optimizer=self.optimizer, lr=self.lr, segments=segments)
+        batch = self.make_batch(config)
+        return lambda size, tracker: training_program(
+            setup["build"], tuple(self.inputs.shape[1:]), size, loss=self.loss_fn, optimizer=setup["optimizer"],
+            device=self.device, steps=steps, annotate=tracker, autocast=setup["autocast"],
+            in_backward=setup["in_backward"], make_batch=batch,
+            input_dtype=torch.bfloat16 if config.precision == "bf16" and self.inputs.is_floating_point()
+            else self.inputs.dtype)
+
+
+def _seconds(fn: Callable[[], object], min_run_time: float) -> tuple[float, int]:
+    """Median seconds per call of `fn` (torch.utils.benchmark, blocks of calls after a warm-up) and the
+    number of calls it made."""
+    fn()  # warm-up: first-call allocations and kernel selection
+    measured = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
+    return measured.median, measured.number_per_run * len(measured.raw_times) + 1
+
+
+def measure_time(work: Workload, configs: Sequence[Config], batch_size: int, min_run_time: float,
+                  runs: dict[str, int]) -> dict[str, float]:
+    """Seconds of forward(+loss) per precision, of forward and backward in fp32, and of each optimizer
+    variant's step, at `batch_size` (the cost model's inputs; see the module docstring)."""
+    seconds: dict[str, float] = {}
+
+    def timed(key: str, what: str, fn: Callable[[], object]) -> None:
+        seconds[key], calls = _seconds(fn, min_run_time)
+        runs[what] = runs.get(what, 0) + calls
+
+    for cfg in [Config(), *configs]:
+        key, okey = _forward_key(cfg), _step_key(cfg)
+        if key in seconds and okey in seconds:
+            continue
+        setup = training_setup(cfg, work.build, optimizer=work.optimizer, lr=work.lr)
+        torch.manual_seed(0)
+        with work.device:
+            model = setup["build"]().train()
+        opt = setup["optimizer"](model.parameters())
+        x, y = work.make_batch(cfg)(batch_size, work.device)
+
+        forward = _forward(work, model, x, y, setup["autocast"])
+        if key not in seconds:
+            timed(key, "timed forward passes", forward)
+        if "forward and backward" not in seconds:
+            timed("forward and backward", "timed training passes", lambda f=forward: f().backward())
+        if okey not in seconds:
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+            timed(okey, "timed optimizer steps", opt.step)
+        del model, opt
+    return seconds
+
+
+def _forward(work: Workload, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+             cast: torch.dtype | None) -> Callable[[], torch.Tensor]:
+    def forward() -> torch.Tensor:
+        with torch.autocast(work.device.type, dtype=cast, enabled=cast is not None):
+            return work.loss_fn(model(x), y)
+    return forward
+
+
+def _forward_key(cfg: Config) -> str:
+    return "forward " + cfg.precision
+
+
+def _step_key(cfg: Config) -> str:
+    return "step " + (f"bf16+{cfg.extra_bits} {cfg.state_dtype} state" if cfg.precision == "bf16" else "torch")
+
+
+def predict_seconds(cfg: Config, seconds: dict[str, float], scale: float, recompute_share: float) -> float:
+    fwd0 = seconds[_forward_key(Config())]
+    ratio = seconds[_forward_key(cfg)] / fwd0
+    fwd = fwd0 * ratio * scale
+    bwd = max(0.0, seconds["forward and backward"] - fwd0) * ratio * scale
+    return fwd + bwd + seconds[_step_key(cfg)] + fwd * recompute_share
+
+
+@dataclass
+class Checkpoints:
+    """The per-layer profile (fp32, at a small batch) that checkpoint candidates are planned and timed from."""
+
+    profile: LayerProfile
+    uniform: list[tuple[int, int, bool]]  # the segments `sc(model)` runs by default
+
+    def recompute_share(self, segments: Sequence[tuple[int, int, bool]]) -> float:
+        """The share of one forward pass a plan recomputes in backward (profiled layer times)."""
+        return evaluate_plan(self.profile, segments)[1] / max(sum(self.profile.time_s), 1e-12)
+
+    @property
+    def unchecked_peak(self) -> int:
+        return evaluate_plan(self.profile, [(0, len(self.profile), False)])[0]
+
+    def optimal(self, budget: float) -> list[tuple[int, int, bool]]:
+        """The least recomputation under `budget` (profile bytes); the smallest peak when nothing fits it."""
+        try:
+            return plan_checkpoints(self.profile, memory_budget=int(budget), strategy="optimal").segments
+        except ValueError:  # a budget below what any plan reaches (or <= 0): the lowest peak there is
+            return plan_checkpoints(self.profile, strategy="optimal").segments
+
+
+def profile_checkpoints(work: Workload, size: int) -> Checkpoints:
+    """One per-layer profile of the fp32 model at `size` (real forward and backward passes of each layer)."""
+    torch.manual_seed(0)
+    with work.device:
+        model = work.build().train()
+    x, y = work.make_batch(Config())(size, work.device)
+    profile = profile_layers(model, x, loss_fn=lambda out: work.loss_fn(out, y))
+    return Checkpoints(profile, sc(model).plan.segments)
