@@ -7,12 +7,14 @@ and out with one copy per zone (Section 3.3); `train_many` trains many models in
 (Sections 4.4-4.5). `BudgetGuard` makes a memory budget real on CPU for trial-based peers. On CPU a
 plan is calibrated against the allocator by default: the workspaces and scratch real kernels allocate
 beyond their fake tensors, measured in real steps at small batches (`calibrate=False`: the paper's
-plan, fake tensors alone).
+plan, fake tensors alone). `plan_sharded_training` plans one rank of a model sharded by FSDP2 in a fake
+process group (`sharded`).
 """
 
 from .guard import BudgetGuard, cuda_memory_budget
 from .heap import Heap, HeapSnapshot
 from .many import max_parallel_models, plan_parallel_training, train_many
+from .sharded import fake_group, plan_sharded_training, run_on_ranks, sharded_memory_check
 from .plan import (
     CALIBRATED_ZONE, ZONES, CompiledGraph, make_optimizer, measure_required_bytes, plan_training, search_max,
     training_program,
@@ -23,4 +25,5 @@ __all__ = [
     "make_optimizer",
     "max_parallel_models", "measure_required_bytes", "plan_parallel_training", "plan_training", "search_max",
     "train_many", "training_program",
+    "fake_group", "plan_sharded_training", "run_on_ranks", "sharded_memory_check",
 ]

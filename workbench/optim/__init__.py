@@ -14,6 +14,8 @@ states; truncated or stochastic master rounding; amsgrad, maximize; torch.amp.Gr
 ``backward``: step_in_backward (the update runs inside backward, gradients freed at once; 3.2), with
 clipping, loss scaling and gradient accumulation in the hook and misuse refused (4.1).
 ``applied``: AppliedGradient, what ``p.grad`` holds once its update ran inside backward.
+``distributed``: FSDP2's DTensor parameters (state kept over the local shard as DTensors, state dicts
+that torch.distributed.checkpoint reshards) and why step_in_backward is refused under DDP (issue 20).
 """
 
 from workbench.optim.applied import AppliedGradient

@@ -33,6 +33,11 @@ already applied (``p.grad`` is an :class:`~workbench.optim.applied.AppliedGradie
 forward), zeroing gradients between accumulated micro-batches, a gradient held before the hooks
 exist, and ``optimizer.step()`` while the hooks are active.
 
+Distributed: under FSDP2 (``fully_shard``) the hooks run after the gradient's reduce-scatter, so each
+rank updates its shard with the synchronised gradient (``p.grad`` is then None, not a marker: a
+DTensor gradient cannot hold one; a GradScaler is refused, as its inf check would differ between
+ranks). Under DDP the hooks fire before the all-reduce: refused (``distributed.DDP_REASON``).
+
 ``optimizer.step`` itself is left in place (a step pre-hook refuses outside calls), so LR
 schedulers created before or after work as usual. A packed optimizer built with ``compile=True``
 (or ``fused=True``) runs each per-parameter update as one compiled kernel (dynamic shapes).
@@ -51,6 +56,7 @@ from torch.amp.grad_scaler import OptState
 from torch.utils._pytree import tree_leaves
 
 from workbench.optim.applied import SECOND_BACKWARD_FIX, AppliedGradient
+from workbench.optim.distributed import is_sharded, refuse_ddp, refuse_under_ddp
 from workbench.optim.packed import PackedOptimizer
 
 __all__ = ["StepInBackwardHandle", "step_in_backward"]
@@ -127,6 +133,7 @@ class StepInBackwardHandle:
     def _on_forward(self, module: nn.Module, args: Any) -> None:
         # a micro-batch is a forward with gradients on (an evaluation under no_grad is not one)
         if _backward_id() == -1 and torch.is_grad_enabled():
+            refuse_under_ddp(self._params)
             self.forwards += 1
             self._task = None
             self._clear_marks()
@@ -187,7 +194,7 @@ class StepInBackwardHandle:
         # NOTE: under fake tensors (CalcGraph's plan of a step in backward) no marker: it cannot wrap a
         # fake tensor, and it views a shared scalar, so the plan loses no byte without it
         fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
-        p.grad = None if fake else AppliedGradient.like(p)
+        p.grad = None if fake or is_sharded(p) else AppliedGradient.like(p)
         self._marked.append(p)
 
     def _begin_step(self) -> None:
@@ -283,6 +290,7 @@ def step_in_backward(
         grad_scale = grad_scale if grad_scale.is_enabled() else None
     elif grad_scale is not None:
         _check_number("grad_scale", grad_scale)
+    refuse_ddp(model)
     managed = {id(p) for g in optimizer.param_groups for p in g["params"]}
     params = [p for p in model.parameters() if p.requires_grad]
     missing = [i for i, p in enumerate(params) if id(p) not in managed]
@@ -294,6 +302,10 @@ def step_in_backward(
             f"grad_scale with {type(optimizer).__name__} on {params[low[0]].dtype} parameters (e.g. parameter "
             f"{low[0]}): unscaling 16-bit gradients in place loses them (torch.amp.GradScaler refuses too); use a "
             "packed optimizer (PackedAdamW, PackedSGD), which unscales in fp32 inside its step, or fp32 parameters")
+    if isinstance(grad_scale, torch.amp.GradScaler) and any(is_sharded(p) for p in params):
+        raise ValueError("grad_scale is a GradScaler but the model's parameters are DTensors (FSDP2): each rank "
+                         "would check only its shard for inf/NaN and ranks could disagree on skipping the step; "
+                         "use a static float grad_scale, or an ordinary optimizer.step() with the GradScaler")
     held = [i for i, p in enumerate(params) if p.grad is not None]
     if held:
         raise RuntimeError(

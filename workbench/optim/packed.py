@@ -26,25 +26,29 @@ of the second moment is one more state, ``max_exp_avg_sq``); ``foreach``/``captu
 through torch's protocol for fused optimizers (``_step_supports_amp_scaling``): it checks the 16-bit
 gradients for inf/NaN without unscaling them, and the step unscales in fp32 or is skipped.
 ``load_state_dict`` validates the state dict first (``workbench.optim.state_check``).
+
+FSDP2 (``torch.distributed.fsdp.fully_shard``): DTensor parameters are stepped on their local shard,
+with extra bits and moments kept over that shard as DTensors (``workbench.optim.distributed``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from copy import deepcopy
-from itertools import chain
 from typing import Any
 
 import torch
 
+from workbench.optim.distributed import (
+    check_shardable, is_sharded, like_param, local, new_extra, new_moment, shard_offset, state_dict_layout,
+)
 from workbench.optim.formats import SUPPORTED_DTYPES, check_format, storage_bits
 from workbench.optim.fused import FlatGroup, StepSpec, select_step
 from workbench.optim.options import PackedOptions, check_real, takes_options
 from workbench.optim.packing import extra_storage
 from workbench.optim.rng import mix_key, shift_key
 from workbench.optim.split_merge import merge
-from workbench.optim.state_check import LATER_KEYS, check_state_dict
+from workbench.optim.state_check import load_checked
 from workbench.optim.update import adam_math, sgd_math
 
 __all__ = ["PackedOptimizer", "PackedSGD", "PackedAdamW", "PackedAdam", "master_weight"]
@@ -52,7 +56,7 @@ __all__ = ["PackedOptimizer", "PackedSGD", "PackedAdamW", "PackedAdam", "master_
 
 def _extra_arg(extra: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
     """Byte planes go to the update as separate 1-D views (one vectorised loop); words as they are."""
-    return list(extra.unbind(0)) if extra.dtype == torch.uint8 else extra
+    return list(extra.reshape(extra.shape[0], -1).unbind(0)) if extra.dtype == torch.uint8 else extra
 
 
 class PackedOptimizer(torch.optim.Optimizer):
@@ -96,6 +100,7 @@ class PackedOptimizer(torch.optim.Optimizer):
                     f"{type(self).__name__} needs torch.float16 or torch.bfloat16 parameters"
                 )
             check_format(p.dtype, k)
+            check_shardable(p, self._bits(group), f"parameter {i} of group {gi} (shape {tuple(p.shape)})")
         if group["fused"] and len({(p.dtype, p.device) for p in group["params"]}) > 1:
             raise ValueError(f"fused=True needs one dtype and device per group; group {gi} mixes them")
         self._check_group(group)
@@ -136,9 +141,11 @@ class PackedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def expected_state(self, p: torch.Tensor, group: dict) -> dict[str, Any]:
-        """What ``self.state[p]`` holds after a step: key -> (shape, dtype), or ``int`` for ``step``."""
+        """What a state dict holds for ``p`` after a step: key -> (shape, dtype), or ``int`` for ``step``;
+        byte planes may be shaped ``(planes, numel)`` or ``(planes, *p.shape)`` (a set of shapes)."""
         shape, dtype = extra_storage(p.numel(), self._bits(group), aligned=True)
-        out: dict[str, Any] = {"step": int, "extra": (tuple(shape), dtype)}
+        extra = {tuple(shape), (shape[0], *p.shape)} if dtype == torch.uint8 else tuple(shape)
+        out: dict[str, Any] = {"step": int, "extra": ({(shape[0], *p.shape)} if is_sharded(p) else extra, dtype)}
         out.update({k: (tuple(p.shape), group["state_dtype"]) for k in self._state_keys(group)})
         return out
 
@@ -149,12 +156,11 @@ class PackedOptimizer(torch.optim.Optimizer):
         st = self.state[p]
         if "extra" not in st:
             # a 16-bit value is exact: its extra bits are zero and it needs no rounding flag
-            shape, dtype = extra_storage(p.numel(), self._bits(group), aligned=True)
             st["step"] = 0
-            st["extra"] = torch.zeros(shape, dtype=dtype, device=p.device)
+            st["extra"] = new_extra(p, self._bits(group))
         for k in self._state_keys(group):
             if k not in st:
-                st[k] = torch.zeros(p.shape, dtype=group["state_dtype"], device=p.device)
+                st[k] = new_moment(p, group["state_dtype"])
         return st
 
     def master_weight(self, p: torch.Tensor) -> torch.Tensor:
@@ -163,38 +169,21 @@ class PackedOptimizer(torch.optim.Optimizer):
         if "extra" not in st:
             return p.detach().float()
         group = self._group_of(p)
-        return merge(p.detach(), st["extra"], extra_bits=group["extra_bits"],
-                     stochastic_rounding=group["stochastic_rounding"])
+        return like_param(p, merge(local(p.detach()), local(st["extra"]), extra_bits=group["extra_bits"],
+                                   stochastic_rounding=group["stochastic_rounding"]))
 
     def state_dict(self) -> dict[str, Any]:
         sd = super().state_dict()
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, st in sd["state"].items():  # torch numbers the parameters across groups, in order
+            sd["state"][i] = {k: state_dict_layout(params[i], k, v) for k, v in st.items()}
         sd["sr_seed"] = self.seed
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict saved by the same packed optimizer class (validated first: a ValueError
         names the param group or parameter index, the key and what was expected and found)."""
-        check_state_dict(self, state_dict)
-        # NOTE: torch's loader casts every state tensor to the parameter's dtype (fp16 here), which
-        # would destroy fp32 states and integer extra bits, so state entries are mapped here as-is.
-        sd = dict(state_dict)
-        saved_state = sd.pop("state")
-        seed = sd.pop("sr_seed", None)
-        saved_ids = list(chain.from_iterable(g["params"] for g in sd["param_groups"]))
-        super().load_state_dict(dict(sd, state={}))
-        for g in self.param_groups:
-            for k, v in LATER_KEYS.items():
-                if k in self.defaults:
-                    g.setdefault(k, v)
-        params = list(chain.from_iterable(g["params"] for g in self.param_groups))
-        for pid, p in zip(saved_ids, params, strict=True):
-            if pid in saved_state:
-                self.state[p] = {
-                    k: v.to(p.device).clone() if torch.is_tensor(v) else deepcopy(v)
-                    for k, v in saved_state[pid].items()
-                }
-        if seed is not None:
-            self.seed = int(seed)
+        load_checked(self, state_dict)
         self._flat.clear()
         self._coef_cache.clear()
         self._index.clear()
@@ -267,12 +256,14 @@ class PackedOptimizer(torch.optim.Optimizer):
         group = located if group is None else group
         st = self._init_state(p, group)
         step = st["step"]
-        tail = self._tail(grad_scale, clip_value)
-        coef = self._coef(group, step + 1, p.device, tail)
-        key = shift_key(mix_key(self.seed, gi, step), offset) if self._random(group) else None
-        states = [st[k].view(-1) for k in self._state_keys(group)]
-        update = self._select(group, step, p.dtype, p.device, dynamic=True, scaled=tail is not None)[1]
-        update(p.view(-1), p.grad.reshape(-1), _extra_arg(st["extra"]), states, coef, key)
+        half = local(p)  # a DTensor parameter (FSDP2) is stepped on its local shard
+        if half.numel():  # an uneven sharding can leave a rank an empty shard: nothing to update
+            tail = self._tail(grad_scale, clip_value)
+            coef = self._coef(group, step + 1, half.device, tail)
+            key = shift_key(mix_key(self.seed, gi, step), offset + shard_offset(p)) if self._random(group) else None
+            states = [local(st[k]).view(-1) for k in self._state_keys(group)]
+            update = self._select(group, step, p.dtype, half.device, dynamic=True, scaled=tail is not None)[1]
+            update(half.view(-1), local(p.grad).reshape(-1), _extra_arg(local(st["extra"])), states, coef, key)
         st["step"] = step + 1
         self._mark_stepped()
 
@@ -292,7 +283,9 @@ class PackedOptimizer(torch.optim.Optimizer):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            if group["fused"]:
+            # NOTE: DTensor parameters (FSDP2) take the per-parameter path: the flat buffers would replace
+            # the storage FSDP2 all-gathers from.
+            if group["fused"] and not any(is_sharded(p) for p in group["params"]):
                 for p in group["params"]:
                     self._init_state(p, group)
                 steps = {self.state[p]["step"] for p in group["params"]}

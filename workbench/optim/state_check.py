@@ -8,21 +8,24 @@ a ``torch.optim.AdamW`` state dict then failed at ``step()`` with ``KeyError: 'e
 ``PackedSGD`` one with ``KeyError: 'betas'``, and a moment of the wrong shape with a raw size
 mismatch. :func:`check_state_dict` raises a ValueError first, naming the param group or the
 parameter index (its id in the state dict, which torch numbers across groups), the key, and what
-was expected and found.
+was expected and found. :func:`load_checked` then loads it (the packed optimizers' ``load_state_dict``).
 """
 
 from __future__ import annotations
 
+from copy import deepcopy
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from workbench.optim.distributed import load_layout
 from workbench.optim.options import PackedOptions
 
 if TYPE_CHECKING:
     from workbench.optim.packed import PackedOptimizer
 
-__all__ = ["LATER_KEYS", "check_state_dict"]
+__all__ = ["LATER_KEYS", "check_state_dict", "load_checked"]
 
 # NOTE: keys added after state dicts were first saved, with the value an older state dict means
 # (torch.optim fills its own new keys the same way, with setdefault in __setstate__).
@@ -55,8 +58,10 @@ def _check_param_state(name: str, pid: Any, p: torch.Tensor, saved: Any, expecte
                                  + _FOREIGN_HINT)
             continue
         shape, dtype = want
-        if not torch.is_tensor(value) or tuple(value.shape) != shape or value.dtype != dtype:
-            raise ValueError(f"{where}: key {key!r} expected a tensor of shape {shape} and dtype {dtype}, "
+        shapes = shape if isinstance(shape, set) else {shape}  # byte planes: (planes, numel) or (planes, *shape)
+        if not torch.is_tensor(value) or tuple(value.shape) not in shapes or value.dtype != dtype:
+            told = " or ".join(map(str, sorted(shapes, key=len)))
+            raise ValueError(f"{where}: key {key!r} expected a tensor of shape {told} and dtype {dtype}, "
                              f"got {_describe(value)}")
 
 
@@ -67,7 +72,8 @@ def check_state_dict(optimizer: PackedOptimizer, state_dict: Any) -> None:
     every hyperparameter and option key of this optimizer's groups, the same number of parameters,
     and values the optimizer accepts (``validate_group``); each saved per-parameter state has
     exactly the keys a step creates (``step``, ``extra``, the algorithm's moments), an int step and
-    tensors of the expected shape and dtype for that parameter and group.
+    tensors of the expected shape and dtype for that parameter and group; no state entry belongs to
+    no saved parameter.
     """
     name = type(optimizer).__name__
     if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict) \
@@ -100,3 +106,37 @@ def check_state_dict(optimizer: PackedOptimizer, state_dict: Any) -> None:
         for pid, p in zip(saved["params"], ours["params"], strict=True):
             if pid in state:
                 _check_param_state(name, pid, p, state[pid], optimizer.expected_state(p, group))
+    ids = [pid for g in groups if isinstance(g, dict) for pid in g.get("params", ())]
+    stray = [k for k in state if k not in ids]
+    if stray:
+        # NOTE: torch.distributed.checkpoint gives back the non-tensor entries (``step``) of a state dict
+        # keyed by integers under string keys ('0'), which would leave the steps silently unloaded.
+        raise ValueError(f"{name}.load_state_dict: state entries {stray[:5]} belong to no parameter of the saved "
+                         f"param groups (ids {ids[:5]}...); with torch.distributed.checkpoint save and load "
+                         "get_optimizer_state_dict(model, optimizer) and set_optimizer_state_dict (keys are names)")
+
+
+def load_checked(optimizer: PackedOptimizer, state_dict: Any) -> None:
+    """Check ``state_dict`` (:func:`check_state_dict`), then load it into ``optimizer``.
+
+    # NOTE: torch's loader casts every state tensor to the parameter's dtype (fp16 here), which would
+    # destroy fp32 states and integer extra bits, so state entries are mapped here as they are (to the
+    # parameter's device and layout: ``distributed.load_layout``).
+    """
+    check_state_dict(optimizer, state_dict)
+    sd = dict(state_dict)
+    saved_state = sd.pop("state")
+    seed = sd.pop("sr_seed", None)
+    saved_ids = list(chain.from_iterable(g["params"] for g in sd["param_groups"]))
+    torch.optim.Optimizer.load_state_dict(optimizer, dict(sd, state={}))
+    for g in optimizer.param_groups:
+        for k, v in LATER_KEYS.items():
+            if k in optimizer.defaults:
+                g.setdefault(k, v)
+    params = list(chain.from_iterable(g["params"] for g in optimizer.param_groups))
+    for pid, p in zip(saved_ids, params, strict=True):
+        if pid in saved_state:
+            optimizer.state[p] = {k: load_layout(p, k, v) if torch.is_tensor(v) else deepcopy(v)
+                                  for k, v in saved_state[pid].items()}
+    if seed is not None:
+        optimizer.seed = int(seed)
