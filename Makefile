@@ -3,9 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PROFILE ?= cpu
+# WORKERS=N runs the notebooks on a local Dask cluster of N processes (default: one after another)
+WORKERS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: report test lint clean hooks
+.PHONY: report test lint clean hooks wheels
 
 # torch first, pinned: an unpinned resolve pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -34,10 +36,17 @@ hooks: $(STAMP)
 	else echo "not a git checkout: the nbstripout filter is not installed"; fi
 
 report: $(STAMP) hooks
-	$(VENV)/bin/workbench report --profile $(PROFILE)
+	$(VENV)/bin/workbench report --profile $(PROFILE) $(if $(WORKERS),--workers $(WORKERS))
 
 test: $(STAMP) hooks
 	$(PY) -m pytest -q
+
+# The Jupyter stack a bare CUDA PyTorch image lacks (papermill, nbclient, ipykernel, nbconvert and their
+# dependencies), as Python 3.12 wheels at the versions installed here; carry WHEELS to the GPU machine and run
+# `python3 -m workbench.report.gpu_run run <notebook> --wheels wheels` there (README, "Profiles").
+WHEELS ?= wheels
+wheels: $(STAMP)
+	$(PY) -m workbench.report.gpu_run wheels --dest $(WHEELS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check workbench tests

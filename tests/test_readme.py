@@ -48,9 +48,10 @@ def test_every_shell_command_exists():
                 report.runner._plan(args.names, args.profile, dict(args.param), ROOT / "notebooks")
         elif words[0] == "jupyter":
             assert (ROOT / words[-1]).is_dir(), command
-        elif words[:2] == ["python", "-m"]:  # the module runs, and its --help names every option used
-            shown = subprocess.run([sys.executable, "-m", words[2], "--help"], cwd=ROOT, capture_output=True,
-                                   text=True, timeout=120)
+        elif words[0] in ("python", "python3") and words[1] == "-m":  # the module (and its subcommand) runs,
+            sub = [words[3]] if len(words) > 3 and not words[3].startswith("-") else []  # and --help names
+            shown = subprocess.run([sys.executable, "-m", words[2], *sub, "--help"], cwd=ROOT,  # every option used
+                                   capture_output=True, text=True, timeout=120)
             assert shown.returncode == 0, shown.stderr[-2000:]
             for flag in (w for w in words[3:] if w.startswith("--")):
                 assert flag in shown.stdout, f"{command}: {flag} is not an option of {words[2]}"

@@ -25,6 +25,29 @@ def _folder(text: str) -> str:
     return text
 
 
+def _workers(text: str) -> int:
+    from .report.cluster import MAX_WORKERS
+
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of worker processes in 1..{MAX_WORKERS}")
+    return count
+
+
+def _address(text: str) -> str:
+    from .report import UsageError
+    from .report.cluster import check_cluster_options
+
+    try:
+        check_cluster_options(None, text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _report(args: argparse.Namespace) -> int:
     from .devices import repo_root
     from .report import UsageError, build_reports
@@ -34,7 +57,7 @@ def _report(args: argparse.Namespace) -> int:
     try:
         results = build_reports(
             args.names, profile=args.profile, out_dir=out, overrides=dict(args.param),
-            notebooks=args.notebooks,
+            notebooks=args.notebooks, workers=args.workers, scheduler=args.scheduler,
         )
     except UsageError as exc:
         print(f"workbench report: error: {exc}", file=sys.stderr)
@@ -47,7 +70,7 @@ def _report(args: argparse.Namespace) -> int:
         return 130
     for row in results.itertuples():
         line = f"{row.status:>6}  {row.name}  ({row.seconds} s)"
-        if row.error:
+        if isinstance(row.error, str) and row.error:  # pandas reads a missing error as NaN
             line += f"\n        {row.error}"
         if row.kept_previous:
             line += (f"\n        the last good report is kept; the failed run is in "
@@ -111,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--notebooks", default=None, type=_folder, help="notebook folder (default: notebooks/)")
     rep.add_argument("-p", "--param", action="append", default=[], type=_parse_override,
                      metavar="NAME=VALUE", help="override a notebook parameter (repeatable)")
+    where = rep.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=_workers, default=None, metavar="N",
+                       help="run notebooks in parallel on a local Dask cluster of N worker processes")
+    where.add_argument("--scheduler", default=None, type=_address, metavar="ADDRESS",
+                       help="run notebooks on the Dask cluster at ADDRESS (e.g. tcp://host:8786); its workers "
+                            "need this package and the same notebook and report folders")
     rep.set_defaults(func=_report)
 
     kernel = sub.add_parser("kernel", help="manage the 'workbench' Jupyter kernel")

@@ -118,7 +118,7 @@ def test_bad_input_is_refused_before_running(notebooks, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["report", "--profile", "huge"])
     assert exit_info.value.code == 2
-    assert "choose from 'smoke', 'cpu', 'paper'" in capsys.readouterr().err
+    assert "choose from 'smoke', 'cpu', 'gpu', 'paper'" in capsys.readouterr().err
     with pytest.raises(UsageError, match="unknown profile"):
         report.load_profile("good", "huge", notebooks)
     assert not (tmp_path / "reports" / "smoke").exists()

@@ -3,11 +3,13 @@
 Parameters (typed by each notebook's defaults, within their declared ranges), profile files, the kernel
 spec and output folders are checked before any kernel starts (`UsageError`); a failing notebook is
 marked failed and the others still run; a failed rebuild never replaces the last good report, and the
-runner replaces only what it made (`folders`).
+runner replaces only what it made (`folders`). Notebooks run one after another in this process, or in
+parallel as tasks on a Dask cluster (`cluster`), each task running the same `_run_one`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -19,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..devices import repo_root
-from .folders import locked, mark, prepare_out, recover, swap_into_place, temp_name
+from .folders import _TEMP, _alive, locked, mark, prepare_out, recover, swap_into_place, temp_name
 from .index import write_index
 from .parameters import available_notebooks, coerce, load_profile, notebook_parameters, notebooks_dir
 from .results import (
@@ -118,14 +120,17 @@ def _export_html(notebook: Path) -> None:
     notebook.with_suffix(".html").write_text(body)
 
 
+def _record(job: _Job, profile: str) -> dict:
+    return {"name": job.name, "profile": profile, "parameters": job.parameters, "overrides": job.overrides,
+            "status": "ok", "error": None, "kept_previous": False, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
 def _run_one(job: _Job, profile: str, folder: Path, out: Path, root: Path) -> dict:
     import papermill
 
     name = job.name
     staging = out / temp_name("staging", name)
-    record = {"name": name, "profile": profile, "parameters": job.parameters, "overrides": job.overrides,
-              "status": "ok", "error": None, "kept_previous": False,
-              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    record = _record(job, profile)
     start = time.perf_counter()
     try:
         try:
@@ -140,25 +145,71 @@ def _run_one(job: _Job, profile: str, folder: Path, out: Path, root: Path) -> di
             record["status"] = "failed"
             record["error"] = _describe(exc)
         record["seconds"] = round(time.perf_counter() - start, 1)
-        try:
-            if (staging / f"{name}.ipynb").exists():
-                try:
-                    _export_html(staging / f"{name}.ipynb")
-                except Exception as exc:
-                    record["error"] = (record["error"] or "") + f" (HTML export failed: {exc})"
-            _write_atomic(staging / "run.json", json.dumps(_jsonable(record), indent=1))
-            mark(staging)
-            with locked(root):
-                record["kept_previous"] = _place(staging, out / name, failed=record["status"] != "ok")
-        except (OSError, UsageError) as exc:  # out of space, a vanished folder, a file of yours in the way
-            record["status"] = "failed"
-            record["kept_previous"] = (out / name / "run.json").exists()
-            problem = exc if isinstance(exc, UsageError) else exc.strerror or exc
-            record["error"] = (record["error"] + "; " if record["error"] else "") + (
-                f"could not write the report: {problem}")
+        _store(record, staging, out, root)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return record
+
+
+def _store(record: dict, staging: Path, out: Path, root: Path) -> None:
+    """Finish a run's staging folder (HTML, run.json, marker) and move it into place under the lock."""
+    name = record["name"]
+    try:
+        if (staging / f"{name}.ipynb").exists():
+            try:
+                _export_html(staging / f"{name}.ipynb")
+            except Exception as exc:
+                record["error"] = (record["error"] or "") + f" (HTML export failed: {exc})"
+        _write_atomic(staging / "run.json", json.dumps(_jsonable(record), indent=1))
+        mark(staging)
+        with locked(root):
+            record["kept_previous"] = _place(staging, out / name, failed=record["status"] != "ok")
+    except (OSError, UsageError) as exc:  # out of space, a vanished folder, a file of yours in the way
+        record["status"] = "failed"
+        record["kept_previous"] = (out / name / "run.json").exists()
+        problem = exc if isinstance(exc, UsageError) else exc.strerror or exc
+        record["error"] = (record["error"] + "; " if record["error"] else "") + (
+            f"could not write the report: {problem}")
+
+
+def _run_in_worker(job: _Job, *, profile: str, folder: Path, out: Path, root: Path) -> dict:
+    """One notebook as a Dask task: the serial build's `_run_one`, inside the worker process."""
+    _add_kernel_path()
+    return _run_one(job, profile, folder, out, root)
+
+
+def _record_lost(job: _Job, error: str, started: str, seconds: float, pid: int | None = None, *, profile: str,
+                 out: Path, root: Path) -> dict:
+    """A notebook whose worker died: recorded failed like a notebook that raised, the last good report kept."""
+    record = {**_record(job, profile), "status": "failed", "error": error, "started": started,
+              "seconds": seconds}
+    staging = out / temp_name("staging", job.name)
+    try:
+        staging.mkdir(parents=True)
+        with locked(root):
+            _restore_lost(out, job.name, pid)
+        _store(record, staging, out, root)
+    except (OSError, UsageError) as exc:
+        problem = exc if isinstance(exc, UsageError) else exc.strerror or exc
+        record["error"] += f"; could not write the report: {problem}"
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return record
+
+
+def _restore_lost(out: Path, name: str, pid: int | None) -> None:
+    """Under the lock, after the worker running `name` (process `pid`, if known) died: a swap it left between
+    its two renames gives the report back from `.old-<name>-<pid>-<token>` (no one else is mid-swap under
+    the lock), and its staging folder goes."""
+    leftovers = [(match.group(1), path) for path in out.iterdir()
+                 if (match := _TEMP.fullmatch(path.name)) and match.group(2) == name and path.is_dir()
+                 and not path.is_symlink() and (int(match.group(3)) == pid or not _alive(int(match.group(3))))]
+    hidden = [path for kind, path in leftovers if kind == "old"]
+    if hidden and not os.path.lexists(out / name):
+        os.replace(max(hidden, key=lambda p: p.lstat().st_mtime), out / name)
+    for kind, path in leftovers:
+        if kind == "staging":
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _describe(exc: Exception) -> str:
@@ -181,9 +232,17 @@ def _place(staging: Path, final: Path, *, failed: bool) -> bool:
     return False
 
 
+def _add_kernel_path() -> None:
+    """Make kernels/workbench/kernel.json findable without installing anything (once per process)."""
+    paths = [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+    if str(repo_root()) not in paths:
+        os.environ["JUPYTER_PATH"] = os.pathsep.join([str(repo_root()), *paths])
+
+
 def build_reports(
     names: list[str] | tuple[str, ...] = (), *, profile: str = "cpu", out_dir: str | Path | None = None,
     overrides: dict | None = None, notebooks: str | Path | None = None, progress: bool = True,
+    workers: int | None = None, scheduler: str | None = None,
 ) -> pd.DataFrame:
     """Execute notebooks into `out_dir/<profile>/<name>/` and rewrite the index pages.
 
@@ -191,28 +250,54 @@ def build_reports(
     range), profile files, the kernel spec or output folders (files the runner did not make in the way)
     raise `UsageError` before any kernel starts. A failing notebook is recorded (status "failed" with its
     error) and the others still run; a failed rebuild keeps the previous good report (`kept_previous`).
+    `workers` runs the notebooks in parallel on a local Dask cluster of that many processes, `scheduler`
+    on the Dask cluster at that address (`cluster`); a notebook whose worker dies is recorded failed.
     Returns one row per notebook: name, status, seconds, error, kept_previous.
     """
     from tqdm.auto import tqdm
 
+    from .cluster import check_cluster_options
+
+    check_cluster_options(workers, scheduler)
     for what, given in (("out_dir", out_dir), ("notebooks", notebooks)):
         if given is not None and not str(given).strip():
             raise UsageError(f"{what}={str(given)!r} is empty; give a folder (or None for the default)")
     folder = Path(notebooks) if notebooks is not None else notebooks_dir()
     root = Path(out_dir) if out_dir is not None else repo_root() / "reports"
     jobs = _plan(names, profile, dict(overrides or {}), folder)
-    # The kernelspec kernels/workbench/kernel.json is found here without installing anything.
-    paths = [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
-    if str(repo_root()) not in paths:
-        os.environ["JUPYTER_PATH"] = os.pathsep.join([str(repo_root()), *paths])
+    _add_kernel_path()
     check_kernel()
     if (root / profile).is_dir() and not (root / profile).is_symlink():
         with locked(root):  # a build that died between its two renames: its last good report comes back
             recover(root / profile)
     out = prepare_out(root, profile, [job.name for job in jobs])
-    records = []
-    for job in tqdm(jobs, desc=f"reports ({profile})", disable=not progress):
-        records.append(_run_one(job, profile, folder, out, root))
+
+    def indexed(record: dict) -> dict:
         with locked(root):
             write_index(root)
+        return record
+
+    if workers is None and scheduler is None:
+        records = [indexed(_run_one(job, profile, folder, out, root))
+                   for job in tqdm(jobs, desc=f"reports ({profile})", disable=not progress)]
+    else:
+        records = _build_on_cluster(jobs, profile, folder, out, root, workers=workers, scheduler=scheduler,
+                                    done=indexed, bar=functools.partial(tqdm, total=len(jobs),
+                                                                        desc=f"reports ({profile})",
+                                                                        disable=not progress))
     return pd.DataFrame(records, columns=["name", "status", "seconds", "error", "kept_previous"])
+
+
+def _build_on_cluster(jobs, profile, folder, out, root, *, workers, scheduler, done, bar) -> list[dict]:
+    """The jobs as tasks on a Dask cluster (`cluster`); `bar()` makes the progress bar once it is reached."""
+    from .cluster import connect, is_gpu_notebook, run_on_cluster
+
+    # workers elsewhere (and local ones, whose current folder is their own) need absolute paths
+    folder, out, root = folder.resolve(), out.resolve(), root.resolve()
+    with connect(workers=workers, scheduler=scheduler) as (client, gpu_limit, cuda_here), bar() as progress:
+        return run_on_cluster(
+            client, jobs, functools.partial(_run_in_worker, profile=profile, folder=folder, out=out, root=root),
+            lost=functools.partial(_record_lost, profile=profile, out=out, root=root), done=done,
+            gpu=lambda job: is_gpu_notebook(job.parameters, profile, cuda_here=cuda_here), gpu_limit=gpu_limit,
+            progress=progress,
+        )
