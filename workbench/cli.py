@@ -54,6 +54,12 @@ def _report(args: argparse.Namespace) -> int:
     from .report.results import FAILED_RUN
 
     out = Path(args.out) if args.out is not None else repo_root() / "reports"
+    names = [name for name, _ in args.param]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        print(f"workbench report: error: -p {', '.join(twice)} given more than once; give each parameter once",
+              file=sys.stderr)
+        return 2
     try:
         results = build_reports(
             args.names, profile=args.profile, out_dir=out, overrides=dict(args.param),

@@ -10,6 +10,7 @@ tensor-memory figure.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import weakref
@@ -22,43 +23,25 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .measure_args import _callable, _count, _device, check_device
+
 __all__ = [
-    "AllocatorMeter", "LiveStorageMode", "MemoryMeter", "Timing", "time_callable", "format_bytes",
+    "AllocatorMeter", "LiveStorageMode", "MemoryMeter", "Timing", "check_device", "time_callable", "format_bytes",
     "measure_training_step", "plot_memory_trace", "state_bytes", "time_interleaved",
 ]
 
 
 def format_bytes(n: float) -> str:
     """Human-readable binary size, e.g. 12.5 MiB."""
+    if isinstance(n, bool) or not isinstance(n, (int, float, np.integer, np.floating)):
+        raise TypeError(f"format_bytes needs a number of bytes, got {n!r} ({type(n).__name__})")
+    if not math.isfinite(n):
+        return f"{n} B"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     raise AssertionError("unreachable")
-
-
-def _device(device, who: str) -> torch.device:
-    """`device` (None: CPU) as a torch.device of type cpu or cuda; errors name `who` and the value."""
-    if device is None:
-        return torch.device("cpu")
-    if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"{who} device must be 'cpu', 'cuda', 'cuda:N' or a torch.device, "
-                        f"got {device!r} ({type(device).__name__})")
-    try:
-        device = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"{who} device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{who} supports 'cpu' and 'cuda' devices, got {device}")
-    return device
-
-
-def _count(value, name: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int >= {least}, got {value!r} ({type(value).__name__})")
-    if value < least:
-        raise ValueError(f"{name} must be >= {least}, got {value}")
-    return int(value)
 
 
 def _storages(tree) -> list[torch.UntypedStorage]:
@@ -226,12 +209,6 @@ class MemoryMeter:
     def __init__(self, device: torch.device | str | None = None, *, trace: bool = False,
                  allocator: bool = False) -> None:
         self.device = _device(device, "MemoryMeter")
-        if self.device.type == "cuda":
-            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            if count == 0:
-                raise ValueError(f"MemoryMeter({str(self.device)!r}): CUDA is not available here; use 'cpu'")
-            if self.device.index is not None and not 0 <= self.device.index < count:
-                raise ValueError(f"MemoryMeter({str(self.device)!r}): CUDA device index must be in 0..{count - 1}")
         self.peak_bytes = 0
         self.end_bytes = 0
         self.allocator_peak_bytes: int | None = None
@@ -330,6 +307,7 @@ def time_callable(
     # extra warm-up calls per measurement: too costly for training steps that take seconds.
     """
     warmup, repeats = _count(warmup, "warmup", 0), _count(repeats, "repeats", 1)
+    _callable(fn, "time_callable: fn")
     device = _device(device, "time_callable") if device is not None else None
     for _ in range(warmup):
         fn()
@@ -357,6 +335,10 @@ def time_interleaved(
     from tqdm.auto import tqdm
 
     warmup, repeats = _count(warmup, "warmup", 0), _count(repeats, "repeats", 1)
+    if not isinstance(fns, Mapping):
+        raise TypeError(f"time_interleaved: fns must be a mapping of names to callables, got {type(fns).__name__}")
+    for name, fn in fns.items():
+        _callable(fn, f"time_interleaved: fns[{name!r}]")
     device = _device(device, "time_interleaved") if device is not None else None
     names = list(fns)
     for name in names:
@@ -376,6 +358,11 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None 
     Together with a MemoryMeter peak this splits a training step's memory: what is not
     parameters, gradients or optimizer state at the peak is activations and temporaries.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"state_bytes: model must be an nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"state_bytes: optimizer must be a torch.optim.Optimizer or None, "
+                        f"got {type(optimizer).__name__}")
     seen: set[int] = set()
 
     def total(tensors) -> int:
@@ -407,7 +394,11 @@ def measure_training_step(
     Returns a record (peak_bytes, grad_bytes: bytes still live after the step once outputs are
     dropped, param_bytes, median_s/min_s/max_s) and, with `trace=True`, memory over time.
     """
-    device = torch.device(device)
+    device = _device(device, "measure_training_step")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"measure_training_step: model must be an nn.Module, got {type(model).__name__}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"measure_training_step: loss_fn must be a callable (output, labels) -> loss, got {loss_fn!r}")
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
     model = model.to(device).train()
     inputs, labels = inputs.to(device), labels.to(device)

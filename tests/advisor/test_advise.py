@@ -125,10 +125,63 @@ def test_a_model_that_fails_to_trace_names_the_layer():
     ({"memory_budget": float("inf")}, "memory_budget"), ({"memory_budget": -1}, "memory_budget"),
     ({"memory_budget": 1e6, "margin": 1.0}, "margin"), ({"memory_budget": 1e6, "candidates": []}, "no candidate"),
     ({"memory_budget": 1e6, "min_run_time": 0}, "min_run_time"),
+    ({"memory_budget": 1e6, "lr": float("nan")}, "lr must be a finite number > 0, got nan"),
+    ({"memory_budget": 1e6, "lr": -1.0}, "lr must be"), ({"memory_budget": 1e6, "device": "banana"}, "'banana'"),
+    ({"memory_budget": 1e6, "device": "cuda:7"}, "cuda:7"), ({"memory_budget": 1e6, "device": "mps"}, "mps"),
 ])
 def test_bad_arguments_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         advise(mlp, batch(), calibrate=False, **kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"candidates": ["fp32"]}, "candidates must be Config objects .* got 'fp32'"),
+    ({"loss_fn": 5}, "loss_fn must be a callable"),
+])
+def test_arguments_of_the_wrong_kind_are_named(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        advise(mlp, batch(), memory_budget=1e6, calibrate=False, **kwargs)
+
+
+def returns_text():
+    return "not a model"
+
+
+def explodes():
+    raise RuntimeError("factory exploded")
+
+
+def test_a_factory_that_fails_or_returns_no_module_is_named():
+    with pytest.raises(TypeError, match="model_fn returns_text must return an nn.Module, got str"):
+        advise(returns_text, batch(), memory_budget=1e6, calibrate=False)
+    with pytest.raises(ValueError, match="model_fn explodes failed to build the model: RuntimeError: factory exploded"):
+        advise(explodes, batch(), memory_budget=1e6, calibrate=False)
+
+
+def test_the_command_refuses_bad_input_naming_it(tmp_path, monkeypatch, capsys):
+    from workbench.cli import main
+
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    (tmp_path / "models.py").write_text("import torch\ndef text():\n    return 'no'\n")
+    monkeypatch.chdir(tmp_path)
+    for args, expected in [
+        (["broken:f", "--batch", "8x4", "--budget", "1MB"], "cannot import 'broken' (for 'broken:f'): SyntaxError"),
+        (["models:g", "--batch", "8x4", "--budget", "1MB"], "module 'models' has no 'g'"),
+        (["models:text", "--batch", "8x4", "--budget", "1MB"], "model_fn text must return an nn.Module"),
+        (["models:text", "--batch", "8x4", "--budget", "1e400"], "--budget '1e400' is too large"),
+        (["models:text", "--batch", "8x4", "--budget", "1MB", "--device", "banana"], "'banana'"),
+    ]:
+        assert main(["advise", *args]) == 2, args
+        assert expected in capsys.readouterr().err, args
+
+
+def test_the_command_plans_a_batch_too_large_to_allocate_without_allocating_it(tmp_path, monkeypatch, capsys):
+    from workbench.cli import main
+
+    (tmp_path / "small.py").write_text("from torch import nn\ndef net():\n    return nn.Linear(4, 3)\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["advise", "small:net", "--batch", "1000000000000x4", "--budget", "1GiB"]) == 1
+    assert "no candidate fits" in capsys.readouterr().err
 
 
 def test_bad_configs_are_refused_and_the_grid_is_whole():
@@ -138,6 +191,11 @@ def test_bad_configs_are_refused_and_the_grid_is_whole():
         Config("fp32", state_dtype="bf16")
     with pytest.raises(ValueError, match="checkpoint"):
         Config(checkpoint="every")
+    for bits in (8.0, False):
+        with pytest.raises(ValueError, match="extra_bits"):
+            Config("bf16", bits)
+    with pytest.raises(TypeError, match="step_in_backward must be True or False, got 'no'"):
+        Config(step_in_backward="no")
     cpu, cuda = default_grid(torch.device("cpu"), checkpointable=True), default_grid(torch.device("cuda"),
                                                                                    checkpointable=False)
     assert len(cpu) == len({c.name for c in cpu}) == (2 + 3 * 2) * 2 * 3  # checkpoints none, uniform, optimal

@@ -115,6 +115,8 @@ def test_bad_input_is_refused_before_running(notebooks, tmp_path, capsys):
     assert main(["report", "good", "-p", "epochs=3", "--notebooks", str(notebooks), "--out", out]) == 2
     assert "declares no parameter epochs; its parameters are interactive, output_dir, value" in (
         capsys.readouterr().err)
+    assert main(["report", "good", "-p", "value=2", "-p", "value=3", "--notebooks", str(notebooks), "--out", out]) == 2
+    assert "-p value given more than once" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["report", "--profile", "huge"])
     assert exit_info.value.code == 2

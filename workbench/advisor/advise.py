@@ -28,7 +28,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from workbench.calcgraph import CompiledGraph, search_max
-from workbench.measure import AllocatorMeter
+from workbench.measure import AllocatorMeter, check_device
 from workbench.optim import step_in_backward
 
 from .configs import Config, can_checkpoint, default_grid, training_setup
@@ -226,6 +226,20 @@ class Advice:
         return result
 
 
+def _check_factory(model_fn: object) -> None:
+    """`model_fn` builds an nn.Module (tried on the meta device: no memory); errors name the factory."""
+    name = getattr(model_fn, "__qualname__", None) or repr(model_fn)
+    if not callable(model_fn):
+        raise TypeError(f"model_fn must be a function that builds your nn.Module, got {model_fn!r}")
+    try:
+        with torch.device("meta"):
+            model = model_fn()
+    except Exception as error:  # the user's code: any error, reported with the factory's name
+        raise ValueError(f"model_fn {name} failed to build the model: {type(error).__name__}: {error}") from error
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model_fn {name} must return an nn.Module, got {type(model).__name__} {model!r:.80}")
+
+
 def _check_budget(memory_budget: object) -> None:
     if isinstance(memory_budget, bool) or not isinstance(memory_budget, Real) or not (
             math.isfinite(memory_budget) and memory_budget > 0):
@@ -257,14 +271,23 @@ def advise(
                          f"{tuple(targets.shape)}")
     if isinstance(min_run_time, bool) or not isinstance(min_run_time, Real) or not 0 < min_run_time < math.inf:
         raise ValueError(f"min_run_time must be a number of seconds > 0, got {min_run_time!r}")
-    dev = torch.device(device) if device is not None else inputs.device
+    dev = check_device(device, "advise") if device is not None else inputs.device
+    if isinstance(lr, bool) or not isinstance(lr, Real) or not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a callable (outputs, targets) -> loss, got {loss_fn!r}")
     work = Workload(model_fn, inputs, targets, loss_fn or F.cross_entropy, optimizer, lr, dev)
+    _check_factory(model_fn)
     checkpointable = can_checkpoint(model_fn)
     grid = default_grid(dev, checkpointable=checkpointable)
     if callable(candidates):
         grid = [c for c in grid if candidates(c)]
     elif candidates is not None:
         grid = list(candidates)
+        strays = [c for c in grid if not isinstance(c, Config)]
+        if strays:
+            raise TypeError(f"candidates must be Config objects (workbench.advisor.Config) or a predicate on them, "
+                            f"got {strays[0]!r} ({type(strays[0]).__name__})")
     if not grid:
         raise ValueError("no candidate configuration left to consider")
     batch_size = int(inputs.shape[0])

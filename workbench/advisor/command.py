@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import re
 import sys
 
@@ -27,6 +28,8 @@ def parse_bytes(text: str) -> float:
         raise ValueError(f"--budget {text!r} is not a number of bytes (e.g. 8GiB, 500MB, 1e9; units "
                          f"{', '.join(u for u in _UNITS if u)})")
     value = float(found.group(1)) * _UNITS[found.group(2)]
+    if not math.isfinite(value):
+        raise ValueError(f"--budget {text!r} is too large to be a number of bytes")
     if not value > 0:
         raise ValueError(f"--budget {text!r} must be > 0 bytes")
     return value
@@ -46,9 +49,13 @@ def _factory(spec: str):
         raise ValueError(f"model {spec!r} must be MODULE:FACTORY (e.g. mypkg.models:resnet)")
     sys.path.insert(0, "")
     try:
-        factory = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"cannot load {spec!r}: {error}") from None
+        loaded = importlib.import_module(module)
+    except Exception as error:  # the user's module: a syntax error, a failing import, anything it raises
+        raise ValueError(f"cannot import {module!r} (for {spec!r}): {type(error).__name__}: {error}") from None
+    try:
+        factory = getattr(loaded, name)
+    except AttributeError:
+        raise ValueError(f"module {module!r} has no {name!r} (for {spec!r})") from None
     if not callable(factory):
         raise ValueError(f"{spec!r} is not callable")
     return factory
@@ -65,10 +72,13 @@ def _run(args: argparse.Namespace) -> int:
 def _advise(args: argparse.Namespace) -> int:
     shape = parse_shape(args.batch)
     dtype = {"float32": torch.float32, "long": torch.long}[args.input_dtype]
-    inputs = torch.randn(shape) if dtype.is_floating_point else torch.zeros(shape, dtype=dtype)
-    targets = torch.zeros(shape[0], dtype=torch.long)
+    # NOTE: the batch only gives shapes and dtypes (every real step makes its own): on the meta device, so a
+    # batch far too large for this machine is planned (and refused by the budget), never allocated
+    inputs = torch.empty(shape, dtype=dtype, device="meta")
+    targets = torch.empty(shape[0], dtype=torch.long, device="meta")
     advice = advise(_factory(args.model), (inputs, targets), memory_budget=parse_bytes(args.budget),
-                    optimizer=args.optimizer, device=args.device, margin=args.margin, progress=True)
+                    optimizer=args.optimizer, device=args.device if args.device is not None else "cpu",
+                    margin=args.margin, progress=True)
     table = advice.table.sort_values("predicted_step_seconds")
     view = pd.DataFrame({"config": table["config"], "peak": table["predicted_peak_bytes"].map(format_bytes),
                          "step (ms)": (table["predicted_step_seconds"] * 1e3).round(2), "fits": table["fits"],

@@ -53,13 +53,16 @@ class Config:
         if (self.precision == "bf16") != (self.extra_bits is not None):
             raise ValueError(f"extra_bits is k for precision 'bf16' (one of {EXTRA_BITS}) and None otherwise; "
                              f"got precision {self.precision!r} with extra_bits {self.extra_bits!r}")
-        if self.extra_bits is not None and self.extra_bits not in EXTRA_BITS:
+        if self.extra_bits is not None and (isinstance(self.extra_bits, bool) or not isinstance(self.extra_bits, int)
+                                            or self.extra_bits not in EXTRA_BITS):
             raise ValueError(f"extra_bits must be one of {EXTRA_BITS}, got {self.extra_bits!r}")
         if self.state_dtype not in _STATE:
             raise ValueError(f"state_dtype must be one of {tuple(_STATE)}, got {self.state_dtype!r}")
         if self.state_dtype == "bf16" and self.precision != "bf16":
             raise ValueError("state_dtype 'bf16' needs bf16 weights (a packed optimizer); torch's optimizers "
                              "keep fp32 state for fp32 parameters")
+        if not isinstance(self.step_in_backward, bool):
+            raise TypeError(f"step_in_backward must be True or False, got {self.step_in_backward!r}")
         if self.checkpoint not in CHECKPOINTS:
             raise ValueError(f"checkpoint must be one of {CHECKPOINTS}, got {self.checkpoint!r}")
 

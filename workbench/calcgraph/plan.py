@@ -31,9 +31,10 @@ import torch
 from torch import nn
 
 from .program import (
-    _OPTIMIZERS, OptimizerSpec, _DtypeMismatch, make_optimizer, measure_required_bytes, training_program,
+    _OPTIMIZERS, OptimizerSpec, _DtypeMismatch, make_optimizer, measure_required_bytes, per_example_shape,
+    training_program,
 )
-from ..measure import AllocatorMeter
+from ..measure import AllocatorMeter, check_device
 from .calibrate import Calibration
 from .calibrate import calibrate as _fit_calibration
 from .calibrate import observe as _observe_at
@@ -92,6 +93,8 @@ def search_max(fits: Callable[[int], bool], first_guess: int, *, limit: int = 2*
         lo, hi = (mid, hi) if test(mid) else (lo, mid)
     return lo, calls
 
+MAX_BATCH = 2**40  # largest batch a plan sizes: beyond it the byte counts of even a tiny model leave int64
+
 
 class CompiledGraph:
     """The compiled memory plan of one training program, affine in the batch size."""
@@ -99,8 +102,10 @@ class CompiledGraph:
     def __init__(self, program: Callable[[int, _Tracker], None], *, device: torch.device,
                  trace_sizes: Sequence[int] = (2, 3, 4), description: str = "",
                  input_shape: Sequence[int] | None = None) -> None:
-        if len(trace_sizes) < 2 or min(trace_sizes) < 1 or len(set(trace_sizes)) != len(trace_sizes):
-            raise ValueError(f"trace_sizes needs >= 2 distinct sizes >= 1, got {trace_sizes}")
+        trace_sizes = tuple(trace_sizes) if isinstance(trace_sizes, (list, tuple)) else (trace_sizes,)
+        whole = all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in trace_sizes)
+        if (len(trace_sizes) < 2 or not whole or min(trace_sizes) < 1 or len(set(trace_sizes)) != len(trace_sizes)):
+            raise ValueError(f"trace_sizes needs >= 2 distinct whole sizes >= 1, got {trace_sizes!r}")
         self._program = program
         self.device = device
         self.description = description
@@ -155,6 +160,9 @@ class CompiledGraph:
     def _sizes(self, batch_size: int, *, inputs: bool = True) -> tuple[np.ndarray, _Trace]:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if batch_size > MAX_BATCH:
+            raise ValueError(f"batch_size must be at most MAX_BATCH=2**40 (a plan's byte counts are int64), "
+                             f"got {batch_size!r}")
         if self.affine:
             sizes, trace = self.intercept + self.slope * int(batch_size), self._base
             if self.calibration is not None:
@@ -286,8 +294,8 @@ class CompiledGraph:
             raise TypeError(f"memory_budget must be a number of bytes in (0, inf), got {memory_budget!r}")
         if not (math.isfinite(memory_budget) and memory_budget > 0):
             raise ValueError(f"memory_budget must be a finite number of bytes in (0, inf), got {memory_budget!r}")
-        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
-            raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 1 <= limit <= MAX_BATCH:
+            raise ValueError(f"limit must be an integer in 1..MAX_BATCH=2**40, got {limit!r}")
         if uncovered:
             warnings.warn("this plan is not calibrated (it counts tensors only): kernel scratch is not covered "
                           "by the default margin 0; calibrate the plan (CPU) or pass margin=", stacklevel=2)
@@ -406,7 +414,7 @@ def plan_training(
             raise ValueError(f"sample_input must be [batch, ...], got shape {tuple(sample_input.shape)}")
         input_shape = tuple(sample_input.shape[1:])
     else:
-        input_shape = tuple(int(s) for s in sample_input)
+        input_shape = per_example_shape(sample_input)
     if not input_shape or min(input_shape) < 1:
         raise ValueError(f"per-example input shape must be non-empty and positive, got {input_shape}")
     if isinstance(model, nn.Module):
@@ -419,7 +427,11 @@ def plan_training(
         raise TypeError(f"model must be an nn.Module or a factory, got {type(model).__name__}")
     if isinstance(optimizer, str) and optimizer not in _OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {_OPTIMIZERS} or a callable, got {optimizer!r}")
-    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if isinstance(lr, bool) or not isinstance(lr, Real) or not (math.isfinite(lr) and lr >= 0):
+        raise ValueError(f"lr must be a finite number >= 0, got {lr!r}")
+    if loss is not None and not callable(loss):
+        raise TypeError(f"loss must be a callable (output, target) -> scalar, got {loss!r}")
+    dev = check_device(device, "plan_training")
 
     def program(size: int, tracker: _Tracker) -> None:
         training_program(build, input_shape, size, loss=loss, optimizer=optimizer, lr=lr, device=dev,

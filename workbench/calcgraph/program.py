@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +30,23 @@ class _DtypeMismatch(ValueError):
     """The model's floating parameters and the input disagree on dtype (raised before any step)."""
 
 
+def per_example_shape(sample_input) -> tuple[int, ...]:
+    """A per-example shape given as a sequence of whole numbers; ValueError naming `sample_input` otherwise."""
+    if isinstance(sample_input, (str, bytes)) or not isinstance(sample_input, Sequence):
+        raise TypeError(f"sample_input must be a tensor [batch, ...] or a per-example shape (a sequence of "
+                        f"whole numbers), got {sample_input!r}")
+    if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in sample_input):
+        raise ValueError(f"sample_input: a per-example shape holds whole numbers, got {list(sample_input)!r}")
+    return tuple(int(s) for s in sample_input)
+
+
+def _module(build, model) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        name = getattr(build, "__qualname__", None) or repr(build)
+        raise TypeError(f"the model factory {name} returned {type(model).__name__}, not an nn.Module")
+    return model
+
+
 def _build_model(build: Callable[[], nn.Module], device: torch.device) -> nn.Module:
     """Run the factory: for real, or, under fake tensors, on the meta device and then materialised.
 
@@ -43,9 +61,9 @@ def _build_model(build: Callable[[], nn.Module], device: torch.device) -> nn.Mod
     fake = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
     if not fake or getattr(build, "_calcgraph_copy", False):
         with device:
-            return build().train()
+            return _module(build, build()).train()
     with unset_fake_temporarily(), torch.device("meta"):
-        model = build().train()
+        model = _module(build, build()).train()
     tied: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         tied.setdefault(id(param), []).append(name)

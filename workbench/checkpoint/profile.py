@@ -197,6 +197,8 @@ def profile_layers(
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     if not isinstance(sample, torch.Tensor):
         raise TypeError(f"sample must be a torch.Tensor batch, got {type(sample).__name__}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a callable (output) -> scalar loss, got {loss_fn!r}")
     units = units_of(model, split_blocks=split_blocks)
     loss_fn = loss_fn or _default_loss
     exclude = {_storage_key(t) for m in units for t in list(m.parameters()) + list(m.buffers())}
@@ -225,7 +227,7 @@ def profile_layers(
                 current[0] = i
                 inputs.append(x)
                 with MemoryMeter(device) as meter:
-                    x = unit(x)
+                    x = _forward(unit, i, names[i], x, sample)
                 forward_bytes.append(meter.peak_bytes)
                 outs.append(x)
         out_keys = [{k: v for k, v in _keys(o).items() if k not in exclude} for o in outs]
@@ -256,6 +258,16 @@ def profile_layers(
         inplace=[bool(getattr(m, "inplace", False)) for m in units], forward_bytes=forward_bytes,
         backward_bytes=backward, grad_bytes=grads, loss_bytes=loss_bytes, loss_held_bytes=loss_held,
     )
+
+
+def _forward(unit: nn.Module, i: int, name: str, x: State, sample: torch.Tensor) -> State:
+    """`unit(x)`; torch's shape errors come back naming the unit and the sample's shape."""
+    try:
+        return unit(x)
+    except RuntimeError as exc:
+        shapes = tuple(x.shape) if isinstance(x, torch.Tensor) else [tuple(t.shape) for t in _tensors(x)]
+        raise ValueError(f"unit {i} ({name}) refused its input of shape {shapes} (sample shape "
+                         f"{tuple(sample.shape)}): {exc}") from exc
 
 
 def _detach(state: State) -> State:

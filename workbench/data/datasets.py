@@ -6,8 +6,10 @@ into `data/` (or $WORKBENCH_DATA), live in `workbench.data.readers`.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
+from numbers import Integral, Real
 from pathlib import Path
 
 import torch
@@ -16,7 +18,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ..devices import repo_root
 
-__all__ = ["ImageSet", "data_dir", "load_digits", "synthetic_images", "normalize", "make_loader"]
+__all__ = ["ImageSet", "MAX_SYNTHETIC_BYTES", "data_dir", "load_digits", "synthetic_images", "normalize",
+           "make_loader"]
+
+MAX_SYNTHETIC_BYTES = 2**32  # largest synthetic set built (uint8 pixels): a typo in a size fails fast, not in malloc
 
 
 @dataclass
@@ -35,6 +40,15 @@ class ImageSet:
             )
         if self.labels.shape != (len(self.images),):
             raise ValueError(f"labels must be [{len(self.images)}], got {tuple(self.labels.shape)}")
+        if not len(self.images):
+            raise ValueError(f"an ImageSet holds at least one image, got images of shape {tuple(self.images.shape)}")
+        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, Integral) or self.num_classes < 1:
+            raise ValueError(f"num_classes must be a whole number >= 1, got {self.num_classes!r}")
+        if self.labels.is_floating_point() or self.labels.is_complex() or self.labels.dtype == torch.bool:
+            raise ValueError(f"labels must be class indices (integers), got dtype {self.labels.dtype}")
+        low, high = int(self.labels.min()), int(self.labels.max())
+        if low < 0 or high >= self.num_classes:
+            raise ValueError(f"labels must be in 0..{self.num_classes - 1}, found {low}..{high}")
         self.labels = self.labels.long()
 
     def __len__(self) -> int:
@@ -85,8 +99,8 @@ def load_digits(size: int = 8, channels: int = 1) -> ImageSet:
     """
     from sklearn.datasets import load_digits as sk_load_digits
 
-    if not 4 <= size <= 512:
-        raise ValueError(f"size must be in 4..512, got {size}")
+    if isinstance(size, bool) or not isinstance(size, Integral) or not 4 <= size <= 512:
+        raise ValueError(f"size must be in 4..512 (whole pixels), got {size!r}")
     if channels not in (1, 3):
         raise ValueError(f"channels must be 1 or 3, got {channels}")
     bunch = sk_load_digits()
@@ -104,12 +118,18 @@ def synthetic_images(
     class prototype, randomly shifted and scaled in contrast, plus pixel noise of relative
     strength `noise`. Larger `noise` makes the set harder.
     """
-    if n < 1 or num_classes < 2:
-        raise ValueError(f"need n >= 1 and num_classes >= 2, got n={n}, num_classes={num_classes}")
-    if len(shape) != 3 or min(shape) < 1:
-        raise ValueError(f"shape must be (C, H, W) with positive sizes, got {shape}")
-    if noise < 0:
-        raise ValueError(f"noise must be >= 0, got {noise}")
+    for what, value, least in (("n", n, 1), ("num_classes", num_classes, 2)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
+            raise ValueError(f"{what} must be a whole number >= {least}, got {value!r}")
+    shape = tuple(shape) if isinstance(shape, (tuple, list, torch.Size)) else shape
+    if (not isinstance(shape, tuple) or len(shape) != 3
+            or not all(isinstance(d, Integral) and not isinstance(d, bool) and d >= 1 for d in shape)):
+        raise ValueError(f"shape must be (C, H, W) with whole positive sizes, got {shape!r}")
+    if n * math.prod(shape) > MAX_SYNTHETIC_BYTES:
+        raise ValueError(f"synthetic_images: {n} images of shape {shape} would take {n * math.prod(shape):,} bytes, "
+                         f"over MAX_SYNTHETIC_BYTES={MAX_SYNTHETIC_BYTES:,}")
+    if isinstance(noise, bool) or not isinstance(noise, Real) or not (math.isfinite(noise) and noise >= 0):
+        raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
     c, h, w = shape
     gen = torch.Generator().manual_seed(seed)
     coarse = torch.rand(num_classes, c, 4, 4, generator=gen)
@@ -141,8 +161,8 @@ def make_loader(
     normalize: bool = True, drop_last: bool = False,
 ) -> DataLoader:
     """A DataLoader of (images, labels); images normalised to float unless `normalize=False`."""
-    if not 1 <= batch_size:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
     images = _normalize(imageset.images) if normalize else imageset.images
     generator = torch.Generator().manual_seed(seed)
     return DataLoader(

@@ -8,6 +8,8 @@ which was used.
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import torch
 
 from .datasets import ImageSet, _resize, load_digits, synthetic_images
@@ -35,8 +37,9 @@ def load(
     """
     if name not in DATASETS:
         raise ValueError(f"dataset must be one of {list(DATASETS)}, got {name!r}")
-    if n_train < 1 or n_test < 1:
-        raise ValueError(f"n_train and n_test must be >= 1, got {n_train}, {n_test}")
+    for what, value in (("n_train", n_train), ("n_test", n_test)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise ValueError(f"{what} must be a whole number >= 1, got {value!r}")
     if name in _REAL:
         reader, real_shape, num_classes = _REAL[name]
         shape = shape or real_shape

@@ -23,6 +23,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from numbers import Integral
 from typing import Any
 
 import pandas as pd
@@ -96,13 +97,15 @@ class PrefetchLoader:
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if not isinstance(data, ImageSet):
+            raise TypeError(f"data must be an ImageSet (workbench.data.load), got {type(data).__name__}")
         self.images, self.labels = data.images, data.labels
         self.scheme, self.transform, self.pin_memory = scheme, transform, pin_memory
         self.batch_sampler = batch_sampler or ShuffledBatchSampler(
             len(self.labels), batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last)
         self.max_prefetch = max_prefetch if max_prefetch is not None else len(self) + 1
-        if self.max_prefetch < 1:
-            raise ValueError(f"max_prefetch must be >= 1, got {self.max_prefetch}")
+        if isinstance(self.max_prefetch, bool) or not isinstance(self.max_prefetch, Integral) or self.max_prefetch < 1:
+            raise ValueError(f"max_prefetch must be an int >= 1 (batches), got {self.max_prefetch!r}")
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()

@@ -297,6 +297,8 @@ def _read_idx(path: Path, ndim: int) -> np.ndarray:
     The header is read first; the body is read up to its declared size plus one byte (to tell a
     padded file), so a gzip bomb is decompressed no further than the header allows.
     """
+    if not path.is_file():  # a folder, a named pipe (open would wait for a writer forever), a device
+        raise ValueError(f"{path}: not an IDX file (a regular file is needed)")
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from numbers import Integral, Real
 
 import torch
 from torch.utils.data import Sampler
@@ -36,9 +37,15 @@ Hook = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.G
                 tuple[torch.Tensor, torch.Tensor]]
 
 
+MAX_CLASSES = 2**20  # largest class index a sampler plans for (ImageNet-21k has 21,841 classes)
+
+
 def _check_weights(class_weights: Sequence[float], batch_size: int) -> float:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    if isinstance(class_weights, (str, bytes)) or not all(
+            isinstance(w, Real) and not isinstance(w, bool) for w in class_weights):
+        raise ValueError(f"class_weights must be numbers, got {list(class_weights)!r}")
     total = float(sum(class_weights))
     if any(not math.isfinite(w) or w < 0 for w in class_weights) or not math.isfinite(total) or total <= 0:
         raise ValueError(f"class_weights must be finite, >= 0, with a positive sum, got {list(class_weights)}")
@@ -57,6 +64,20 @@ def class_counts(class_weights: Sequence[float], batch_size: int) -> list[int]:
     return counts
 
 
+def _class_indices(labels) -> torch.Tensor:
+    """`labels` as a non-empty 1-D int64 tensor of class indices in 0..MAX_CLASSES-1; refused naming the
+    values otherwise (a float label is not truncated, a stray huge one does not size a table)."""
+    tensor = torch.as_tensor(labels)
+    if tensor.ndim != 1 or tensor.numel() == 0:
+        raise ValueError(f"labels must be a non-empty 1-D tensor of class indices, got shape {tuple(tensor.shape)}")
+    if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+        raise ValueError(f"labels must be integer class indices, got dtype {tensor.dtype}")
+    low, high = int(tensor.min()), int(tensor.max())
+    if low < 0 or high >= MAX_CLASSES:
+        raise ValueError(f"labels must be class indices in 0..{MAX_CLASSES - 1}, found {low}..{high}")
+    return tensor.to(torch.int64)
+
+
 class SelectiveBatchSampler(Sampler[list[int]]):
     """Algorithm 2: every batch holds ``class_weights[c] * batch_size`` examples of class c.
 
@@ -71,9 +92,7 @@ class SelectiveBatchSampler(Sampler[list[int]]):
         self, labels: torch.Tensor | Sequence[int], class_weights: Sequence[float] | Mapping[int, float],
         batch_size: int, *, seed: int = 0, num_batches: int | None = None, shuffle_batch: bool = True,
     ) -> None:
-        labels = torch.as_tensor(labels, dtype=torch.int64)
-        if labels.ndim != 1 or labels.numel() == 0:
-            raise ValueError(f"labels must be a non-empty 1-D tensor, got shape {tuple(labels.shape)}")
+        labels = _class_indices(labels)
         num_classes = int(labels.max()) + 1
         if isinstance(class_weights, Mapping):
             bad = [c for c in class_weights if not 0 <= c < num_classes]
@@ -94,8 +113,8 @@ class SelectiveBatchSampler(Sampler[list[int]]):
         self.epoch = 0
         self.shuffle_batch = shuffle_batch
         self.num_batches = num_batches if num_batches is not None else len(labels) // batch_size
-        if self.num_batches < 1:
-            raise ValueError(f"num_batches must be >= 1, got {self.num_batches}")
+        if isinstance(self.num_batches, bool) or not isinstance(self.num_batches, Integral) or self.num_batches < 1:
+            raise ValueError(f"num_batches must be an int >= 1, got {self.num_batches!r}")
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -242,6 +261,9 @@ class ClassAugmenter:
         self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < self.num_classes:
+            raise ValueError(f"labels must be in 0..{self.num_classes - 1} (num_classes={self.num_classes}), "
+                             f"found {int(labels.min())}..{int(labels.max())}")
         source = images if images.is_floating_point() else images.float()
         source_targets = torch.nn.functional.one_hot(labels, self.num_classes).float()
         images, targets = source.clone(), source_targets.clone()

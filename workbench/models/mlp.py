@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 
 from torch import nn
 
@@ -16,8 +17,9 @@ class MLP(nn.Sequential):
 
     def __init__(self, sizes: Sequence[int] = (784, 64, 64, 10), activation: str = "sigmoid") -> None:
         sizes = tuple(sizes)
-        if len(sizes) < 2 or any(int(s) < 1 for s in sizes):
-            raise ValueError(f"sizes needs at least two positive widths, got {sizes}")
+        whole = all(isinstance(s, Integral) and not isinstance(s, bool) for s in sizes)
+        if len(sizes) < 2 or not whole or any(s < 1 for s in sizes):
+            raise ValueError(f"sizes needs at least two whole widths >= 1, got {sizes}")
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
         layers: list[nn.Module] = [nn.Flatten()]

@@ -7,6 +7,7 @@ from those names to the factories, with one meaning of `width` for all of them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from numbers import Integral
 
 from torch import nn
 
@@ -38,6 +39,9 @@ def build(
         raise ValueError(f"width must be a channel multiplier in (0, 16], got {width!r}")
     if stem not in STEMS:
         raise ValueError(f"stem must be one of {STEMS}, got {stem!r}")
+    for what, value in (("num_classes", num_classes), ("in_channels", in_channels)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise ValueError(f"{what} must be a whole number >= 1, got {value!r}")
     if name in RESNETS:
         return RESNETS[name](num_classes, stem=stem, in_channels=in_channels, width=max(1, round(64 * width)))
     if name in _FIXED_STEM:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .rules import Rule, _number, as_number, at_least, at_most, between, within
+from .rules import Rule, _number, as_number, as_spread, at_least, at_most, between, within
 
 __all__ = [
     "VERDICTS", "CHECK", "SOURCES", "DEVICE_CLASSES", "Rule", "at_least", "at_most", "within", "between",
@@ -46,6 +46,11 @@ def device_class(device) -> str:
 def _check_source(source: str, allowed=("paper", "target")) -> None:
     if source not in allowed:
         raise ValueError(f"source must be one of {list(allowed)}, got {source!r}")
+
+
+def _check_claim(claim: str) -> None:
+    if not isinstance(claim, str) or not claim.strip():
+        raise ValueError(f"claim must be the claim's text (a non-empty str), got {claim!r}")
 
 
 def _check_made_on(made_on: str) -> None:
@@ -77,16 +82,14 @@ class Ledger:
         made_on: str = "any",
     ) -> None:
         """A paper claim (`source="paper"`) or a goal of ours (`source="target"`), judged by `rule`."""
+        _check_claim(claim)
         if not isinstance(rule, Rule):
             raise TypeError(f"rule must come from at_least/at_most/within/between, got {rule!r}")
         _check_source(source)
         _check_made_on(made_on)
         measured = None if measured is None else as_number(measured, f"{claim!r}: measured")
         if spread is not None:
-            ends = [as_number(v, f"{claim!r}: spread") for v in spread]
-            if not ends or any(math.isnan(v) for v in ends):
-                raise ValueError(f"{claim!r}: spread={spread!r} must be two numbers (low, high), not NaN")
-            spread = (min(ends), max(ends))
+            spread = as_spread(spread, f"{claim!r}: spread")
         text = rule.describe() + ("; inconclusive if the spread crosses a threshold" if spread else "")
         if not self.verdicts:
             verdict = "not run at this scale"
@@ -99,11 +102,13 @@ class Ledger:
 
     def check(self, claim: str, *, measured: float | str, unit: str, scale: str, device: str, why: str) -> None:
         """A row that cannot fail (equal by construction): shown for completeness, never tallied."""
+        _check_claim(claim)
         self._append(claim, "check", "—", measured, None, unit, scale, device, CHECK, why)
 
     def not_run(self, claim: str, *, paper: float | str, reason: str, unit: str = "", scale: str = "",
                 device: str = "", source: str = "paper") -> None:
         """A paper claim (or a target of ours) this notebook does not measure, with the reason."""
+        _check_claim(claim)
         _check_source(source)
         self._append(claim, source, paper, None, None, unit, scale, device, "not run", reason)
 
@@ -129,7 +134,9 @@ def tally(claims: list[dict]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for c in claims:
         if c.get("source", "paper") == "paper":
-            counts[c.get("verdict")] = counts.get(c.get("verdict"), 0) + 1
+            verdict = c.get("verdict")  # text, as a ledger writes it; a damaged results.json may hold anything
+            verdict = verdict if verdict is None or isinstance(verdict, str) else str(verdict)
+            counts[verdict] = counts.get(verdict, 0) + 1
     return counts
 
 
@@ -222,7 +229,12 @@ def judge(
             ledger.not_run(claim.text, paper=claim.paper, reason=claim.not_run, unit=claim.unit,
                            source=claim.source)
             continue
-        got = claim.measure(records, params)
+        try:
+            got = claim.measure(records, params)
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:
+            text = f"{claim.text!r}: its measure failed on these records: {type(exc).__name__}: {exc}"
+            same = type(exc) in (KeyError, IndexError, AttributeError, TypeError, ValueError)
+            raise (type(exc)(text) if same else ValueError(text)) from exc
         if got is not None and not isinstance(got, Measured):
             raise TypeError(f"{claim.text!r}: measure must return Measured or None, got {type(got).__name__}")
         where = (got.scale if got is not None and got.scale else scale) or "not measured in this run"
@@ -242,16 +254,25 @@ def judge(
 # Showing values and ledgers
 
 
-def format_value(value, unit: str = "") -> str:
-    """A ledger value as a reader wants it: bytes in KiB/MiB/GiB, fractions as %, no None/NaN/1e+06."""
+def format_value(value, unit: str = "", *, _depth: int = 0) -> str:
+    """A ledger value as a reader wants it: bytes in KiB/MiB/GiB, fractions as %, no None/NaN/1e+06.
+
+    Values come back from results.json files, so anything JSON holds is shown: lists nested past 8
+    levels as "[...]", integers too large for a float in scientific notation."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(format_value(v, unit) for v in value) + "]"
+        if _depth >= 8:
+            return "[...]"
+        return "[" + ", ".join(format_value(v, unit, _depth=_depth + 1) for v in value) + "]"
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         return str(value)
-    value = float(value)
-    words = unit.lower()
+    try:
+        value = float(value)
+    except OverflowError:  # an integer past 1.8e308
+        digits = str(abs(int(value)))
+        return f"{'-' if value < 0 else ''}{digits[0]}.{digits[1:3]}e{len(digits) - 1}"
+    words = unit.lower() if isinstance(unit, str) else ""
     if words.startswith("bytes") or words.startswith("peak bytes (") or words.startswith("byte"):
         size = abs(value)
         for div, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Rule", "at_least", "at_most", "within", "between", "as_number"]
+__all__ = ["Rule", "at_least", "at_most", "within", "between", "as_number", "as_spread"]
 
 KINDS = ("at_least", "at_most", "within", "between")
 _THRESHOLDS = ("target", "upper", "partly", "refuted", "rel", "partly_rel")
@@ -22,11 +22,28 @@ _THRESHOLDS = ("target", "upper", "partly", "refuted", "rel", "partly_rel")
 def as_number(value, what: str) -> float:
     """`value` as a float; TypeError naming `what` and the value when it is not a number (text, a bool)."""
     if isinstance(value, (bool, np.bool_, str, bytes)) or not hasattr(type(value), "__float__"):
-        raise TypeError(f"{what}={value!r} is not a number")
+        raise TypeError(f"{what}={_short(value)} is not a number")
     try:
         return float(value)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{what}={value!r} is not a number ({exc})") from None
+        raise TypeError(f"{what}={_short(value)} is not a number ({exc})") from None
+    except OverflowError:
+        raise ValueError(f"{what}={_short(value)} is too large for a float") from None
+
+
+def as_spread(value, what: str) -> tuple[float, float]:
+    """A spread as (low, high) floats from two numbers in either order; refused naming `what` otherwise."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise ValueError(f"{what}={_short(value)} must be two numbers (low, high)")
+    ends = [as_number(v, what) for v in value]
+    if any(math.isnan(v) for v in ends):
+        raise ValueError(f"{what}={_short(value)} must be two numbers (low, high), not NaN")
+    return min(ends), max(ends)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
 
 
 def _threshold(kind: str, field: str, value) -> float | None:
@@ -108,10 +125,7 @@ class Rule:
         verdict = judge(measured)
         if spread is None:
             return verdict
-        ends = [as_number(v, "spread") for v in spread]
-        if not ends or any(math.isnan(v) for v in ends):
-            raise ValueError(f"spread={spread!r} must be (low, high) numbers, not NaN")
-        lo, hi = min(ends), max(ends)
+        lo, hi = as_spread(spread, "spread")
         # Every verdict region the spread touches: its ends and each threshold inside it (a spread can hold
         # the whole "reproduced" band while both its ends fall outside, on either side).
         points = [lo, hi, *(t for t in self._thresholds() if lo <= t <= hi)]

@@ -124,6 +124,14 @@ class Executor:
         """Per-sample output shapes of every branch (one single-sample pass)."""
         shapes: dict[int, list[tuple[int, ...]]] = {}
         x = sample[:1]
+        try:
+            self._shape_pass(x, shapes)
+        except RuntimeError as exc:  # torch's shape errors, named here with the inputs' shape
+            raise ValueError(f"the model refused inputs of shape {tuple(sample.shape)} (one sample: "
+                             f"{tuple(x.shape)}): {exc}") from exc
+        self._shapes = shapes
+
+    def _shape_pass(self, x: torch.Tensor, shapes: dict[int, list[tuple[int, ...]]]) -> None:
         for i, stage in enumerate(self.stages):
             if stage.is_branch:
                 shapes[i] = []
@@ -139,7 +147,7 @@ class Executor:
             x = stage(x)
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"stage {stage.name!r} returns {type(x).__name__}, not a tensor")
-        self._shapes = shapes
+
     def _group(self, i: int, step: Step, x: torch.Tensor) -> torch.Tensor:
         stage, shapes = self.stages[i], self._shapes[i]
         b = x.shape[0]

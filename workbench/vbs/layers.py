@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..measure import MemoryMeter, time_callable
+from ..measure import MemoryMeter, check_device, time_callable
 from .graph import run_stages, stages_of
 
 __all__ = ["LayerProfile", "measure_layers", "unit_for"]
@@ -262,7 +262,7 @@ def measure_layers(
     if not isinstance(min_run_time, (int, float)) or not 0 <= min_run_time < math.inf:
         raise ValueError(f"min_run_time must be a number of seconds >= 0, got {min_run_time!r}")
     sizes = _batch_list(batch_sizes)
-    device = torch.device(device) if device is not None else sample.device
+    device = check_device(device, "measure_layers") if device is not None else sample.device
     model = model.to(device).eval()
     stages = stages_of(model)
 
@@ -275,18 +275,24 @@ def measure_layers(
     for b in sizes:  # warm passes, then the memory of every layer at b
         bar.set_postfix_str(f"memory at batch {b}")
         x = batch(b)
-        for _ in range(warmup):
-            run_stages(stages, x)
-        for i, stage in enumerate(stages):
-            for j, branch in enumerate(stage.branches if stage.is_branch else ()):
-                y = x
-                for k, (_, layer) in enumerate(branch):
-                    ws, out, y_next = _memory(layer, y, device)
-                    branch_rows[i][j][k].add(0.0, 0 if k == 0 else _nbytes(y), out, ws)
-                    y = y_next
-            ws, out, y = _memory(stage, x, device)
-            main[i].add(0.0, _nbytes(x), out, 0 if stage.is_branch else ws)
-            x = y
+        try:
+            for _ in range(warmup):
+                run_stages(stages, x)
+            for i, stage in enumerate(stages):
+                for j, branch in enumerate(stage.branches if stage.is_branch else ()):
+                    y = x
+                    for k, (_, layer) in enumerate(branch):
+                        ws, out, y_next = _memory(layer, y, device)
+                        branch_rows[i][j][k].add(0.0, 0 if k == 0 else _nbytes(y), out, ws)
+                        y = y_next
+                ws, out, y = _memory(stage, x, device)
+                main[i].add(0.0, _nbytes(x), out, 0 if stage.is_branch else ws)
+                x = y
+        except RuntimeError as exc:  # torch's shape errors at the first batch: name the sample's shape
+            if b != sizes[0]:
+                raise
+            raise ValueError(f"the model refused a batch of the sample, shape {(b, *sample.shape)} (sample "
+                             f"shape {tuple(sample.shape)}: one input without the batch dimension): {exc}") from exc
         bar.update()
     clock, start, r = _Clock(device), time.perf_counter(), 0
     while r < repeats or (time.perf_counter() - start < min_run_time and r < 10 * repeats):

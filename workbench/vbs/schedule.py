@@ -131,7 +131,7 @@ class Plan:
         """
         try:
             d = json.loads(text)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
             raise ValueError(f"Plan.from_json needs the text Plan.to_json writes: {exc}") from None
         _keys(d, ("method", "memory", "batch", "unit_bytes", "names", "steps"), "plan")
         if d["method"] not in METHODS:
