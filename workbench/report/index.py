@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import html
 import json
+import os
+import stat
 import time
 import urllib.parse
 from pathlib import Path
@@ -12,7 +14,8 @@ from .folders import GENERATOR, page_is_ours
 from .ledger import format_value, ledger_html, tally
 from .reference import REFERENCE, checkout_commit, commit_relation, cuda_memory_rows, read_references
 from .results import (
-    FAILED_RUN, INTERACTIVE, NAME_PATTERN, PROFILES, UsageError, _read_json, _write_atomic, paper_citation,
+    _NOFOLLOW, _NONBLOCK, FAILED_RUN, INTERACTIVE, NAME_PATTERN, PROFILES, UsageError, _write_atomic, paper_citation,
+    read_json_file,
 )
 
 _CSS = """
@@ -39,43 +42,94 @@ def _href(*parts: str) -> str:
 
 def _png_size(path: Path) -> tuple[int, int] | None:
     try:
-        with open(path, "rb") as f:
-            head = f.read(24)
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
     except OSError:
         return None
+    try:
+        head = os.read(fd, 24) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     if len(head) < 24 or head[:8] != b"\x89PNG\r\n\x1a\n":
         return None
     return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
+def _plain_file(path: Path) -> str | None:
+    """None when `path` is a plain file (not a link); else why it is not shown."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "missing"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return None if stat.S_ISREG(mode) else "not a plain file"
+
+
 def _figures_html(folder: Path, prefix: str, figures) -> str:
-    parts = []
+    """The report's figures: only plain files inside its folder (a results.json cannot point the page elsewhere,
+    a symbolic link is not followed); the page says which were left out and why, naming no odd name."""
+    parts, left_out, odd = [], [], 0
     for f in figures if isinstance(figures, list) else []:
-        # only plain PNG files inside the report folder: a results.json cannot point the page elsewhere
-        if not isinstance(f, str) or "/" in f or "\\" in f or f.startswith(".") or not (folder / f).is_file():
+        if not isinstance(f, str) or not f or "/" in f or "\\" in f or f.startswith("."):
+            odd += 1
+            continue
+        why = _plain_file(folder / f)
+        if why is not None:
+            left_out.append(f"{f} ({why})")
             continue
         size = _png_size(folder / f)
         wide = size is not None and size[0] >= 1.6 * size[1]  # two-panel figures get twice the width
         css = ' class="wide"' if wide else ""
         parts.append(f'<figure><a href="{_href(prefix, f)}"><img src="{_href(prefix, f)}" alt="{_e(f)}"{css}>'
                      f"</a><figcaption>{_e(f)}</figcaption></figure>")
+    if odd:
+        left_out.append(f"{odd} figure name(s) that are not plain file names")
+    if left_out:
+        parts.append(f'<p class="note">Figures not shown (only plain files inside the report folder are): '
+                     f"{_e('; '.join(left_out))}</p>")
     return "".join(parts)
 
 
-def _entries(folder: Path) -> list[dict]:
-    """The report folders of one profile (or of JupyterLab runs), by name; hidden/odd names skipped."""
+_LINK_NOTE = "a symbolic link; reports are read only from real folders inside the output folder"
+
+
+def _entries(folder: Path, skipped: list[str] | None = None) -> list[dict]:
+    """The report folders of one profile (or of JupyterLab runs), by name; hidden/odd names skipped, and
+    symbolic links skipped with a line in `skipped`. A report whose run.json or results.json is damaged
+    (not JSON, nested too deep, a named pipe, a link) is listed with what is wrong in its `problems`."""
+    skipped = [] if skipped is None else skipped
     entries = []
-    for sub in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if not sub.is_dir() or not NAME_PATTERN.fullmatch(sub.name):
+    for sub in sorted(folder.iterdir()) if folder.is_dir() and not folder.is_symlink() else []:
+        if not NAME_PATTERN.fullmatch(sub.name):
             continue
-        run, results = _read_json(sub / "run.json"), _read_json(sub / "results.json")
+        if sub.is_symlink():
+            skipped.append(f"{folder.name}/{sub.name} is {_LINK_NOTE}")
+            continue
+        if not sub.is_dir():
+            continue
+        (run, run_problem), (results, results_problem) = (read_json_file(sub / "run.json"),
+                                                          read_json_file(sub / "results.json"))
+        problems = [f"{f} is {why}" for f, why in (("run.json", run_problem), ("results.json", results_problem))
+                    if why]
+        if not run and not results and not problems:
+            continue
         if not run and not results:
-            continue
-        if not run:  # saved from JupyterLab: results only, with its parameters and when it was saved
+            run = {"status": "unreadable", "profile": folder.name, "started": _mtime(sub),
+                   "interactive": folder.name == INTERACTIVE}
+        elif not run:  # saved from JupyterLab: results only, with its parameters and when it was saved
             run = {"status": "ok", "profile": folder.name, "started": results.get("saved") or _mtime(sub),
                    "parameters": results.get("parameters"), "interactive": folder.name == INTERACTIVE}
-        failed = _read_json(sub / FAILED_RUN / "run.json") if (sub / FAILED_RUN).is_dir() else {}
-        entries.append({"name": sub.name, "run": run, "results": results, "failed_run": failed, "folder": sub})
+        failed = {}
+        if (sub / FAILED_RUN).is_symlink():
+            problems.append(f"{FAILED_RUN} is {_LINK_NOTE}")
+        elif (sub / FAILED_RUN).is_dir():
+            failed, failed_problem = read_json_file(sub / FAILED_RUN / "run.json")
+            if failed_problem:
+                problems.append(f"{FAILED_RUN}/run.json is {failed_problem}")
+        entries.append({"name": sub.name, "run": run, "results": results, "failed_run": failed, "folder": sub,
+                        "problems": problems})
     return entries
 
 
@@ -113,6 +167,8 @@ def _status(entry: dict) -> tuple[str, str]:
     status = str(entry["run"].get("status", "?"))
     if entry["failed_run"]:
         return "failed", "rebuild failed; last good report shown"
+    if entry.get("problems"):
+        return "failed", f"{status}; damaged files"
     return ("ok" if status == "ok" else "failed"), status
 
 
@@ -251,6 +307,9 @@ def _section(entry: dict, references: list[dict] | None = None) -> str:
             f"<pre>{_e(failed.get('error'))}</pre></div>")
     if run.get("error"):
         parts.append(f"<pre>{_e(run['error'])}</pre>")
+    if entry.get("problems"):
+        parts.append(f'<p class="failed">This report\'s files are unreadable, so what they hold is not shown: '
+                     f"{_e('; '.join(entry['problems']))}. Rebuild it (or remove the folder).</p>")
     claims = results.get("claims") if isinstance(results.get("claims"), list) else []
     parts.append(ledger_html([c for c in claims if isinstance(c, dict)]))
     parts.append(_beside_reference(entry, references or []))
@@ -295,13 +354,19 @@ def write_index(out_dir: str | Path) -> Path:
     that links them. Every value from a report folder is escaped; only folders named like notebooks count.
     A page of that name that the runner did not write is refused (UsageError), never overwritten."""
     out = Path(out_dir)
-    groups, pages = [], {}
+    groups, pages, skipped = [], {}, []
     references = read_references(out / REFERENCE)
     for group in (*PROFILES, INTERACTIVE):
-        entries = _entries(out / group)
+        if (out / group).is_symlink():  # neither read nor written through: it leads out of the output folder
+            skipped.append(f"{group} is {_LINK_NOTE}; its index page is not written")
+            continue
+        left_out: list[str] = []
+        entries = _entries(out / group, left_out)
+        skipped += left_out
         if not entries:
             continue
-        body = (f'<p><a href="../index.html">all profiles</a> · {_e(_GROUP_NOTES[group])}</p>'
+        note = f'<p class="note">Skipped: {_e("; ".join(left_out))}</p>' if left_out else ""
+        body = (f'<p><a href="../index.html">all profiles</a> · {_e(_GROUP_NOTES[group])}</p>{note}'
                 + _summary_rows(entries, "") + "".join(_section(e, references.get(e["name"])) for e in entries))
         pages[out / group / "index.html"] = _page(f"Workbench reports: {group}", body)
         groups.append(f'<h2 id="{_e(group)}"><a href="{_href(group, "index.html")}">{_e(group)}</a></h2>'
@@ -309,6 +374,9 @@ def write_index(out_dir: str | Path) -> Path:
     if references:
         groups.append(_references_summary(references, checkout_commit()))
     body = "".join(groups) or "<p>No reports yet: run <code>make report</code>.</p>"
+    if skipped:
+        body += ('<h2 id="skipped">skipped</h2><p class="note">Not listed (nothing is read or written outside the '
+                 f"output folder): {_e('; '.join(skipped))}</p>")
     path = out / "index.html"
     pages[path] = _page("Workbench reports", body)
     foreign = [str(page) for page in pages if not page_is_ours(page)]

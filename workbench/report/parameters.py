@@ -10,7 +10,9 @@ line, beside its default:
 
 `range: LO..HI` holds both ends (a value equal to LO or HI is allowed); the rest of the comment is
 free text. The runner types every `-p` and profile value by the default's type and refuses one
-outside its range before any kernel starts, naming the parameter, the value and the range.
+outside its range before any kernel starts, naming the parameter, the value and the range. A ranged
+list takes a flat, non-empty list (empty only where the default is) of numbers, whole numbers where
+every default element is one; the message names the element that is not.
 """
 
 from __future__ import annotations
@@ -159,6 +161,8 @@ def coerce(name: str, value, declared: Declared, where: str):
     typed = _typed(name, value, declared, where)
     if declared.bounds is not None:
         lo, hi = declared.bounds
+        if isinstance(typed, (list, tuple)):
+            _check_elements(name, typed, declared, where)
         values = typed if isinstance(typed, (list, tuple)) else [typed]
         outside = [v for v in values if _is_number(v) and not lo <= v <= hi]
         if outside and isinstance(typed, (list, tuple)):
@@ -167,6 +171,32 @@ def coerce(name: str, value, declared: Declared, where: str):
         if outside:
             raise UsageError(f"{where}: {name}={typed!r} is out of range {declared.bounds_text}")
     return typed
+
+
+def _check_elements(name: str, values, declared: Declared, where: str) -> None:
+    """A list for a ranged list parameter: not empty (unless the default is), and each element a number of
+    the default's element type (whole numbers when every default element is one), not a nested list;
+    UsageError naming the parameter and the bad element."""
+    default = declared.default if isinstance(declared.default, (list, tuple)) else None
+    allowed = f"each element a number in {declared.bounds_text}"
+    if not values:
+        if default is not None and not default:
+            return  # the notebook's own default is empty: an empty list means something there
+        raise UsageError(f"{where}: {name}={values!r} is empty; give at least one value ({allowed}, e.g. "
+                         f"-p '{name}={declared.text}')")
+    whole = default is not None and bool(default) and all(isinstance(v, int) and _is_number(v) for v in default)
+    for element in values:
+        if isinstance(element, (list, tuple, dict, set)):
+            raise UsageError(f"{where}: {name}={values!r} holds the nested {type(element).__name__} {element!r}; "
+                             f"give a flat list ({allowed})")
+        if not _is_number(element):
+            raise UsageError(f"{where}: {name}={values!r} holds {element!r}, which is not a number ({allowed})")
+        if not math.isfinite(element):
+            raise UsageError(f"{where}: {name}={values!r} holds {element!r}, which is not a finite number "
+                             f"({allowed})")
+        if whole and not isinstance(element, int):
+            raise UsageError(f"{where}: {name}={values!r} holds {element!r}, which is not a whole number "
+                             f"(the notebook's default is {declared.text}: {allowed})")
 
 
 def _typed(name: str, value, declared: Declared, where: str):

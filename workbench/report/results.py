@@ -11,6 +11,7 @@ import math
 import os
 import re
 import secrets
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -129,6 +130,8 @@ def save_results(
     # NOTE: the kernel's current folder is the notebook's folder, so a run in JupyterLab saves beside
     # the notebook's own repository, not beside the checkout the package happens to be installed from.
     out = Path(output_dir) if output_dir else notebook_repository() / "reports" / INTERACTIVE / name
+    if not output_dir:
+        _refuse_links(out.parent.parent, out)
     out.mkdir(parents=True, exist_ok=True)
     figure_files = []
     for fig_name, fig in (figures or {}).items():
@@ -151,6 +154,20 @@ def save_results(
     return path
 
 
+def _refuse_links(reports: Path, out: Path) -> None:
+    """UsageError when a folder between `reports` and `out` is a symbolic link (or not a folder): results
+    saved from JupyterLab go only into real folders inside `reports/`, never through a link to elsewhere.
+    `reports` itself may be a link (the output folder is wherever it points, as with `--out`)."""
+    folder = reports
+    for part in out.relative_to(reports).parts:
+        folder = folder / part
+        if folder.is_symlink():
+            raise UsageError(f"{folder} is a symbolic link (to {os.readlink(folder)}); results are saved only into "
+                             f"real folders inside {reports}: remove the link, or pass output_dir= explicitly")
+        if os.path.lexists(folder) and not folder.is_dir():
+            raise UsageError(f"{folder} is not a folder; results are saved into {out}: move it out of the way")
+
+
 def _list_interactive_run(reports: Path, path: Path) -> None:
     """Rewrite the index pages so a JupyterLab run is listed at once; say where it went (the folder is
     usually outside JupyterLab's file browser). A page that cannot be written costs the run nothing."""
@@ -168,12 +185,69 @@ def _list_interactive_run(reports: Path, path: Path) -> None:
 
 
 
-def _read_json(path: Path) -> dict:
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+MAX_DEPTH = 64  # lists and mappings nested deeper than this in a results file make it damaged
+
+
+def _depth_ok(data, limit: int = MAX_DEPTH) -> bool:
+    """True when `data` nests lists and mappings at most `limit` deep (walked without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (list, dict)):
+            if depth > limit:
+                return False
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return True
+
+
+def read_json_file(path: Path) -> tuple[dict, str | None]:
+    """(mapping, problem) of a JSON file a report folder holds: ({}, None) when there is no file there;
+    ({}, why) when it cannot be used: not a plain file (a symbolic link, a named pipe, a folder), unreadable,
+    not JSON, not a mapping, or nested deeper than MAX_DEPTH. Never blocks, never follows a link.
+
+    # NOTE: Python's JSON decoder recurses once per nesting level, so a file of 100000 '[' raises
+    # RecursionError; a named pipe opened without O_NONBLOCK waits for a writer forever.
+    """
+    path = Path(path)
+    if not os.path.lexists(path):
+        return {}, None
+    if path.is_symlink():
+        return {}, "a symbolic link, not a plain file"
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
+    except OSError as exc:
+        return {}, f"cannot be read ({exc.strerror or exc})"
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a named pipe" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "a special file"
+            return {}, f"{kind}, not a plain file"
+        with os.fdopen(fd, "rb") as handle:
+            fd = -1
+            raw = handle.read()
+    except OSError as exc:
+        return {}, f"cannot be read ({exc.strerror or exc})"
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        return {}, f"nested too deep (more than {MAX_DEPTH} levels)"
+    except ValueError as exc:  # also invalid UTF-8
+        return {}, f"not valid JSON ({' '.join(str(exc).split())[:120]})"
+    if not isinstance(data, dict):
+        return {}, f"not a JSON mapping (a {type(data).__name__})"
+    if not _depth_ok(data):
+        return {}, f"nested too deep (more than {MAX_DEPTH} levels)"
+    return data, None
+
+
+def _read_json(path: Path) -> dict:
+    """The mapping in JSON file `path`; {} when it is absent or damaged (see `read_json_file`)."""
+    return read_json_file(path)[0]
 
 
 
