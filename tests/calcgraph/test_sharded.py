@@ -69,21 +69,30 @@ def test_fake_group_names_bad_ranks_and_refuses_a_second_group():
     assert not dist.is_initialized()
 
 
+def _reduce_scatter_clone_bytes(world_size: int) -> int:
+    # gloo's reduce-scatter input clones over one step: each group's unsharded gradient, rows padded to
+    # world_size equal shards
+    return sum(4 * -(-b // world_size) * world_size * (a + 1) for a, b in zip(WIDTHS[:-1], WIDTHS[1:], strict=True))
+
+
 @needs_gloo
 def test_plan_of_each_rank_against_a_real_two_process_run():
     """Each rank's calibrated plan (fake group) against that rank's allocator peak in a real gloo run.
 
     # NOTE: gloo has no reduce-scatter of its own: torch runs it as an all-reduce on a clone of the
-    # input (torch.profiler: aten::clone inside c10d::_reduce_scatter_base_), one fully_shard group's
-    # unsharded gradient, which a fake group (no data moved) does not allocate. So a real rank's peak
-    # lies between the plan and the plan plus one such clone.
+    # input (torch.profiler: aten::clone inside c10d::_reduce_scatter_base_), one group's unsharded
+    # gradient padded to equal shards, allocated in gloo's worker thread and held until its work object
+    # is released, which a fake group (no data moved) never allocates. How many are live at the peak is
+    # a race: over 62 runs here the peak was the plan plus 0 to 1.7 steps' worth of clones (and the
+    # training thread alone within -5%..+1.5% of the plan). The bound: the plan (within 2%) plus every
+    # clone of the program's two steps.
     """
     real = measure_ranks_peak(MODEL, (WIDTHS[0],), 2, BATCH, timeout=120)
     for rank, peak in enumerate(real):
         plan = plan_sharded_training(MODEL, (WIDTHS[0],), 2, rank=rank, calibrate=False)
         plan.calibrate(sizes=(2, 8, 32), check=())
         predicted = plan.required_bytes(BATCH)
-        assert 0.99 * predicted <= peak <= predicted + _largest_group_grad_bytes(), (rank, predicted, peak)
+        assert 0.99 * predicted <= peak <= 1.02 * predicted + 2 * _reduce_scatter_clone_bytes(2), (rank, predicted, peak)
 
 
 def _fails_on_rank_one(rank, world_size):
