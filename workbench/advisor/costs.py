@@ -21,16 +21,16 @@ candidates narrowed away) nothing is profiled.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.utils.benchmark as benchmark
 from torch import nn
 
 from workbench.calcgraph import training_program
-from workbench.checkpoint import LayerProfile, evaluate_plan, plan_checkpoints, profile_layers, sc
+from workbench.checkpoint import CheckpointPlan, LayerProfile, evaluate_plan, plan_checkpoints, profile_layers, sc
 
-from .configs import Config, training_setup
+from .configs import SPLIT_BLOCKS, Config, training_setup
 
 __all__ = ["Checkpoints", "Workload", "measure_time", "predict_seconds", "profile_checkpoints"]
 
@@ -140,6 +140,9 @@ class Checkpoints:
 
     profile: LayerProfile
     uniform: list[tuple[int, int, bool]]  # the segments `sc(model)` runs by default
+    # plans already searched, as (budget, the plan's own peak, segments); see `optimal`
+    _solved: list[tuple[float, int, list[tuple[int, int, bool]]]] = field(default_factory=list, repr=False)
+    _lowest: CheckpointPlan | None = field(default=None, repr=False)
 
     def recompute_share(self, segments: Sequence[tuple[int, int, bool]]) -> float:
         """The share of one forward pass a plan recomputes in backward (profiled layer times)."""
@@ -150,11 +153,22 @@ class Checkpoints:
         return evaluate_plan(self.profile, [(0, len(self.profile), False)])[0]
 
     def optimal(self, budget: float) -> list[tuple[int, int, bool]]:
-        """The least recomputation under `budget` (profile bytes); the smallest peak when nothing fits it."""
-        try:
-            return plan_checkpoints(self.profile, memory_budget=int(budget), strategy="optimal").segments
-        except ValueError:  # a budget below what any plan reaches (or <= 0): the lowest peak there is
-            return plan_checkpoints(self.profile, strategy="optimal").segments
+        """The least recomputation under `budget` (profile bytes); the smallest peak when nothing fits it.
+
+        # NOTE: the advisor asks once per candidate, each with its own budget, and each search is
+        # the whole dynamic program. The plan found for budget B is also the answer for every budget
+        # in [its own peak, B] (fewer plans fit, it still does), so those reuse it exactly.
+        """
+        if self._lowest is None:
+            self._lowest = plan_checkpoints(self.profile, strategy="optimal")
+        if budget < self._lowest.predicted_peak_bytes:  # nothing fits: the lowest peak there is
+            return self._lowest.segments
+        for searched, peak, segments in self._solved:
+            if peak <= budget <= searched:
+                return segments
+        plan = plan_checkpoints(self.profile, memory_budget=int(budget), strategy="optimal")
+        self._solved.append((int(budget), plan.predicted_peak_bytes, plan.segments))
+        return plan.segments
 
 
 def profile_checkpoints(work: Workload, size: int) -> Checkpoints:
@@ -163,5 +177,5 @@ def profile_checkpoints(work: Workload, size: int) -> Checkpoints:
     with work.device:
         model = work.build().train()
     x, y = work.make_batch(Config())(size, work.device)
-    profile = profile_layers(model, x, loss_fn=lambda out: work.loss_fn(out, y))
-    return Checkpoints(profile, sc(model).plan.segments)
+    profile = profile_layers(model, x, split_blocks=SPLIT_BLOCKS, loss_fn=lambda out: work.loss_fn(out, y))
+    return Checkpoints(profile, sc(model, split_blocks=SPLIT_BLOCKS).plan.segments)

@@ -199,19 +199,21 @@ def _smallest(profile: LayerProfile, k: int) -> list[Segment]:
 Plan = tuple[int, float, list]  # (kept bytes or peak, second objective, segments)
 
 
-def _dp(model: _CostModel, budget: float | None) -> list[tuple[int, float, list]]:
-    """Plans of every unit, as (peak, recompute seconds, segments).
+def _dp(model: _CostModel, budget: float | None) -> list[tuple[int, float, tuple]]:
+    """Plans of every unit, as (peak, recompute seconds, segment chain: see :func:`_unroll`).
 
     With a budget: per (position, kept input storages), the front of (kept bytes, recompute)
     over plans whose peak so far fits; without one, the front of (kept bytes, peak).
     # NOTE: two objectives per state instead of three keep the fronts small (a three-way front
     # over the units of a ResNet grows into the thousands); the budgeted search is exact for
-    # its budget, and the minimum peak is found first, then searched at that budget.
+    # its budget, and the minimum peak is found first, then searched at that budget. A state's
+    # segments are a linked chain (earlier chain, last segment), unrolled only for finished
+    # plans: copying a list per state was a third of the search.
     """
     p, n = model.p, model.n
-    states: list[dict[frozenset[Key], list[tuple[int, int, float, list]]]] = [{} for _ in range(n + 1)]
-    states[0][frozenset()] = [(0, 0, 0.0, [])]  # (kept, peak, recompute, segments)
-    done: list[tuple[int, int, float, list]] = []
+    states: list[dict[frozenset[Key], list[tuple[int, int, float, tuple]]]] = [{} for _ in range(n + 1)]
+    states[0][frozenset()] = [(0, 0, 0.0, ())]  # (kept, peak, recompute, segment chain)
+    done: list[tuple[int, int, float, tuple]] = []
     second = 2 if budget is not None else 1
     for a in range(n):
         if a > 0 and p.inplace[a]:
@@ -228,7 +230,7 @@ def _dp(model: _CostModel, budget: float | None) -> list[tuple[int, float, list]
                             new_peak = max(new_peak, model.final(new_kept, after))
                         if budget is not None and new_peak > budget:
                             continue
-                        state = (new_kept, new_peak, rec + cost.recompute_s, [*segs, (a, b, ckpt)])
+                        state = (new_kept, new_peak, rec + cost.recompute_s, (segs, (a, b, ckpt)))
                         (done if b == n else states[b].setdefault(after, [])).append(state)
         for b in range(a + 1, n):  # prune dominated states once per source position
             for carried, plans in states[b].items():
@@ -237,10 +239,18 @@ def _dp(model: _CostModel, budget: float | None) -> list[tuple[int, float, list]
     return [(peak, rec, segs) for _, peak, rec, segs in done]
 
 
-def _front(plans: list[tuple[int, int, float, list]], second: int) -> list[tuple[int, int, float, list]]:
+def _unroll(chain: tuple) -> list[Segment]:
+    segments: list[Segment] = []
+    while chain:
+        chain, last = chain
+        segments.append(last)
+    return segments[::-1]
+
+
+def _front(plans: list[tuple[int, int, float, tuple]], second: int) -> list[tuple[int, int, float, tuple]]:
     """Plans not dominated in (kept, plans[second]); ties keep the lower other objective."""
     other = 1 if second == 2 else 2
-    front: list[tuple[int, int, float, list]] = []
+    front: list[tuple[int, int, float, tuple]] = []
     best = math.inf
     for s in sorted(plans, key=lambda s: (s[0], s[second], s[other])):
         if s[second] < best:
@@ -255,7 +265,10 @@ def _min_peak(model: _CostModel) -> int:
 
 def _best_under(model: _CostModel, budget: float) -> tuple[int, float, list] | None:
     plans = _dp(model, budget)
-    return min(plans, key=lambda s: (s[1], s[0])) if plans else None
+    if not plans:
+        return None
+    peak, rec, chain = min(plans, key=lambda s: (s[1], s[0]))
+    return peak, rec, _unroll(chain)
 
 
 def check_count(name: str, value: object, n: int) -> None:
