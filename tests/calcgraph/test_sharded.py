@@ -84,7 +84,7 @@ def test_plan_of_each_rank_against_a_real_two_process_run():
     # input (torch.profiler: aten::clone inside c10d::_reduce_scatter_base_), one group's unsharded
     # gradient padded to equal shards, allocated in gloo's worker thread and held until its work object
     # is released, which a fake group (no data moved) never allocates. How many are live at the peak is
-    # a race: over 62 runs here the peak was the plan plus 0 to 1.7 steps' worth of clones (and the
+    # a race: over 45 two-rank runs here the peak was the plan plus 0 to 1.7 steps' worth of clones (and the
     # training thread alone within -5%..+1.5% of the plan). The bound: the plan (within 2%) plus every
     # clone of the program's two steps.
     """

@@ -25,7 +25,7 @@ the fake group) adds it and meets the allocator. A real gloo rank adds communica
 plan does not model: gloo has no reduce-scatter of its own, torch runs it as an all-reduce on a clone
 of the input (``aten::clone`` inside ``c10d::_reduce_scatter_base_``), a group's padded unsharded
 gradient, allocated in gloo's worker thread and held until the work object is released. How many
-clones are live at the peak is a race between threads: 0 to 1.7 steps' worth above the plan over 62
+clones are live at the peak is a race between threads: 0 to 1.7 steps' worth above the plan over 45
 two-rank runs of the test model here, so budget a real gloo run two steps' clones above the plan.
 """
 
