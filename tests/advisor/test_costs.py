@@ -1,0 +1,33 @@
+"""The advisor's checkpoint plans: reused across candidates' budgets, never different from a fresh search."""
+
+import torch
+from torch import nn
+
+from workbench.advisor.costs import Checkpoints
+from workbench.checkpoint import evaluate_plan, plan_checkpoints, profile_layers
+
+
+def _profile():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(5) for m in (nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))],
+                          nn.Linear(32, 10))
+    return profile_layers(model, torch.randn(4, 32))
+
+
+def test_optimal_answers_as_a_fresh_search_for_every_budget_in_any_order():
+    profile = _profile()
+    lowest = plan_checkpoints(profile, strategy="optimal")
+    unchecked = evaluate_plan(profile, [(0, len(profile), False)])[0]
+    budgets = [lowest.predicted_peak_bytes * f for f in (0.5, 0.99)]
+    budgets += [lowest.predicted_peak_bytes + (unchecked - lowest.predicted_peak_bytes) * i / 7 for i in range(9)]
+    for order in (budgets, budgets[::-1]):
+        cached = Checkpoints(profile, uniform=[])
+        for budget in order:
+            if budget < lowest.predicted_peak_bytes:
+                fresh = lowest.segments
+            else:
+                fresh = plan_checkpoints(profile, memory_budget=int(budget), strategy="optimal").segments
+            assert cached.optimal(budget) == fresh, budget
+        searched = len([b for b in order if b >= lowest.predicted_peak_bytes])
+        if order[0] > order[-1]:  # falling budgets land inside earlier plans' intervals: fewer searches
+            assert len(cached._solved) < searched
