@@ -8,27 +8,14 @@ and the fallback when the kernel cannot be built. The kernel is built once into 
 cache (first run: seconds; later sessions load it).
 """
 
-import math
-
 import pytest
 import torch
+
+from kernel_cases import BF16, FORMATS, KEY, MATHS, assert_same_bits, coef_for, fmt_id, inputs
 
 from workbench.optim import cpu_kernel
 from workbench.optim.formats import storage_bits
 from workbench.optim.update import adam_math, chunked_update, packed_update, sgd_math
-
-BF16, FP16 = torch.bfloat16, torch.float16
-# (16-bit dtype, extra bits, stochastic rounding): every format the kernel takes
-FORMATS = [(BF16, 8, False), (BF16, 16, False), (BF16, 7, True), (BF16, 15, True), (FP16, 8, False),
-           (FP16, 7, True)]
-MATHS = [
-    (adam_math, {"decoupled": True}),
-    (adam_math, {"decoupled": False}),
-    (sgd_math, {"momentum": True, "nesterov": True, "first": False}),
-    (sgd_math, {"momentum": True, "nesterov": False, "first": True}),
-    (sgd_math, {"momentum": False, "nesterov": False, "first": False}),
-]
-KEY = -123456789
 
 
 @pytest.fixture(scope="module")
@@ -38,73 +25,24 @@ def kernel():
         pytest.skip(f"the C++ kernel could not be built here: {cpu_kernel._STATE['error']}")
 
 
-def _fmt_id(fmt):
-    dtype, k, sr = fmt
-    return f"{'bf16' if dtype == BF16 else 'fp16'}+{k}{'SR' if sr else ''}"
-
-
-def _coef(math_fn, step=3):
-    if math_fn is sgd_math:
-        return torch.tensor([1e-2, 1e-3, 0.9, 0.95])
-    lr, wd, b1, b2 = 1e-2, 1e-2, 0.9, 0.999
-    return torch.tensor([1 - lr * wd, wd, 1 - b1, b2, 1 - b2, math.sqrt(1 - b2**step), 1e-8, lr / (1 - b1**step), b1])
-
-
-def _random_patterns(n, dtype, g):
-    bits = 16 if dtype != torch.float32 else 32
-    raw = torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), (n,), dtype=torch.int64, generator=g)
-    return raw.to(torch.int16 if bits == 16 else torch.int32).view(dtype)
-
-
-def _inputs(n, dtype, k, sr, state_dtype, n_states, g, *, garbage=False):
-    """Ordinary values with special ones mixed in, or (``garbage``) random bit patterns everywhere."""
-    planes = torch.randint(0, 256, (storage_bits(k, sr) // 8, n), dtype=torch.uint8, generator=g)
-    if garbage:
-        return (_random_patterns(n, dtype, g), _random_patterns(n, dtype, g), planes,
-                [_random_patterns(n, state_dtype, g) for _ in range(n_states)])
-    scale = 2.0 ** torch.randint(-20, 10, (n,), generator=g).float()
-    half = (torch.randn(n, generator=g) * scale).to(dtype)
-    grad = (torch.randn(n, generator=g) * scale * 1e-3).to(dtype)
-    states = [(torch.randn(n, generator=g).abs() * 1e-3).to(state_dtype) for _ in range(n_states)]
-    specials = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1e-40, -1e-40, 3.4e38, -3.4e38, 65504.0,
-                             6e-8, -6e-8, 2.0**-14, 1 + 2.0**-8, 1 + 3 * 2.0**-8])
-    for t in (half, grad, *states):
-        idx = torch.randint(0, n, (n // 16,), generator=g)
-        t[idx] = specials[torch.randint(0, len(specials), (n // 16,), generator=g)].to(t.dtype)
-    # 16-bit patterns: subnormals, the largest finite values, signalling NaNs
-    pats = torch.tensor([0x0001, 0x8001, 0x03FF, 0x7F7F, 0xFF7F, 0x7BFF, 0xFBFF, 0x7F81, 0x7C01, 0x7FFF, 0x0080],
-                        dtype=torch.int32).to(torch.int16)
-    idx = torch.randint(0, n, (n // 16,), generator=g)
-    half.view(torch.int16)[idx] = pats[torch.randint(0, len(pats), (n // 16,), generator=g)]
-    return half, grad, planes, states
-
-
-def _assert_same(a, b):
-    for x, y in zip(a, b, strict=True):
-        xi = x.view(torch.int16) if x.element_size() == 2 else x.view(torch.int32) if x.element_size() == 4 else x
-        yi = y.view(torch.int16) if y.element_size() == 2 else y.view(torch.int32) if y.element_size() == 4 else y
-        diff = (xi != yi).nonzero().flatten()
-        assert diff.numel() == 0, f"{diff.numel()} values differ, first at {diff[:5].tolist()}"
-
-
 def _compare(n, fmt, state_dtype, master_rounding, math_fn, options, *, steps=2, garbage=False, seed=0):
     dtype, k, sr = fmt
     g = torch.Generator().manual_seed(seed)
     n_states = 2 if math_fn is adam_math else int(options["momentum"])
-    half, grad, planes, states = _inputs(n, dtype, k, sr, state_dtype, n_states, g, garbage=garbage)
+    half, grad, planes, states = inputs(n, dtype, k, sr, state_dtype, n_states, g, garbage=garbage)
     static = dict(math_fn=math_fn, extra_bits=k, stochastic_rounding=sr, master_rounding=master_rounding,
                   options=options)
     eager = [half.clone(), [p.clone() for p in planes], [s.clone() for s in states]]
     kernel = [half.clone(), [p.clone() for p in planes], [s.clone() for s in states]]
     for step in range(steps):
         key = KEY + step
-        coef = _coef(math_fn, step=(1, 1000, 3)[step % 3])  # bias corrections of early and late steps
+        coef = coef_for(math_fn, step=(1, 1000, 3)[step % 3])  # bias corrections of early and late steps
         chunked_update(eager[0], grad, eager[1], eager[2], coef, key, bits=storage_bits(k, sr), **static)
         cpu_kernel.packed_update_cpu(kernel[0], grad, kernel[1], kernel[2], coef, key, **static)
-    _assert_same([eager[0], *eager[1], *eager[2]], [kernel[0], *kernel[1], *kernel[2]])
+    assert_same_bits([eager[0], *eager[1], *eager[2]], [kernel[0], *kernel[1], *kernel[2]])
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=_fmt_id)
+@pytest.mark.parametrize("fmt", FORMATS, ids=fmt_id)
 def test_every_option_equals_the_eager_step(kernel, fmt, one_thread):
     for state_dtype in (torch.float32, BF16):
         for master_rounding in ("truncate", "stochastic"):
@@ -112,7 +50,7 @@ def test_every_option_equals_the_eager_step(kernel, fmt, one_thread):
                 _compare(4133, fmt, state_dtype, master_rounding, math_fn, options)
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=_fmt_id)
+@pytest.mark.parametrize("fmt", FORMATS, ids=fmt_id)
 def test_random_bit_patterns_equal_the_eager_step(kernel, fmt, one_thread):
     # NaN payloads and signs, infinities, subnormals and negative moments in every input
     for state_dtype in (torch.float32, BF16):
@@ -145,27 +83,27 @@ def test_bf16_states_round_ties_to_even(kernel, one_thread):
     packed_update(half.clone(), grad, [torch.zeros(n, dtype=torch.uint8)], [eager], coef, None, **static)
     cpu_kernel.packed_update_cpu(half.clone(), grad, [torch.zeros(n, dtype=torch.uint8)], [kernel], coef, None,
                                  **static)
-    _assert_same([eager], [kernel])
+    assert_same_bits([eager], [kernel])
     assert kernel[:4].tolist() == [1.0, 1 + 2.0**-6, 1 + 2.0**-6, 1 + 2.0**-5]
 
 
 def test_offset_and_planes_tensor_match_packed_update(kernel, one_thread):
     g = torch.Generator().manual_seed(3)
     n = 1000
-    half, grad, planes, states = _inputs(n, BF16, 15, True, torch.float32, 2, g)
+    half, grad, planes, states = inputs(n, BF16, 15, True, torch.float32, 2, g)
     static = dict(math_fn=adam_math, extra_bits=15, stochastic_rounding=True, master_rounding="stochastic",
                   options={"decoupled": True})
     a = [half.clone(), planes.clone(), [s.clone() for s in states]]
     b = [half.clone(), planes.clone(), [s.clone() for s in states]]
-    packed_update(a[0], grad, list(a[1].unbind(0)), a[2], _coef(adam_math), KEY, offset=777, **static)
-    cpu_kernel.packed_update_cpu(b[0], grad, b[1], b[2], _coef(adam_math), torch.tensor(KEY), offset=777, **static)
-    _assert_same([a[0], a[1], *a[2]], [b[0], b[1], *b[2]])
+    packed_update(a[0], grad, list(a[1].unbind(0)), a[2], coef_for(adam_math), KEY, offset=777, **static)
+    cpu_kernel.packed_update_cpu(b[0], grad, b[1], b[2], coef_for(adam_math), torch.tensor(KEY), offset=777, **static)
+    assert_same_bits([a[0], a[1], *a[2]], [b[0], b[1], *b[2]])
 
 
 def test_updates_the_kernel_does_not_take_are_named():
     n = 64
     half, grad = torch.zeros(n, dtype=BF16), torch.zeros(n, dtype=BF16)
-    states, coef = [torch.zeros(n), torch.zeros(n)], _coef(adam_math)
+    states, coef = [torch.zeros(n), torch.zeros(n)], coef_for(adam_math)
     static = dict(math_fn=adam_math, extra_bits=12, stochastic_rounding=False, options={"decoupled": True})
     words = torch.zeros(24, dtype=torch.int32)
     assert "byte planes" in cpu_kernel.unsupported_reason(half, grad, words, states, coef, **static)
@@ -202,7 +140,7 @@ def test_a_failed_build_warns_and_falls_back(monkeypatch, tmp_path):
     assert not cpu_kernel.available()  # tried once, warned once
     n = 100
     g = torch.Generator().manual_seed(4)
-    half, grad, planes, states = _inputs(n, BF16, 8, False, torch.float32, 2, g)
+    half, grad, planes, states = inputs(n, BF16, 8, False, torch.float32, 2, g)
     static = dict(math_fn=adam_math, extra_bits=8, stochastic_rounding=False, master_rounding="truncate",
                   options={"decoupled": True})
     calls = []
@@ -213,12 +151,12 @@ def test_a_failed_build_warns_and_falls_back(monkeypatch, tmp_path):
 
     a = [half.clone(), [p.clone() for p in planes.unbind(0)], [s.clone() for s in states]]
     b = [half.clone(), [p.clone() for p in planes.unbind(0)], [s.clone() for s in states]]
-    cpu_kernel.kernel_update(fallback, **static)(a[0], grad, a[1], a[2], _coef(adam_math), None)
-    chunked_update(b[0], grad, b[1], b[2], _coef(adam_math), None, bits=8, **static)
+    cpu_kernel.kernel_update(fallback, **static)(a[0], grad, a[1], a[2], coef_for(adam_math), None)
+    chunked_update(b[0], grad, b[1], b[2], coef_for(adam_math), None, bits=8, **static)
     assert calls == [1]
-    _assert_same([a[0], *a[1], *a[2]], [b[0], *b[1], *b[2]])
+    assert_same_bits([a[0], *a[1], *a[2]], [b[0], *b[1], *b[2]])
     with pytest.raises(RuntimeError, match="not available"):
-        cpu_kernel.packed_update_cpu(a[0], grad, a[1], a[2], _coef(adam_math), None, **static)
+        cpu_kernel.packed_update_cpu(a[0], grad, a[1], a[2], coef_for(adam_math), None, **static)
 
 
 def test_turned_off_by_the_environment(monkeypatch):
@@ -231,7 +169,7 @@ def test_turned_off_by_the_environment(monkeypatch):
 def test_kernel_update_runs_the_kernel_when_it_can(kernel, one_thread):
     n = 300
     g = torch.Generator().manual_seed(5)
-    half, grad, planes, states = _inputs(n, BF16, 16, False, BF16, 2, g)
+    half, grad, planes, states = inputs(n, BF16, 16, False, BF16, 2, g)
     static = dict(math_fn=adam_math, extra_bits=16, stochastic_rounding=False, master_rounding="truncate",
                   options={"decoupled": True})
 
@@ -240,6 +178,6 @@ def test_kernel_update_runs_the_kernel_when_it_can(kernel, one_thread):
 
     a = [half.clone(), list(planes.clone().unbind(0)), [s.clone() for s in states]]
     b = [half.clone(), list(planes.clone().unbind(0)), [s.clone() for s in states]]
-    cpu_kernel.kernel_update(fallback, **static)(a[0], grad, a[1], a[2], _coef(adam_math), None)
-    chunked_update(b[0], grad, b[1], b[2], _coef(adam_math), None, bits=16, **static)
-    _assert_same([a[0], *a[1], *a[2]], [b[0], *b[1], *b[2]])
+    cpu_kernel.kernel_update(fallback, **static)(a[0], grad, a[1], a[2], coef_for(adam_math), None)
+    chunked_update(b[0], grad, b[1], b[2], coef_for(adam_math), None, bits=16, **static)
+    assert_same_bits([a[0], *a[1], *a[2]], [b[0], *b[1], *b[2]])

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from workbench.optim.formats import FORMATS, storage_bits
+from workbench.optim.formats import storage_bits
+from workbench.optim.kernel_args import byte_plane_reason, planes_of
 from workbench.optim.update import adam_math, chunked_update, sgd_math
 
 __all__ = ["available", "build_flags", "kernel_update", "packed_update_cpu", "supports", "unsupported_reason"]
@@ -105,18 +106,6 @@ def available() -> bool:
     return bool(_STATE["ok"])
 
 
-def _planes(extra: Any) -> Any:
-    """Byte planes as a list: a list/tuple as given, a 2-D uint8 tensor by rows (else unchanged)."""
-    if torch.is_tensor(extra) and extra.dtype == torch.uint8 and extra.dim() == 2:
-        return list(extra.unbind(0))
-    return extra
-
-
-def _flat_ok(t: Any, dtype: torch.dtype, n: int) -> bool:
-    return (torch.is_tensor(t) and t.device.type == "cpu" and t.dtype == dtype and t.numel() == n
-            and t.is_contiguous())
-
-
 def unsupported_reason(
     half: torch.Tensor, grad: torch.Tensor, extra: Any, states: Sequence[torch.Tensor], coef: torch.Tensor, *,
     math_fn: Callable, extra_bits: int, stochastic_rounding: bool, master_rounding: str = "truncate",
@@ -128,36 +117,16 @@ def unsupported_reason(
     it does not implement (``maximize``, ``amsgrad``, loss scaling ``scaled``, any other name) are
     refused, so the caller's fallback computes them.
     """
-    if not torch.is_tensor(half) or half.device.type != "cpu" or half.dtype not in FORMATS:
-        return "half must be a bf16/fp16 CPU tensor"
-    n = half.numel()
-    if not _flat_ok(half, half.dtype, n) or not _flat_ok(grad, half.dtype, n):
-        return "half and grad must be contiguous CPU tensors of one dtype and size"
     if math_fn is not adam_math and math_fn is not sgd_math:
         return f"math_fn {getattr(math_fn, '__name__', math_fn)!r}: only adam_math and sgd_math"
     known = _OPTIONS[math_fn]
     unknown = sorted(k for k in options if k not in known and not (k in _OFF_ONLY and not options[k]))
     if unknown or scaled:
         return f"options the kernel does not implement: {unknown + (['scaled'] if scaled else [])}"
-    if master_rounding not in ("truncate", "stochastic"):
-        return f"master_rounding={master_rounding!r}"
-    if not isinstance(extra_bits, int) or not 0 <= extra_bits <= FORMATS[half.dtype][0]:
-        return f"extra_bits={extra_bits!r} out of range for {half.dtype}"
-    bits = storage_bits(extra_bits, stochastic_rounding)
-    extra = _planes(extra)
-    if not isinstance(extra, list | tuple) or bits not in (8, 16) or len(extra) != bits // 8:
-        return f"{bits} stored bits: the kernel takes byte planes (8 or 16 stored bits) only"
-    if not all(_flat_ok(p, torch.uint8, n) for p in extra):
-        return "byte planes must be contiguous uint8 CPU tensors of the parameters' size"
-    want = 2 if math_fn is adam_math else int(bool(options.get("momentum")))
-    if len(states) != want:
-        return f"expected {want} state tensors, got {len(states)}"
-    if states and (states[0].dtype not in (torch.float32, torch.bfloat16)
-                   or not all(_flat_ok(t, states[0].dtype, n) for t in states)):
-        return "states must be contiguous fp32 or bf16 CPU tensors of one dtype and the parameters' size"
-    if not _flat_ok(coef, torch.float32, 9 if math_fn is adam_math else 4):
-        return "coef must be a contiguous fp32 CPU tensor"
-    return None
+    return byte_plane_reason(half, grad, extra, states, coef, device_type="cpu", extra_bits=extra_bits,
+                             stochastic_rounding=stochastic_rounding, master_rounding=master_rounding,
+                             n_states=2 if math_fn is adam_math else int(bool(options.get("momentum"))),
+                             n_coef=9 if math_fn is adam_math else 4)
 
 
 def supports(half, grad, extra, states, coef, **static) -> bool:
@@ -197,7 +166,7 @@ def _run(half, grad, extra, states, coef, key, *, math_fn, extra_bits, stochasti
     else:
         math = 2  # SGD
     torch.ops.workbench_packed_cpu.step(
-        half, grad, list(_planes(extra)), list(states), coef, 0 if key is None else int(key), int(offset),
+        half, grad, list(planes_of(extra)), list(states), coef, 0 if key is None else int(key), int(offset),
         int(extra_bits), bool(stochastic_rounding), master_rounding == "stochastic", math,
         bool(options.get("momentum", False)), bool(options.get("nesterov", False)), bool(options.get("first", False)),
     )

@@ -11,7 +11,8 @@ per-parameter state entries stay views of the buffers (``state_dict`` looks the 
 Unlike the paper's fused kernels (8 and 16 extra bits only), every width is supported.
 
 Which code runs an update is chosen in one place, :func:`select_step`: ``fused=True`` asks for the
-fastest step available on the device (today the ``torch.compile``d update, with the eager update as
+fastest step available on the device (the hand-written Triton kernel on CUDA, the hand-written C++
+kernel on CPU, for byte-plane formats; else the ``torch.compile``d update, with the eager update as
 fallback where compile is unavailable); ``STEP_BACKENDS`` lists the candidates, fastest first.
 """
 
@@ -139,6 +140,7 @@ def cpu_kernel_step(device: torch.device, spec: StepSpec) -> Step | None:
 #: device (another device type, an unsupported format). A new kernel is plugged in with one line at
 #: the front, for another module ``("name", lazy_backend("workbench.optim.module", "backend")),``.
 STEP_BACKENDS: list[tuple[str, Callable[[torch.device, StepSpec], Step | None]]] = [
+    ("triton_kernel", lazy_backend("workbench.optim.triton_kernel", "triton_step")),
     ("cpu_kernel", cpu_kernel_step),
     ("compiled", compiled_step),
     ("eager", eager_step),

@@ -1,0 +1,63 @@
+"""Argument checks shared by the hand-written packed-step kernels (``cpu_kernel``, ``triton_kernel``).
+
+Both take :func:`workbench.optim.update.packed_update`'s flat arguments for byte-plane formats (8 or 16
+stored bits, Lewandowski & Kosson section 3.1's fused 8- and 16-bit layouts); what each refuses beyond
+that (algorithms, options) stays in its own module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from workbench.optim.formats import FORMATS, storage_bits
+
+__all__ = ["byte_plane_reason", "planes_of"]
+
+
+def planes_of(extra: Any) -> Any:
+    """Byte planes as a list: a list/tuple as given, a 2-D uint8 tensor by rows (else unchanged)."""
+    if torch.is_tensor(extra) and extra.dtype == torch.uint8 and extra.dim() == 2:
+        return list(extra.unbind(0))
+    return extra
+
+
+def _flat_ok(t: Any, dtype: torch.dtype, n: int, device: torch.device) -> bool:
+    return (torch.is_tensor(t) and t.device == device and t.dtype == dtype and t.numel() == n
+            and t.is_contiguous())
+
+
+def byte_plane_reason(
+    half: torch.Tensor, grad: torch.Tensor, extra: Any, states: Sequence[torch.Tensor], coef: torch.Tensor, *,
+    device_type: str, extra_bits: int, stochastic_rounding: bool, master_rounding: str, n_states: int, n_coef: int,
+) -> str | None:
+    """Why a kernel on ``device_type`` cannot take these flat tensors (None when it can).
+
+    ``half``/``grad``: contiguous bf16/fp16 of one size; ``extra``: 1 or 2 uint8 byte planes (or their
+    2-D tensor); ``n_states`` fp32 or bf16 states; ``coef``: ``n_coef`` fp32 values; all on one device.
+    """
+    if not torch.is_tensor(half) or half.device.type != device_type or half.dtype not in FORMATS:
+        return f"half must be a bf16/fp16 {device_type.upper()} tensor"
+    n, device = half.numel(), half.device
+    if not _flat_ok(half, half.dtype, n, device) or not _flat_ok(grad, half.dtype, n, device):
+        return f"half and grad must be contiguous {device_type.upper()} tensors of one dtype and size"
+    if master_rounding not in ("truncate", "stochastic"):
+        return f"master_rounding={master_rounding!r}"
+    if isinstance(extra_bits, bool) or not isinstance(extra_bits, int) or not 0 <= extra_bits <= FORMATS[half.dtype][0]:
+        return f"extra_bits={extra_bits!r} out of range for {half.dtype}"
+    bits = storage_bits(extra_bits, stochastic_rounding)
+    extra = planes_of(extra)
+    if not isinstance(extra, list | tuple) or bits not in (8, 16) or len(extra) != bits // 8:
+        return f"{bits} stored bits: the kernel takes byte planes (8 or 16 stored bits) only"
+    if not all(_flat_ok(p, torch.uint8, n, device) for p in extra):
+        return "byte planes must be contiguous uint8 tensors of the parameters' size on their device"
+    if len(states) != n_states:
+        return f"expected {n_states} state tensors, got {len(states)}"
+    if states and (states[0].dtype not in (torch.float32, torch.bfloat16)
+                   or not all(_flat_ok(t, states[0].dtype, n, device) for t in states)):
+        return "states must be contiguous fp32 or bf16 tensors of one dtype and the parameters' size"
+    if not _flat_ok(coef, torch.float32, n_coef, device):
+        return f"coef must be a contiguous fp32 tensor of {n_coef} values on the parameters' device"
+    return None
