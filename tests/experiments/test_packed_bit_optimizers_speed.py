@@ -26,3 +26,17 @@ def test_throughput_takes_format_names_and_gives_the_share_ratio(one_thread):
     assert "toy scale: not evidence" in fig.get_suptitle()
     assert plot_throughput(df).get_suptitle() == ""
     plt.close("all")
+
+
+def test_compiled_too_times_the_compiled_step_beside_the_kernel(one_thread):
+    # the hand-written kernel's gain over the torch.compile'd step of the same format, in the same run
+    from workbench.optim import cpu_kernel
+    from workbench.optim.fused import compile_available
+
+    if not (cpu_kernel.available() and compile_available("cpu")):
+        pytest.skip("needs the C++ kernel and torch.compile on CPU")
+    df = step_throughput(numel=4096, n_tensors=2, configs=["bf16+8"], repeats=2, progress=False, bandwidth=1e9,
+                         compiled_too=True)
+    assert list(df["method"]) == ["torch AdamW fused (fp32)", "Packed AdamW bf16+8 fused cpu kernel",
+                                  "Packed AdamW bf16+8 fused compiled"]
+    assert df["median_s"].notna().all()

@@ -102,7 +102,7 @@ PARTS: dict[str, Callable[[argparse.Namespace], pd.DataFrame]] = {
     "meter": lambda a: meter_check(),
     "throughput": lambda a: throughput_table(
         sizes=a.numel, configs=(*DEFAULT_CONFIGS, ("fp16", 8), ("bf16", 16, {"state_dtype": torch.bfloat16})),
-        n_tensors=a.tensors, repeats=a.repeats, peers=True, device="cuda", progress=False),
+        n_tensors=a.tensors, repeats=a.repeats, peers=True, device="cuda", progress=False, compiled_too=True),
     "backward": lambda a: backward_step_ratio(width=4096, depth=4, batch=64, repeats=a.repeats, device="cuda",
                                               progress=False),
     "fig2": lambda a: _fig2(8192, 8, 16, 3, ["fp32", "amp", "fp16", "fp16+8", "bf16+16"]),

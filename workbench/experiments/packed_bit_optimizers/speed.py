@@ -103,7 +103,7 @@ def step_throughput(
     *, numel: int, n_tensors: int = 8, configs: Iterable[tuple] = (("bf16", 16),),
     device: torch.device | str = "cpu", repeats: int = 5, compile: bool = True,
     threads: int | None = None, progress: bool = True, peers: bool = False,
-    bandwidth_numel: int = BANDWIDTH_NUMEL, bandwidth: float | None = None,
+    bandwidth_numel: int = BANDWIDTH_NUMEL, bandwidth: float | None = None, compiled_too: bool = False,
 ) -> pd.DataFrame:
     """Fig 3: AdamW step throughput, packed fused step vs ``torch.optim.AdamW(fused=True)`` (fp32).
 
@@ -118,10 +118,11 @@ def step_throughput(
     the median over rounds of torch's time / the method's time in the same round, with
     ``ratio_lo``/``ratio_hi`` the min/max over rounds; ``ratio_vs_torch_fused`` compares best
     steps, ``ratio_median_vs_torch_fused`` median steps. ``compile`` True runs the packed optimizers'
-    fastest step (`PackedAdamW.step_backend()`, named in ``method``: the C++ kernel on CPU where it
-    builds, else torch.compile), False the eager one. ``threads`` (CPU) runs every method with
-    that many intra-op threads and restores the setting afterwards. ``peers`` adds the installed
-    peer optimizers.
+    fastest step (`PackedAdamW.step_backend()`, named in ``method``: the hand-written kernel, C++ on
+    CPU and Triton on CUDA, where it runs, else torch.compile), False the eager one. ``compiled_too``
+    adds each format's torch.compile'd step beside a hand-written one (what the kernel gains, in the
+    same run). ``threads`` (CPU) runs every method with that many intra-op threads and restores the
+    setting afterwards. ``peers`` adds the installed peer optimizers.
     """
     if numel < n_tensors or n_tensors < 1:
         raise ValueError(f"numel={numel} must be >= n_tensors={n_tensors} >= 1")
@@ -134,12 +135,13 @@ def step_throughput(
     try:
         bw = bandwidth if bandwidth is not None else memory_bandwidth(bandwidth_numel, device=device)
         return _step_throughput(numel, n_tensors, list(configs), device, repeats, compile, progress,
-                                peers, bw)
+                                peers, bw, compiled_too)
     finally:
         torch.set_num_threads(saved_threads)
 
 
-def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progress, peers, bw) -> pd.DataFrame:
+def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progress, peers, bw,
+                     compiled_too=False) -> pd.DataFrame:
     methods = []  # (name, extra_bits, state dtype, optimizer, bytes per parameter)
 
     def tensors(dtype):
@@ -155,16 +157,20 @@ def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progre
     for cfg in configs:
         fmt, options = _config(cfg)
         k = fmt.extra_bits
-        # compile=True: the fastest step available (the C++ kernel on CPU, else torch.compile); False: eager
+        # compile=True: the fastest step available (a hand-written kernel, else torch.compile); False: eager
         opt = PackedAdamW(tensors(fmt.param_dtype), extra_bits=k, fused=True, compile=None if compile else False,
                           **options)
+        opts = [opt]
+        if compiled_too and compile and opt.step_backend() not in ("compiled", "eager"):
+            opts.append(PackedAdamW(tensors(fmt.param_dtype), extra_bits=k, fused=True, compile=True, **options))
         sdt = options.get("state_dtype", torch.float32)
         state_bytes = 2 if sdt == torch.bfloat16 else 4
         sr = bool(options.get("stochastic_rounding", False))
-        label = f"Packed AdamW {fmt.name.removesuffix(' SR')}{' SR' if sr else ''}" + (
-            " bf16 states" if sdt == torch.bfloat16 else "") + f" fused {opt.step_backend().replace('_', ' ')}"
-        methods.append((label, k, str(sdt).replace("torch.", "").replace("float32", "fp32"),
-                        opt, 2 + 2 + 2 + 2 * (k + sr) / 8 + 2 * 2 * state_bytes))
+        for o in opts:
+            label = f"Packed AdamW {fmt.name.removesuffix(' SR')}{' SR' if sr else ''}" + (
+                " bf16 states" if sdt == torch.bfloat16 else "") + f" fused {o.step_backend().replace('_', ' ')}"
+            methods.append((label, k, str(sdt).replace("torch.", "").replace("float32", "fp32"),
+                            o, 2 + 2 + 2 + 2 * (k + sr) / 8 + 2 * 2 * state_bytes))
     if peers:
         for name, make, bpp in _peers(tensors):
             try:
@@ -224,7 +230,7 @@ DEFAULT_CONFIGS = (("bf16", 8), ("bf16", 16), ("bf16", 8, {"state_dtype": torch.
 def throughput_table(
     *, sizes: Iterable[int] = (1 << 21, 1 << 24), threads: Iterable[int] = (1, 2),
     configs: Iterable[tuple] = DEFAULT_CONFIGS, n_tensors: int = 8, repeats: int = 7,
-    peers: bool = False, device: torch.device | str = "cpu", progress: bool = True,
+    peers: bool = False, device: torch.device | str = "cpu", progress: bool = True, compiled_too: bool = False,
 ) -> pd.DataFrame:
     """:func:`step_throughput` for every (threads, size); one memory bandwidth per thread count."""
     frames = []
@@ -241,7 +247,7 @@ def throughput_table(
         for n in sizes:
             frames.append(step_throughput(numel=n, n_tensors=n_tensors, configs=configs, device=device,
                                           repeats=repeats, threads=th, progress=progress, peers=peers,
-                                          bandwidth=bw))
+                                          bandwidth=bw, compiled_too=compiled_too))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -315,6 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--peers", action="store_true", help="add torchao / optimi / bitsandbytes rows")
+    ap.add_argument("--compiled-too", action="store_true",
+                    help="also time each format's torch.compile'd step beside the hand-written kernel")
     ap.add_argument("--no-backward", action="store_true", help="skip the step-in-backward timing")
     ap.add_argument("--width", type=int, default=1024, help="MLP width of the step-in-backward timing")
     ap.add_argument("--batch", type=int, default=32, help="batch of the step-in-backward timing")
@@ -322,7 +330,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     df = throughput_table(sizes=args.sizes, threads=args.threads, repeats=args.repeats, peers=args.peers,
-                          n_tensors=args.tensors, device=device)
+                          n_tensors=args.tensors, device=device, compiled_too=args.compiled_too)
     cols = ["threads", "numel", "method", "median_s", "ratio_paired", "ratio_lo", "ratio_hi",
             "ratio_vs_torch_fused", "bytes_per_param", "bandwidth_fraction"]
     fmt = lambda v: f"{v:.4g}"  # noqa: E731
