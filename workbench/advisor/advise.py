@@ -3,21 +3,25 @@ the fastest that fits chosen, and the choice verified with one real run.
 
 Memory: each candidate's training program (build, then two steps: the optimizer state is created in the
 first) is traced under fake tensors by CalcGraph ("CalcGraph: taming the high costs of deep learning using
-models", 2022, Section 3.2), so no step of any candidate runs at the user's batch. On CPU the kernels'
-scratch that fake tensors cannot see is calibrated once per precision (the candidate without step in
-backward or checkpointing, real steps at batches 1, 2, 4 and 8, `CompiledGraph.calibrate`) and added to
-every candidate of that precision as a workspace term.
+models", 2022, Section 3.2), so no step of any candidate runs at the user's batch. Each program is traced once:
+an `optimal` checkpoint plan that runs another candidate's program (`Checkpoints.same_program`) takes its trace.
+On CPU the kernels' scratch that fake tensors cannot see is calibrated once per precision (the candidate
+without step in backward or checkpointing, real steps at batches 1, 2, 4 and 8, `CompiledGraph.calibrate`)
+and added to every candidate of that precision as a workspace term.
 
 The step-time cost model and the checkpoint profile are in `costs`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import functools
 import gc
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from numbers import Real
 
@@ -74,8 +78,14 @@ class Advice:
     _segments: dict[str, list] = field(default_factory=dict, repr=False)
     _traced: dict[tuple, CompiledGraph] = field(default_factory=dict, repr=False)
     verification: dict | None = None
+    planning_seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per phase of `advise`
 
     def _trace(self, cfg: Config, segments: Sequence | None = None) -> CompiledGraph:
+        """The plan of `cfg`'s program, traced once per program: a checkpoint plan that runs exactly the
+        program of another switch (`Checkpoints.same_program`) takes that switch's trace."""
+        same = self._checkpoints.same_program(segments) if segments is not None else None
+        if same is not None:
+            cfg, segments = replace(cfg, checkpoint=same), None
         key = (cfg.name, None if segments is None else tuple(segments))
         if key not in self._traced:
             self._traced[key] = self._graphs.get(cfg.name) if segments is None and cfg.name in self._graphs else \
@@ -123,8 +133,9 @@ class Advice:
         costs = [(self._graphs[name].required_bytes, self._extra[self._configs[name].precision,
                                                                 self._configs[name].extra_bits])
                  for name in self.table["config"]]
-        self.table["max_batch"] = [search_max(lambda b, g=g, m=m: g(b) + m(b) <= cap, self.batch_size,
-                                              limit=2**20)[0] for g, m in costs]
+        # the workspace term m is >= 0 and costly (a calibrated plan): asked only where the plan alone fits
+        self.table["max_batch"] = [search_max(lambda b, g=g, m=m: g(b) <= cap and g(b) + m(b) <= cap,
+                                              self.batch_size, limit=2**20)[0] for g, m in costs]
         return self
 
     @property
@@ -217,13 +228,23 @@ class Advice:
             graph = self._graphs[row["config"]]
             graph.calibrate(sizes=(1, 2, 4, 8), check=(16,), refine=1)
             new = graph.required_bytes(self.batch_size)
-            at = self.table.index[self.table["config"] == row["config"]][0]
+            # the candidates that share this trace run the same program: recalibrated with it
+            at = self.table["config"].isin([name for name, g in self._graphs.items() if g is graph])
             self.table.loc[at, "predicted_peak_bytes"] = new
             self.table.loc[at, "fits"] = new <= self.memory_budget * (1 - self.margin)
             self.real_runs["calibration"] = self.real_runs.get("calibration", 0) + 1
             result.update(recalibrated=True, choice_after=self.best["config"])
         self.verification = result
         return result
+
+
+@contextlib.contextmanager
+def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - start
 
 
 def _check_factory(model_fn: object) -> None:
@@ -292,39 +313,61 @@ def advise(
         raise ValueError("no candidate configuration left to consider")
     batch_size = int(inputs.shape[0])
     runs: dict[str, int] = {}
+    phases: dict[str, float] = {}  # wall seconds of each phase of planning (`Advice.planning_seconds`)
     calibrate = dev.type == "cpu" if calibrate is None else calibrate
     graphs, extra = {}, {}
-    for cfg in tqdm([c for c in grid if c.checkpoint != "optimal"], desc="plans", disable=not progress, leave=False):
-        graphs[cfg.name] = CompiledGraph(work.program(cfg), device=dev, input_shape=tuple(inputs.shape[1:]),
-                                         description=cfg.name)
+
+    def traced(cfg: Config) -> CompiledGraph:  # each program traced once, candidate or not
+        if cfg.name not in graphs:
+            graphs[cfg.name] = CompiledGraph(work.program(cfg), device=dev, input_shape=tuple(inputs.shape[1:]),
+                                             description=cfg.name)
+        return graphs[cfg.name]
+
+    with _timed(phases, "traces"):
+        for cfg in tqdm([c for c in grid if c.checkpoint != "optimal"], desc="plans", disable=not progress,
+                        leave=False):
+            traced(cfg)
     # the calibrated scratch per precision, from its plainest candidate
     for precision, k in dict.fromkeys((c.precision, c.extra_bits) for c in grid):
         plain = Config(precision, k)
-        graph = graphs.get(plain.name) or CompiledGraph(work.program(plain), device=dev, description=plain.name)
+        with _timed(phases, "traces"):
+            graph = traced(plain)
         if calibrate and graph.affine:
             uncalibrated = {b: graph.required_bytes(b) for b in (1, batch_size)}
-            calibrated = CompiledGraph(work.program(plain), device=dev).calibrate(
-                sizes=(1, 2, 4, 8), check=(min(16, max(batch_size, 9)),), refine=1)
+            # NOTE: a shallow copy, not a second trace of the same program (a bf16 one at 100M parameters
+            # traces for minutes): calibrating rebinds the copy's own calibration, and an affine plan
+            # reads its traces without adding to them
+            with _timed(phases, "calibration"):
+                calibrated = copy.copy(graph).calibrate(sizes=(1, 2, 4, 8), check=(min(16, max(batch_size, 9)),),
+                                                        refine=1)
             runs["calibration runs"] = runs.get("calibration runs", 0) + 5 + int(calibrated.calibration_error
                                                                                  ["refined"].max())
-            extra[precision, k] = lambda b, c=calibrated, u=graph, cache=uncalibrated: max(
-                0, c.required_bytes(b) - (cache[b] if b in cache else u.required_bytes(b)))
+            # NOTE: memoized: a calibrated plan adds each op call's scratch in Python (a second per batch size
+            # at 100M parameters), asked for the same batches by every candidate of the precision
+            peak = functools.lru_cache(maxsize=None)(calibrated.required_bytes)
+            extra[precision, k] = lambda b, c=peak, u=graph, cache=uncalibrated: max(
+                0, c(b) - (cache[b] if b in cache else u.required_bytes(b)))
         else:
             extra[precision, k] = lambda b: 0
-    fp32 = graphs.get(Config().name) or CompiledGraph(work.program(Config()), device=dev)
+    with _timed(phases, "traces"):
+        fp32 = traced(Config())
     cap = memory_budget * (1 - margin)
     timing_batch = batch_size if fp32.required_bytes(batch_size) <= cap else max(
         1, search_max(lambda b: fp32.required_bytes(b) <= cap, 1, limit=batch_size)[0])
-    seconds = measure_time(work, grid, timing_batch, min_run_time, runs)
+    with _timed(phases, "timing"):
+        seconds = measure_time(work, grid, timing_batch, min_run_time, runs)
     checkpoints = None
     if any(c.checkpoint != "none" for c in grid):
-        checkpoints = profile_checkpoints(work, min(batch_size, 4))
+        with _timed(phases, "layer profile"):
+            checkpoints = profile_checkpoints(work, min(batch_size, 4))
         runs["layer profile (checkpoints)"] = 1
-    for cfg in grid:  # the plain configuration each optimal plan is budgeted against
-        if cfg.checkpoint == "optimal" and replace(cfg, checkpoint="none").name not in graphs:
-            plain = replace(cfg, checkpoint="none")
-            graphs[plain.name] = CompiledGraph(work.program(plain), device=dev, input_shape=tuple(inputs.shape[1:]),
-                                               description=plain.name)
+    with _timed(phases, "traces"):
+        for cfg in grid:  # the plain configuration each optimal plan is budgeted against
+            if cfg.checkpoint == "optimal":
+                traced(replace(cfg, checkpoint="none"))
     advice = Advice(None, float(memory_budget), float(margin), batch_size, dev, runs, work,
                     {c.name: c for c in grid}, graphs, extra, seconds, batch_size / timing_batch, checkpoints)
-    return advice.rebudget(memory_budget)
+    with _timed(phases, "plans and table"):
+        advice.rebudget(memory_budget)
+    advice.planning_seconds = phases
+    return advice

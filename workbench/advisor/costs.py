@@ -4,8 +4,10 @@ Time (a cost model, derived from measurements in this process): one baseline ste
 optimizer) timed in three parts, forward+loss, backward and optimizer step, at the user's batch (or the
 largest the budget allows for fp32, scaled linearly in the batch); one forward under each other precision
 (its ratio to fp32 scales forward and backward); one optimizer step of each optimizer variant on the
-model's parameters. A candidate's step is forward + backward (precision ratio) + its optimizer step, plus
-the recomputed share of the forward. Step in backward moves the update into backward and is predicted at
+model's parameters. Each is timed after a warm-up call, in blocks of calls (torch.utils.benchmark), or in single
+calls where one lasts `min_run_time` (one call for a step of seconds: a 100M-parameter model's packed optimizer
+step). A candidate's step is forward + backward (precision ratio) + its optimizer step, plus the recomputed
+share of the forward. Step in backward moves the update into backward and is predicted at
 the same time.
 
 Checkpointing (models whose layers open): one per-layer profile (`workbench.checkpoint.profile_layers`,
@@ -20,6 +22,8 @@ candidates narrowed away) nothing is profiled.
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -68,12 +72,27 @@ class Workload:
             else self.inputs.dtype)
 
 
-def _seconds(fn: Callable[[], object], min_run_time: float) -> tuple[float, int]:
-    """Median seconds per call of `fn` (torch.utils.benchmark, blocks of calls after a warm-up) and the
-    number of calls it made."""
-    fn()  # warm-up: first-call allocations and kernel selection
-    measured = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
-    return measured.median, measured.number_per_run * len(measured.raw_times) + 1
+def _seconds(fn: Callable[[], object], min_run_time: float, device: torch.device) -> tuple[float, int]:
+    """Median seconds per call of `fn` after a warm-up call, and the number of calls it made: blocks of calls
+    (torch.utils.benchmark's `blocked_autorange`) for calls shorter than `min_run_time`, else single calls
+    until `min_run_time` is spent (one, for a call as long as the warm-up)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # as benchmark.Timer's clock
+    sync()
+    start = time.perf_counter()
+    fn()  # warm-up: first-call allocations (an optimizer's state) and kernel selection
+    sync()
+    if time.perf_counter() - start < min_run_time:
+        measured = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
+        return measured.median, measured.number_per_run * len(measured.raw_times) + 1
+    # NOTE: blocked_autorange would spend one more untimed call sizing its block: for a step of seconds
+    # (a 100M-parameter model's packed optimizer step) it times one call of one either way
+    times: list[float] = []
+    while sum(times) < min_run_time:
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), len(times) + 1
 
 
 def measure_time(work: Workload, configs: Sequence[Config], batch_size: int, min_run_time: float,
@@ -83,7 +102,7 @@ def measure_time(work: Workload, configs: Sequence[Config], batch_size: int, min
     seconds: dict[str, float] = {}
 
     def timed(key: str, what: str, fn: Callable[[], object]) -> None:
-        seconds[key], calls = _seconds(fn, min_run_time)
+        seconds[key], calls = _seconds(fn, min_run_time, work.device)
         runs[what] = runs.get(what, 0) + calls
 
     for cfg in [Config(), *configs]:
@@ -140,6 +159,8 @@ class Checkpoints:
 
     profile: LayerProfile
     uniform: list[tuple[int, int, bool]]  # the segments `sc(model)` runs by default
+    # the model is an nn.Sequential whose checkpoint units are its children: see `same_program`
+    sequential: bool = False
     # plans already searched, as (budget, the plan's own peak, segments); see `optimal`
     _solved: list[tuple[float, int, list[tuple[int, int, bool]]]] = field(default_factory=list, repr=False)
     _lowest: CheckpointPlan | None = field(default=None, repr=False)
@@ -147,6 +168,18 @@ class Checkpoints:
     def recompute_share(self, segments: Sequence[tuple[int, int, bool]]) -> float:
         """The share of one forward pass a plan recomputes in backward (profiled layer times)."""
         return evaluate_plan(self.profile, segments)[1] / max(sum(self.profile.time_s), 1e-12)
+
+    def same_program(self, segments: Sequence[tuple[int, int, bool]]) -> str | None:
+        """The checkpoint switch ("uniform" or "none") whose training program a plan of `segments` runs op for
+        op, or None. `CheckpointedSequential.forward` reads nothing of its plan but the segments, so the uniform
+        segments run the uniform program; with nothing checkpointed it calls the units in order, which is
+        `nn.Sequential.forward` where the units are the model's children (`sequential`)."""
+        segments = [tuple(s) for s in segments]
+        if segments == [tuple(s) for s in self.uniform]:
+            return "uniform"
+        if self.sequential and not any(checkpointed for _, _, checkpointed in segments):
+            return "none"
+        return None
 
     @property
     def unchecked_peak(self) -> int:
@@ -178,4 +211,10 @@ def profile_checkpoints(work: Workload, size: int) -> Checkpoints:
         model = work.build().train()
     x, y = work.make_batch(Config())(size, work.device)
     profile = profile_layers(model, x, split_blocks=SPLIT_BLOCKS, loss_fn=lambda out: work.loss_fn(out, y))
-    return Checkpoints(profile, sc(model, split_blocks=SPLIT_BLOCKS).plan.segments)
+    wrapped = sc(model, split_blocks=SPLIT_BLOCKS)
+    children = list(model.children())
+    # NOTE: hooks on the model itself run around its own forward and not around the wrapper's
+    hooks = (model._forward_hooks, model._forward_pre_hooks, model._backward_hooks, model._backward_pre_hooks)
+    sequential = (type(model).forward is nn.Sequential.forward and not any(hooks)
+                  and [id(u) for u in wrapped.units] == [id(c) for c in children])
+    return Checkpoints(profile, wrapped.plan.segments, sequential)

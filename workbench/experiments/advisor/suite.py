@@ -166,7 +166,8 @@ def planning_model(parameters: int) -> tuple[Callable[[], nn.Module], tuple[int,
 
 def planning_time(parameters: int, *, batch_size: int, min_run_time: float, candidates=None) -> dict:
     """Wall time of one `advise()` (every candidate traced, calibrated, timed; `candidates` narrows them) on
-    `planning_model(parameters)` at `batch_size`, with its real passes counted. Nothing else is run."""
+    `planning_model(parameters)` at `batch_size`, split by phase (`Advice.planning_seconds`: `<phase>_seconds`),
+    with its real passes counted. Nothing else is run."""
     factory, shape = planning_model(parameters)
     x, y = torch.randn(batch_size, *shape), torch.randint(0, 10, (batch_size,))
     gc.collect()
@@ -177,4 +178,5 @@ def planning_time(parameters: int, *, batch_size: int, min_run_time: float, cand
         width = factory()[0].out_features
     return {"model": f"MLP, width {width}", "parameters": _parameters(advice),
             "batch_size": batch_size, "candidates": len(advice.table), "planning_seconds": seconds,
+            **{f"{phase.replace(' ', '_')}_seconds": t for phase, t in advice.planning_seconds.items()},
             "real_runs": str(advice.real_runs)}
