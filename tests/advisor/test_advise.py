@@ -247,15 +247,3 @@ def test_the_optimal_checkpoint_plan_is_chosen_for_the_budget_and_built_as_plann
         torch.testing.assert_close(step((x, y)), loss.detach())
     for p, q in zip(step.model.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(p, q)
-
-
-def test_candidates_that_run_one_program_share_its_trace_and_its_recalibration():
-    advice = advise(mlp, batch(), memory_budget=2**30, candidates=[Config(), Config(checkpoint="optimal")],
-                    min_run_time=0.01, margin=0.0, calibrate=False)
-    names = ["fp32", "fp32, checkpoint optimal"]
-    assert advice._segments[names[1]] == [(0, 5, False)]  # nothing checkpointed: the plain model's program
-    assert advice._graphs[names[0]] is advice._graphs[names[1]]
-    result = advice.verify(repeats=1)
-    assert result["recalibrated"]  # no margin, no calibration: any error recalibrates
-    peaks = advice.table.set_index("config").loc[names, "predicted_peak_bytes"]
-    assert peaks.nunique() == 1 and peaks.iloc[0] != result["predicted_peak_bytes"]

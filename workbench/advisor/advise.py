@@ -3,8 +3,7 @@ the fastest that fits chosen, and the choice verified with one real run.
 
 Memory: each candidate's training program (build, then two steps: the optimizer state is created in the
 first) is traced under fake tensors by CalcGraph ("CalcGraph: taming the high costs of deep learning using
-models", 2022, Section 3.2), so no step of any candidate runs at the user's batch. Each program is traced once:
-an `optimal` checkpoint plan that runs another candidate's program (`Checkpoints.same_program`) takes its trace.
+models", 2022, Section 3.2), so no step of any candidate runs at the user's batch. Each program is traced once.
 On CPU the kernels' scratch that fake tensors cannot see is calibrated once per precision (the candidate
 without step in backward or checkpointing, real steps at batches 1, 2, 4 and 8, `CompiledGraph.calibrate`)
 and added to every candidate of that precision as a workspace term.
@@ -81,11 +80,6 @@ class Advice:
     planning_seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per phase of `advise`
 
     def _trace(self, cfg: Config, segments: Sequence | None = None) -> CompiledGraph:
-        """The plan of `cfg`'s program, traced once per program: a checkpoint plan that runs exactly the
-        program of another switch (`Checkpoints.same_program`) takes that switch's trace."""
-        same = self._checkpoints.same_program(segments) if segments is not None else None
-        if same is not None:
-            cfg, segments = replace(cfg, checkpoint=same), None
         key = (cfg.name, None if segments is None else tuple(segments))
         if key not in self._traced:
             self._traced[key] = self._graphs.get(cfg.name) if segments is None and cfg.name in self._graphs else \

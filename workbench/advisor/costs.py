@@ -159,8 +159,6 @@ class Checkpoints:
 
     profile: LayerProfile
     uniform: list[tuple[int, int, bool]]  # the segments `sc(model)` runs by default
-    # the model is an nn.Sequential whose checkpoint units are its children: see `same_program`
-    sequential: bool = False
     # plans already searched, as (budget, the plan's own peak, segments); see `optimal`
     _solved: list[tuple[float, int, list[tuple[int, int, bool]]]] = field(default_factory=list, repr=False)
     _lowest: CheckpointPlan | None = field(default=None, repr=False)
@@ -168,18 +166,6 @@ class Checkpoints:
     def recompute_share(self, segments: Sequence[tuple[int, int, bool]]) -> float:
         """The share of one forward pass a plan recomputes in backward (profiled layer times)."""
         return evaluate_plan(self.profile, segments)[1] / max(sum(self.profile.time_s), 1e-12)
-
-    def same_program(self, segments: Sequence[tuple[int, int, bool]]) -> str | None:
-        """The checkpoint switch ("uniform" or "none") whose training program a plan of `segments` runs op for
-        op, or None. `CheckpointedSequential.forward` reads nothing of its plan but the segments, so the uniform
-        segments run the uniform program; with nothing checkpointed it calls the units in order, which is
-        `nn.Sequential.forward` where the units are the model's children (`sequential`)."""
-        segments = [tuple(s) for s in segments]
-        if segments == [tuple(s) for s in self.uniform]:
-            return "uniform"
-        if self.sequential and not any(checkpointed for _, _, checkpointed in segments):
-            return "none"
-        return None
 
     @property
     def unchecked_peak(self) -> int:
@@ -211,10 +197,4 @@ def profile_checkpoints(work: Workload, size: int) -> Checkpoints:
         model = work.build().train()
     x, y = work.make_batch(Config())(size, work.device)
     profile = profile_layers(model, x, split_blocks=SPLIT_BLOCKS, loss_fn=lambda out: work.loss_fn(out, y))
-    wrapped = sc(model, split_blocks=SPLIT_BLOCKS)
-    children = list(model.children())
-    # NOTE: hooks on the model itself run around its own forward and not around the wrapper's
-    hooks = (model._forward_hooks, model._forward_pre_hooks, model._backward_hooks, model._backward_pre_hooks)
-    sequential = (type(model).forward is nn.Sequential.forward and not any(hooks)
-                  and [id(u) for u in wrapped.units] == [id(c) for c in children])
-    return Checkpoints(profile, wrapped.plan.segments, sequential)
+    return Checkpoints(profile, sc(model, split_blocks=SPLIT_BLOCKS).plan.segments)
