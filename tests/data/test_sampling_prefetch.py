@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
@@ -75,7 +75,11 @@ def test_sampler_carries_remainders_so_epoch_shares_follow_weights() -> None:
 @settings(max_examples=30, deadline=None)
 @given(weights=st.lists(st.floats(0, 10), min_size=1, max_size=8).filter(lambda w: sum(w) > 0.01),
        batch=st.integers(1, 32), batches=st.integers(1, 12))
-def test_sampler_prefix_shares_within_one_example(weights, batch, batches) -> None:
+# a class can fall more than one example behind (class 5 by 1.053 after 6 batches here): the bound is one way
+@example(weights=[1.0, 1.0, 3.0, 3.0, 3.0, 3.0, 0.25], batch=4, batches=6)
+def test_sampler_prefix_never_a_full_example_ahead_of_its_share(weights, batch, batches) -> None:
+    # the largest-deficit rule's guarantee (SelectiveBatchSampler.batch_counts): after every slot no class is
+    # a full example ahead of its exact share, and since the deficits sum to zero none is n - 1 behind
     labels = torch.arange(len(weights)).repeat(4)
     sampler = SelectiveBatchSampler(labels, weights, batch, num_batches=batches)
     total = sum(weights)
@@ -83,8 +87,9 @@ def test_sampler_prefix_shares_within_one_example(weights, batch, batches) -> No
     for b, counts in enumerate(sampler.batch_counts(), start=1):
         assert sum(counts) == batch and min(counts) >= 0
         given = [g + c for g, c in zip(given, counts, strict=True)]
-        assert all(g - w / total * batch * b > -1 for g, w in zip(given, weights, strict=True))
-        assert all(g - w / total * batch * b < len(weights) for g, w in zip(given, weights, strict=True))
+        ahead = [g - w / total * batch * b for g, w in zip(given, weights, strict=True)]
+        assert max(ahead) < 1 + 1e-9
+        assert min(ahead) > -(len(weights) - 1) - 1e-9
 
 
 @pytest.mark.parametrize("alpha", [0.05, 0.4, 1.0, 16.0, 100.0, 1e4])
