@@ -1,17 +1,18 @@
 """The hand-written CPU packed step against the eager step, bit for bit (Lewandowski & Kosson, 3.1).
 
 Tests ``workbench.optim.cpu_kernel``: every byte-plane format (bf16+8, bf16+16, fp16+8, and with
-stochastic rounding bf16+7, bf16+15, fp16+7), fp32 and bf16 states, truncated and stochastic master
-rounding, AdamW, Adam and SGD, on ordinary values, special values (zeros, subnormals, infinities,
-NaNs, the largest finite values, rounding ties) and random bit patterns, over one and two threads;
-and the fallback when the kernel cannot be built. The kernel is built once into torch's extension
-cache (first run: seconds; later sessions load it).
+stochastic rounding bf16+7, bf16+15, fp16+7; bf16+0 and fp16+0 with no plane), fp32 and bf16 states,
+truncated and stochastic master rounding, AdamW, Adam and SGD, on ordinary values, special values
+(zeros, subnormals, infinities, NaNs, the largest finite values, rounding ties) and random bit patterns,
+over one and two threads; and the fallback when the kernel cannot be built. The kernel is built once into
+torch's extension cache (first run: seconds; later sessions load it).
 """
 
 import pytest
 import torch
 
-from kernel_cases import BF16, FORMATS, KEY, MATHS, assert_same_bits, coef_for, fmt_id, inputs
+from kernel_cases import (BF16, FORMATS, KEY, MATHS, NO_PLANES, assert_same_bits, coef_for, fmt_id, inputs,
+                          widened_apart)
 
 from workbench.optim import cpu_kernel
 from workbench.optim.formats import storage_bits
@@ -34,15 +35,18 @@ def _compare(n, fmt, state_dtype, master_rounding, math_fn, options, *, steps=2,
                   options=options)
     eager = [half.clone(), [p.clone() for p in planes], [s.clone() for s in states]]
     kernel = [half.clone(), [p.clone() for p in planes], [s.clone() for s in states]]
+    bits = storage_bits(k, sr)
     for step in range(steps):
         key = KEY + step
         coef = coef_for(math_fn, step=(1, 1000, 3)[step % 3])  # bias corrections of early and late steps
-        chunked_update(eager[0], grad, eager[1], eager[2], coef, key, bits=storage_bits(k, sr), **static)
-        cpu_kernel.packed_update_cpu(kernel[0], grad, kernel[1], kernel[2], coef, key, **static)
-    assert_same_bits([eager[0], *eager[1], *eager[2]], [kernel[0], *kernel[1], *kernel[2]])
+        # k = 0: the optimizer's extra storage is 0 int32 words
+        extra = eager[1] if bits else torch.zeros(0, dtype=torch.int32)
+        chunked_update(eager[0], grad, extra, eager[2], coef, key, bits=bits, **static)
+        cpu_kernel.packed_update_cpu(kernel[0], grad, kernel[1] if bits else extra, kernel[2], coef, key, **static)
+    assert_same_bits([eager[0], *eager[1], *eager[2]], [kernel[0], *kernel[1], *kernel[2]], nan_at=widened_apart(grad))
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=fmt_id)
+@pytest.mark.parametrize("fmt", FORMATS + NO_PLANES, ids=fmt_id)
 def test_every_option_equals_the_eager_step(kernel, fmt, one_thread):
     for state_dtype in (torch.float32, BF16):
         for master_rounding in ("truncate", "stochastic"):
@@ -50,7 +54,7 @@ def test_every_option_equals_the_eager_step(kernel, fmt, one_thread):
                 _compare(4133, fmt, state_dtype, master_rounding, math_fn, options)
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=fmt_id)
+@pytest.mark.parametrize("fmt", FORMATS + NO_PLANES, ids=fmt_id)
 def test_random_bit_patterns_equal_the_eager_step(kernel, fmt, one_thread):
     # NaN payloads and signs, infinities, subnormals and negative moments in every input
     for state_dtype in (torch.float32, BF16):

@@ -37,12 +37,40 @@ def _spec():
     return StepSpec(static, 8, BF16, torch.float32, dynamic=True)
 
 
-def test_explicit_choices_and_the_unfused_default():
+def test_explicit_choices_and_the_unfused_default(monkeypatch):
+    from workbench.optim import cpu_kernel
+
     cpu = torch.device("cpu")
     assert select_step(cpu, _spec(), fused=True, compile=False)[0] == "eager"
-    assert select_step(cpu, _spec(), fused=False, compile=None)[0] == "eager"
-    opt = PackedAdamW(_params(), extra_bits=8)  # not fused, compile=None: the eager per-parameter step
-    assert opt.step_backend() == "eager" and opt.step_backend(per_parameter=True) == "eager"
+    assert select_step(cpu, _spec(), fused=False, compile=False)[0] == "eager"
+    # not fused, compile=None: the C++ kernel per parameter where it is built, else the eager step
+    expected = "cpu_kernel" if cpu_kernel.available() else "eager"
+    assert select_step(cpu, _spec(), fused=False, compile=None)[0] == expected
+    opt = PackedAdamW(_params(), extra_bits=8)
+    assert opt.step_backend() == expected and opt.step_backend(per_parameter=True) == expected
+    assert PackedAdamW(_params(), extra_bits=8, amsgrad=True).step_backend() == "eager"  # the kernel lacks it
+    monkeypatch.setattr(cpu_kernel, "available", lambda: False)
+    assert PackedAdamW(_params(), extra_bits=8).step_backend() == "eager"
+
+
+def test_the_unfused_kernel_step_computes_what_eager_does_and_allocates_nothing_under_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from workbench.optim import cpu_kernel
+
+    if not cpu_kernel.available():
+        pytest.skip("no C++ compiler for the CPU kernel here")
+    params, ref = _params(), _params()
+    opt = PackedAdamW(params, lr=1e-2, extra_bits=8, seed=3)
+    eager = PackedAdamW(ref, lr=1e-2, extra_bits=8, seed=3, compile=False)
+    for a, b in zip(_run(opt, params), _run(eager, ref), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with FakeTensorMode():  # the step CalcGraph plans: one call per parameter, nothing allocated
+        p = torch.nn.Parameter(torch.zeros(4096, 64, dtype=BF16))
+        fake = PackedAdamW([p], extra_bits=8, seed=0)
+        p.grad = torch.ones_like(p)
+        fake.step()
+        assert fake.step_backend() == "cpu_kernel" and fake.state[p]["extra"].shape == (1, 4096 * 64)
 
 
 @needs_compile

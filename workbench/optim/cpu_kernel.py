@@ -6,8 +6,8 @@ group's parameters as one stream of values (the "Fused" optimizers, 8 and 16 ext
 
 The kernel (``csrc/packed_step.cpp``) runs :func:`workbench.optim.update.packed_update` for byte-plane
 formats (8 or 16 stored bits: bf16+8, bf16+16, fp16+8, and bf16+7 / bf16+15 / fp16+7 with stochastic
-rounding), Adam(W) or SGD, fp32 or bf16 states, truncated or stochastic master rounding, in one
-vectorised loop (``at::vec::Vectorized``, AVX512 or AVX2) split over threads with
+rounding; and bf16+0 / fp16+0, no stored bits), Adam(W) or SGD, fp32 or bf16 states, truncated or
+stochastic master rounding, in one vectorised loop (``at::vec::Vectorized``, AVX512 or AVX2) split over threads with
 ``at::parallel_for``. It gives the eager step's bits: the same operations in the same order, each
 rounded once, ATen's rules for which NaN an operation returns, and the random bits of
 ``rng.hash_noise`` computed per element from (key, index). Tested over ordinary values, special
@@ -79,6 +79,12 @@ def _build() -> None:
         name=f"workbench_packed_step_{cap.lower()}", sources=[str(SOURCE)], extra_cflags=build_flags(cap),
         extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False,
     )
+    # under fake tensors (CalcGraph's plan of a step) the in-place update allocates nothing
+    torch.library.register_fake("workbench_packed_cpu::step")(_allocates_nothing)
+
+
+def _allocates_nothing(*args: Any) -> None:
+    return None
 
 
 def available() -> bool:
@@ -126,7 +132,7 @@ def unsupported_reason(
     return byte_plane_reason(half, grad, extra, states, coef, device_type="cpu", extra_bits=extra_bits,
                              stochastic_rounding=stochastic_rounding, master_rounding=master_rounding,
                              n_states=2 if math_fn is adam_math else int(bool(options.get("momentum"))),
-                             n_coef=9 if math_fn is adam_math else 4)
+                             n_coef=9 if math_fn is adam_math else 4, planes=(0, 1, 2))
 
 
 def supports(half, grad, extra, states, coef, **static) -> bool:
@@ -166,7 +172,8 @@ def _run(half, grad, extra, states, coef, key, *, math_fn, extra_bits, stochasti
     else:
         math = 2  # SGD
     torch.ops.workbench_packed_cpu.step(
-        half, grad, list(planes_of(extra)), list(states), coef, 0 if key is None else int(key), int(offset),
+        half, grad, list(planes_of(extra)) if extra_bits or stochastic_rounding else [], list(states), coef,
+        0 if key is None else int(key), int(offset),
         int(extra_bits), bool(stochastic_rounding), master_rounding == "stochastic", math,
         bool(options.get("momentum", False)), bool(options.get("nesterov", False)), bool(options.get("first", False)),
     )

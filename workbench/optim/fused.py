@@ -112,17 +112,18 @@ def lazy_backend(module: str, attr: str) -> Callable[[torch.device, StepSpec], S
     return backend
 
 
-def cpu_kernel_step(device: torch.device, spec: StepSpec) -> Step | None:
+def cpu_kernel_step(device: torch.device, spec: StepSpec, *, fallback: Step | None = None) -> Step | None:
     """The hand-written CPU kernel (``workbench.optim.cpu_kernel``) for the specs it takes, else None.
 
-    First in :data:`STEP_BACKENDS`. It takes the byte-plane formats (8 or 16 stored bits); updates it
-    does not take fall back to the compiled step (or the eager one) inside ``cpu_kernel.kernel_update``.
+    In :data:`STEP_BACKENDS`, and the per-parameter step's (see :func:`select_step`). It takes the byte-plane
+    formats (0, 8 or 16 stored bits); updates it does not take fall back to ``fallback`` (by default the compiled
+    step, or the eager one) inside ``cpu_kernel.kernel_update``.
     ``WORKBENCH_CPU_KERNEL=0`` turns it off; without a C++ compiler it warns once and is skipped.
     """
     static, options = spec.static, spec.static["options"]
     # NOTE: the kernel reads its options by name and would ignore the ones it does not know: loss
     # scaling (the ``scaled`` coefficients), maximize and amsgrad are kept away from it until it has them.
-    if (device.type != "cpu" or spec.bits not in (8, 16) or static.get("scaled") or options.get("maximize")
+    if (device.type != "cpu" or spec.bits not in (0, 8, 16) or static.get("scaled") or options.get("maximize")
             or options.get("amsgrad")):
         return None
     try:
@@ -131,7 +132,7 @@ def cpu_kernel_step(device: torch.device, spec: StepSpec) -> Step | None:
         return None
     if not kernel.available():
         return None
-    fallback = compiled_step(device, spec) or eager_step(device, spec)
+    fallback = fallback or compiled_step(device, spec) or eager_step(device, spec)
     return kernel.kernel_update(fallback=fallback, **{k: v for k, v in static.items() if k != "scaled"})
 
 
@@ -170,12 +171,20 @@ def select_step(device: torch.device, spec: StepSpec, *, fused: bool, compile: b
     ``compile=False``: the eager update. ``compile=True``: the compiled update (RuntimeError where
     torch.compile is unavailable). ``compile=None``: for ``fused`` groups the first backend of
     :data:`STEP_BACKENDS` that serves ``spec`` on ``device`` (the fastest available), for the
-    others the eager update.
+    others (one update per parameter) the hand-written CPU kernel where it takes the spec, else the eager
+    update.
     """
     device = torch.device(device)
     eager = eager_step(device, spec)
-    if compile is False or (compile is None and not fused):
+    if compile is False:
         return "eager", eager
+    if compile is None and not fused:
+        # NOTE: one call per parameter: the C++ kernel has no temporaries and no per-shape compile, and gives
+        # the eager bits; the eager step runs ~30 ops per 32768-value chunk (3000 chunks for 1e8 parameters,
+        # which CalcGraph's fake-tensor plan of a step then traces one by one: 135 s, against 0.3 s). The
+        # compiled step would compile per shape, and Triton's kernel cannot run on fake tensors.
+        step = cpu_kernel_step(device, spec, fallback=eager)
+        return ("cpu_kernel", step) if step is not None else ("eager", eager)
     if compile is True:
         step = compiled_step(device, spec)
         if step is None:

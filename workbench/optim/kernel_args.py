@@ -32,11 +32,13 @@ def _flat_ok(t: Any, dtype: torch.dtype, n: int, device: torch.device) -> bool:
 def byte_plane_reason(
     half: torch.Tensor, grad: torch.Tensor, extra: Any, states: Sequence[torch.Tensor], coef: torch.Tensor, *,
     device_type: str, extra_bits: int, stochastic_rounding: bool, master_rounding: str, n_states: int, n_coef: int,
+    planes: tuple[int, ...] = (1, 2),
 ) -> str | None:
     """Why a kernel on ``device_type`` cannot take these flat tensors (None when it can).
 
-    ``half``/``grad``: contiguous bf16/fp16 of one size; ``extra``: 1 or 2 uint8 byte planes (or their
-    2-D tensor); ``n_states`` fp32 or bf16 states; ``coef``: ``n_coef`` fp32 values; all on one device.
+    ``half``/``grad``: contiguous bf16/fp16 of one size; ``extra``: as many uint8 byte planes as one of
+    ``planes`` allows (or their 2-D tensor; with 0 planes, k = 0, the empty extra storage); ``n_states``
+    fp32 or bf16 states; ``coef``: ``n_coef`` fp32 values; all on one device.
     """
     if not torch.is_tensor(half) or half.device.type != device_type or half.dtype not in FORMATS:
         return f"half must be a bf16/fp16 {device_type.upper()} tensor"
@@ -48,9 +50,10 @@ def byte_plane_reason(
     if isinstance(extra_bits, bool) or not isinstance(extra_bits, int) or not 0 <= extra_bits <= FORMATS[half.dtype][0]:
         return f"extra_bits={extra_bits!r} out of range for {half.dtype}"
     bits = storage_bits(extra_bits, stochastic_rounding)
-    extra = planes_of(extra)
-    if not isinstance(extra, list | tuple) or bits not in (8, 16) or len(extra) != bits // 8:
-        return f"{bits} stored bits: the kernel takes byte planes (8 or 16 stored bits) only"
+    extra = planes_of(extra) if bits else []
+    if not isinstance(extra, list | tuple) or bits % 8 or bits // 8 not in planes or len(extra) != bits // 8:
+        return (f"{bits} stored bits: the kernel takes byte planes "
+                f"({' or '.join(str(8 * p) for p in planes)} stored bits) only")
     if not all(_flat_ok(p, torch.uint8, n, device) for p in extra):
         return "byte planes must be contiguous uint8 tensors of the parameters' size on their device"
     if len(states) != n_states:

@@ -77,11 +77,14 @@ struct Kernel {
                            bool momentum, bool nesterov, bool first) {
     fvec master;
     if constexpr (kFast) {  // bf16 without the rounding flag: the pattern and the extra bits, or-ed
-      ivec low = kPlanes == 1 ? load_u8_at<1>(plane0) : load_u8_at<0>(plane0) | load_u8_at<1>(plane1);
+      ivec low = I(0);  // no plane: k = 0, the 16-bit value alone
+      if constexpr (kPlanes == 1) low = load_u8_at<1>(plane0);
+      if constexpr (kPlanes == 2) low = load_u8_at<0>(plane0) | load_u8_at<1>(plane1);
       master = as_float(load_u16_hi(half) | low);
     } else {
       ivec hb = load_u16(half);
-      ivec values = load_u8_at<0>(plane0);
+      ivec values = I(0);
+      if constexpr (kPlanes >= 1) values = load_u8_at<0>(plane0);
       if constexpr (kPlanes == 2) values = values | load_u8_at<1>(plane1);
       if constexpr (kSR) {
         hb = hb - (values & I(1));  // un-round
@@ -114,7 +117,7 @@ struct Kernel {
       store_u16_hi(half, bits);
       if constexpr (kPlanes == 1) {
         store_u8_from<1>(plane0, bits);
-      } else {
+      } else if constexpr (kPlanes == 2) {
         store_u8_from<0>(plane0, bits);
         store_u8_from<1>(plane1, bits);
       }
@@ -146,7 +149,7 @@ struct Kernel {
       values = (values << I(1)) | up;
     }
     store_u16(half, hb);
-    store_u8_from<0>(plane0, values);
+    if constexpr (kPlanes >= 1) store_u8_from<0>(plane0, values);
     if constexpr (kPlanes == 2) store_u8_from<1>(plane1, values);
   }
 
@@ -173,7 +176,7 @@ struct Kernel {
       const int64_t full_end = std::min(b1, n / kLanes);
       for (int64_t blk = b0; blk < full_end; blk++) {
         const int64_t i = blk * kLanes;
-        block(half + i, grad + i, p0 + i, kPlanes == 2 ? p1 + i : nullptr, s0 ? s0 + i * kStateSize : nullptr,
+        block(half + i, grad + i, kPlanes >= 1 ? p0 + i : nullptr, kPlanes == 2 ? p1 + i : nullptr, s0 ? s0 + i * kStateSize : nullptr,
               s1 ? s1 + i * kStateSize : nullptr, cl, c5l, static_cast<int32_t>(offset + i), key, momentum, nesterov,
               first);
       }
@@ -184,13 +187,13 @@ struct Kernel {
         alignas(64) char ts0[kLanes * 4] = {}, ts1[kLanes * 4] = {};
         std::memcpy(th, half + i, count * 2);
         std::memcpy(tg, grad + i, count * 2);
-        std::memcpy(t0, p0 + i, count);
+        if (p0) std::memcpy(t0, p0 + i, count);
         if (p1) std::memcpy(t1, p1 + i, count);
         if (s0) std::memcpy(ts0, s0 + i * kStateSize, count * kStateSize);
         if (s1) std::memcpy(ts1, s1 + i * kStateSize, count * kStateSize);
         block(th, tg, t0, t1, ts0, ts1, cl, c5l, static_cast<int32_t>(offset + i), key, momentum, nesterov, first);
         std::memcpy(half + i, th, count * 2);
-        std::memcpy(p0 + i, t0, count);
+        if (p0) std::memcpy(p0 + i, t0, count);
         if (p1) std::memcpy(p1 + i, t1, count);
         if (s0) std::memcpy(s0 + i * kStateSize, ts0, count * kStateSize);
         if (s1) std::memcpy(s1 + i * kStateSize, ts1, count * kStateSize);
@@ -236,8 +239,10 @@ void packed_step(const at::Tensor& half, const at::Tensor& grad, at::TensorList 
   check_flat(half, "half", half.scalar_type(), n);
   check_flat(grad, "grad", half.scalar_type(), n);
   const int64_t nplanes = static_cast<int64_t>(planes.size());
-  TORCH_CHECK((nplanes == 1 || (nplanes == 2 && !fp16)) && extra_bits == 8 * nplanes - (stochastic_rounding ? 1 : 0),
-              "byte planes hold 8 or 16 stored bits: got ", nplanes, " planes for ", extra_bits, " extra bits",
+  // no plane: k = 0 (the 16-bit value alone, nothing to store beside it)
+  TORCH_CHECK((nplanes == 1 || (nplanes == 2 && !fp16) || (nplanes == 0 && !stochastic_rounding)) &&
+                  extra_bits == 8 * nplanes - (stochastic_rounding ? 1 : 0),
+              "byte planes hold 0, 8 or 16 stored bits: got ", nplanes, " planes for ", extra_bits, " extra bits",
               stochastic_rounding ? " + the rounding flag" : "", " of ", half.scalar_type());
   for (const auto& p : planes) check_flat(p, "plane", at::kByte, n);
   TORCH_CHECK(math == kAdamW || math == kAdam || math == kSgd, "math=", math, ": 0 (AdamW), 1 (Adam) or 2 (SGD)");
@@ -252,7 +257,7 @@ void packed_step(const at::Tensor& half, const at::Tensor& grad, at::TensorList 
   Step s{};
   s.half = reinterpret_cast<uint16_t*>(half.data_ptr());
   s.grad = reinterpret_cast<const uint16_t*>(grad.data_ptr());
-  s.plane0 = planes[0].data_ptr<uint8_t>();
+  s.plane0 = nplanes >= 1 ? planes[0].data_ptr<uint8_t>() : nullptr;
   s.plane1 = nplanes == 2 ? planes[1].data_ptr<uint8_t>() : nullptr;
   s.state0 = nstates > 0 ? states[0].data_ptr() : nullptr;
   s.state1 = nstates > 1 ? states[1].data_ptr() : nullptr;
@@ -264,7 +269,10 @@ void packed_step(const at::Tensor& half, const at::Tensor& grad, at::TensorList 
   s.nesterov = nesterov;
   s.first = first;
   const bool sr = stochastic_rounding, ms = master_stochastic;
-  if (fp16) {
+  if (nplanes == 0) {
+    fp16 ? dispatch_format<true, 0, false>(s, n, math, ms, bf16_state)
+         : dispatch_format<false, 0, false>(s, n, math, ms, bf16_state);
+  } else if (fp16) {
     sr ? dispatch_format<true, 1, true>(s, n, math, ms, bf16_state)
        : dispatch_format<true, 1, false>(s, n, math, ms, bf16_state);
   } else if (nplanes == 1) {
