@@ -48,3 +48,22 @@ def test_a_call_longer_than_min_run_time_is_timed_once_after_its_warm_up():
     calls.clear()
     _, counted = _seconds(lambda: calls.append(1), 0.01, torch.device("cpu"))
     assert counted >= 10  # short calls: blocks of calls (benchmark's blocked_autorange)
+
+
+def test_a_candidate_is_its_precisions_whole_step_with_its_own_update_and_backward_hooks():
+    from workbench.advisor import Config, advise
+
+    def mlp():
+        return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+    grid = [Config(), Config(step_in_backward=True), Config("bf16", 8), Config("bf16", 16, "bf16"),
+            Config("bf16", 8, step_in_backward=True)]
+    advice = advise(mlp, (torch.randn(8, 16), torch.randint(0, 4, (8,))), memory_budget=2**40, candidates=grid,
+                    min_run_time=0.01, calibrate=False)
+    s, predicted = advice._seconds, advice.table.set_index("config")["predicted_step_seconds"]
+    assert predicted["fp32"] == s["step fp32"] and predicted["bf16+8"] == s["step bf16"]
+    assert predicted["fp32, step in backward"] == s["step fp32"] + s["in backward torch"]
+    assert predicted["bf16+8, step in backward"] == s["step bf16"] + s["in backward packed"]
+    assert predicted["bf16+16, bf16 state"] == s["step bf16"] - s["optimizer bf16+8 fp32 state"] \
+        + s["optimizer bf16+16 bf16 state"]
+    assert advice.real_runs["timed training steps"] >= 4  # two precisions, two families in backward

@@ -1,14 +1,21 @@
 """The advisor's step-time cost model and the per-layer profile its checkpoint candidates are planned from.
 
-Time (a cost model, derived from measurements in this process): one baseline step (fp32, the user's
-optimizer) timed in three parts, forward+loss, backward and optimizer step, at the user's batch (or the
-largest the budget allows for fp32, scaled linearly in the batch); one forward under each other precision
-(its ratio to fp32 scales forward and backward); one optimizer step of each optimizer variant on the
-model's parameters. Each is timed after a warm-up call, in blocks of calls (torch.utils.benchmark), or in single
-calls where one lasts `min_run_time` (one call for a step of seconds: a 100M-parameter model's packed optimizer
-step). A candidate's step is forward + backward (precision ratio) + its optimizer step, plus the recomputed
-share of the forward. Step in backward moves the update into backward and is predicted at
-the same time.
+Time (a cost model, derived from measurements in this process, all at the user's batch, or at the largest
+the budget allows for fp32 with the forward and backward scaled linearly in the batch):
+
+- one whole training step per precision (fp32, AMP, bf16 weights), run by the same `training_step` that
+  `Advice.build()` returns (forward, loss, backward, optimizer step, gradients freed), of its first
+  optimizer variant; this anchors the candidates of that precision;
+- one optimizer step of each other optimizer variant (packed width k, state dtype) on the model's parameters:
+  a candidate's step is its precision's whole step with the anchor's optimizer step swapped for its own;
+- one whole step with the update inside backward, per optimizer family (torch's, the packed ones): what it
+  costs beyond the plain step (per-parameter updates, hooks) is added to each candidate with step in backward;
+- one forward per precision, and one whole step with uniform checkpoints (fp32): a checkpoint plan adds the
+  share of the forward it recomputes (profiled layer times) plus, per checkpointed segment, what the uniform
+  step measured beyond its own recomputation (torch.utils.checkpoint's machinery).
+
+Each is timed after a warm-up call, in blocks of calls (torch.utils.benchmark), or in single calls where one
+lasts `min_run_time` (one call for a step of seconds: a 100M-parameter model's optimizer step).
 
 Checkpointing (models whose layers open): one per-layer profile (`workbench.checkpoint.profile_layers`,
 real passes of each layer at a small batch) gives the share of the forward each plan recomputes, and the
@@ -25,7 +32,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.utils.benchmark as benchmark
@@ -33,10 +40,11 @@ from torch import nn
 
 from workbench.calcgraph import training_program
 from workbench.checkpoint import CheckpointPlan, LayerProfile, evaluate_plan, plan_checkpoints, profile_layers, sc
+from workbench.optim import step_in_backward
 
 from .configs import SPLIT_BLOCKS, Config, training_setup
 
-__all__ = ["Checkpoints", "Workload", "measure_time", "predict_seconds", "profile_checkpoints"]
+__all__ = ["Checkpoints", "Workload", "measure_time", "predict_seconds", "profile_checkpoints", "training_step"]
 
 
 @dataclass
@@ -95,36 +103,101 @@ def _seconds(fn: Callable[[], object], min_run_time: float, device: torch.device
     return statistics.median(times), len(times) + 1
 
 
+def training_step(work: Workload, cfg: Config, segments: Sequence | None = None
+                  ) -> Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """`step(batch) -> loss`: one training step of `cfg` (model, optimizer, precision, step in backward,
+    checkpoints) built now on the workload's device, with `step.model`, `step.optimizer`, `step.config`."""
+    setup = training_setup(cfg, work.build, optimizer=work.optimizer, lr=work.lr, segments=segments)
+    with work.device:
+        model = setup["build"]().train()
+    opt = setup["optimizer"](model.parameters())
+    hooks = step_in_backward(model, opt) if setup["in_backward"] else None
+    cast = setup["autocast"]
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = (t.to(work.device) for t in batch)
+        if cfg.precision == "bf16" and x.is_floating_point():
+            x = x.to(torch.bfloat16)
+        with torch.autocast(work.device.type, dtype=cast, enabled=cast is not None):
+            value = work.loss_fn(model(x), y)
+        value.backward()
+        if hooks is None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return value.detach()
+
+    step.model, step.optimizer, step.config = model, opt, cfg
+    return step
+
+
+def _family(cfg: Config) -> str:
+    return "packed" if cfg.precision == "bf16" else "torch"
+
+
+def _anchors(configs: Sequence[Config]) -> dict[str, Config]:
+    """Per precision, the plain configuration (no step in backward, no checkpoints) of its first optimizer
+    variant: the whole step every candidate of that precision is predicted from."""
+    anchors: dict[str, Config] = {}
+    for cfg in [Config(), *configs]:
+        anchors.setdefault(cfg.precision, replace(cfg, step_in_backward=False, checkpoint="none"))
+    return anchors
+
+
 def measure_time(work: Workload, configs: Sequence[Config], batch_size: int, min_run_time: float,
-                  runs: dict[str, int]) -> dict[str, float]:
-    """Seconds of forward(+loss) per precision, of forward and backward in fp32, and of each optimizer
-    variant's step, at `batch_size` (the cost model's inputs; see the module docstring)."""
+                 runs: dict[str, int], *, scaled: bool = False, checkpoints: Checkpoints | None = None
+                 ) -> dict[str, float]:
+    """The cost model's inputs (see the module docstring) at `batch_size`: seconds of each precision's whole
+    step (`step <precision>`) and forward; of the optimizer steps a candidate swaps in (`optimizer <variant>`;
+    with `scaled`, the user's batch is not `batch_size`, all of them); what the update inside backward adds per
+    family (`in backward <family>`); and, given the layer profile `checkpoints`, what a checkpointed segment
+    adds beyond its recomputation (`per checkpointed segment`, from a uniformly checkpointed fp32 step)."""
     seconds: dict[str, float] = {}
 
     def timed(key: str, what: str, fn: Callable[[], object]) -> None:
         seconds[key], calls = _seconds(fn, min_run_time, work.device)
         runs[what] = runs.get(what, 0) + calls
 
-    for cfg in [Config(), *configs]:
-        key, okey = _forward_key(cfg), _step_key(cfg)
-        if key in seconds and okey in seconds:
-            continue
-        setup = training_setup(cfg, work.build, optimizer=work.optimizer, lr=work.lr)
+    def whole(cfg: Config, key: str, segments: Sequence | None = None) -> Callable:
+        torch.manual_seed(0)
+        step = training_step(work, cfg, segments)
+        batch = work.make_batch(cfg)(batch_size, work.device)
+        timed(key, "timed training steps", lambda: step(batch))
+        return step
+
+    anchors = _anchors(configs)
+    families = {_family(c) for c in configs if c.step_in_backward}
+    for precision, anchor in anchors.items():
+        step = whole(anchor, "step " + precision)
+        x, y = work.make_batch(anchor)(batch_size, work.device)
+        timed(_forward_key(anchor), "timed forward passes",
+              _forward(work, step.model, x, y, training_setup(anchor, work.build)["autocast"]))
+        del step
+        family = _family(anchor)
+        if family in families:  # measured once per family, at its first precision
+            families.discard(family)
+            whole(replace(anchor, step_in_backward=True), "in backward " + family)
+            seconds["in backward " + family] -= seconds["step " + precision]
+    if checkpoints is not None:
+        segments = checkpoints.uniform
+        whole(replace(anchors["fp32"], checkpoint="uniform"), "checkpoint uniform")
+        recomputed = seconds["forward fp32"] * checkpoints.recompute_share(segments)
+        seconds["per checkpointed segment"] = max(0.0, seconds.pop("checkpoint uniform") - seconds["step fp32"]
+                                                  - recomputed) / max(1, sum(c for _, _, c in segments))
+    needed = {}  # the updates swapped in for their precision's anchor (all of them when scaled)
+    for cfg in configs:
+        anchor = anchors[cfg.precision]
+        if scaled or _step_key(cfg) != _step_key(anchor):
+            needed.update({_step_key(cfg): cfg, _step_key(anchor): anchor})
+    for key, cfg in needed.items():
+        setup = training_setup(replace(cfg, step_in_backward=False, checkpoint="none"), work.build,
+                               optimizer=work.optimizer, lr=work.lr)
         torch.manual_seed(0)
         with work.device:
             model = setup["build"]().train()
         opt = setup["optimizer"](model.parameters())
-        x, y = work.make_batch(cfg)(batch_size, work.device)
-
-        forward = _forward(work, model, x, y, setup["autocast"])
-        if key not in seconds:
-            timed(key, "timed forward passes", forward)
-        if "forward and backward" not in seconds:
-            timed("forward and backward", "timed training passes", lambda f=forward: f().backward())
-        if okey not in seconds:
-            for p in model.parameters():
-                p.grad = torch.zeros_like(p)
-            timed(okey, "timed optimizer steps", opt.step)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        timed(key, "timed optimizer steps", opt.step)
         del model, opt
     return seconds
 
@@ -142,15 +215,23 @@ def _forward_key(cfg: Config) -> str:
 
 
 def _step_key(cfg: Config) -> str:
-    return "step " + (f"bf16+{cfg.extra_bits} {cfg.state_dtype} state" if cfg.precision == "bf16" else "torch")
+    return "optimizer " + (f"bf16+{cfg.extra_bits} {cfg.state_dtype} state" if cfg.precision == "bf16" else "torch")
 
 
-def predict_seconds(cfg: Config, seconds: dict[str, float], scale: float, recompute_share: float) -> float:
-    fwd0 = seconds[_forward_key(Config())]
-    ratio = seconds[_forward_key(cfg)] / fwd0
-    fwd = fwd0 * ratio * scale
-    bwd = max(0.0, seconds["forward and backward"] - fwd0) * ratio * scale
-    return fwd + bwd + seconds[_step_key(cfg)] + fwd * recompute_share
+def predict_seconds(cfg: Config, seconds: dict[str, float], scale: float, configs: Sequence[Config],
+                    segments: Sequence[tuple[int, int, bool]] = (), checkpoints: Checkpoints | None = None) -> float:
+    """Seconds of one step of `cfg` (see the module docstring), checkpointed by `segments` (planned on the
+    profile `checkpoints`); `scale` = the user's batch / the timing batch; `configs`: the grid timed."""
+    own, theirs = _step_key(cfg), _step_key(_anchors(configs)[cfg.precision])
+    total = seconds["step " + cfg.precision]
+    if scale != 1 or own != theirs:  # the forward and backward scaled, the anchor's update swapped for its own
+        total = (total - seconds[theirs]) * scale + seconds[own]
+    if cfg.step_in_backward:
+        total += seconds["in backward " + _family(cfg)]
+    if checkpoints is not None and any(c for _, _, c in segments):
+        total += seconds[_forward_key(cfg)] * scale * checkpoints.recompute_share(segments)
+        total += seconds["per checkpointed segment"] * sum(c for _, _, c in segments)
+    return total
 
 
 @dataclass
