@@ -10,9 +10,10 @@ the budget allows for fp32 with the forward and backward scaled linearly in the 
   a candidate's step is its precision's whole step with the anchor's optimizer step swapped for its own;
 - one whole step with the update inside backward, per optimizer family (torch's, the packed ones): what it
   costs beyond the plain step (per-parameter updates, hooks) is added to each candidate with step in backward;
-- one forward per precision, and one whole step with uniform checkpoints (fp32): a checkpoint plan adds the
-  share of the forward it recomputes (profiled layer times) plus, per checkpointed segment, what the uniform
-  step measured beyond its own recomputation (torch.utils.checkpoint's machinery).
+- one forward per precision, and one whole step with uniform checkpoints (of the precision whose whole step
+  was fastest): a checkpoint plan adds the share of the forward it recomputes (profiled layer times) plus,
+  per checkpointed segment, what the uniform step measured beyond its own recomputation
+  (torch.utils.checkpoint's machinery).
 
 Each is timed after a warm-up call, in blocks of calls (torch.utils.benchmark), or in single calls where one
 lasts `min_run_time` (one call for a step of seconds: a 100M-parameter model's optimizer step).
@@ -150,7 +151,7 @@ def measure_time(work: Workload, configs: Sequence[Config], batch_size: int, min
     step (`step <precision>`) and forward; of the optimizer steps a candidate swaps in (`optimizer <variant>`;
     with `scaled`, the user's batch is not `batch_size`, all of them); what the update inside backward adds per
     family (`in backward <family>`); and, given the layer profile `checkpoints`, what a checkpointed segment
-    adds beyond its recomputation (`per checkpointed segment`, from a uniformly checkpointed fp32 step)."""
+    adds beyond its recomputation (`per checkpointed segment`, from a uniformly checkpointed step)."""
     seconds: dict[str, float] = {}
 
     def timed(key: str, what: str, fn: Callable[[], object]) -> None:
@@ -165,12 +166,20 @@ def measure_time(work: Workload, configs: Sequence[Config], batch_size: int, min
         return step
 
     anchors = _anchors(configs)
+    needed: dict[str, Config] = {}  # the updates swapped in for their precision's anchor (all of them when scaled)
+    for cfg in configs:
+        anchor = anchors[cfg.precision]
+        if scaled or _step_key(cfg) != _step_key(anchor):
+            needed.update({_step_key(cfg): cfg, _step_key(anchor): anchor})
+    models = {}  # each precision's model, for the updates timed on its parameters
     families = {_family(c) for c in configs if c.step_in_backward}
     for precision, anchor in anchors.items():
         step = whole(anchor, "step " + precision)
         x, y = work.make_batch(anchor)(batch_size, work.device)
         timed(_forward_key(anchor), "timed forward passes",
               _forward(work, step.model, x, y, training_setup(anchor, work.build)["autocast"]))
+        if any(c.precision == precision for c in needed.values()):
+            models[precision] = step.model
         del step
         family = _family(anchor)
         if family in families:  # measured once per family, at its first precision
@@ -178,23 +187,20 @@ def measure_time(work: Workload, configs: Sequence[Config], batch_size: int, min
             whole(replace(anchor, step_in_backward=True), "in backward " + family)
             seconds["in backward " + family] -= seconds["step " + precision]
     if checkpoints is not None:
+        # NOTE: on the precision whose whole step was fastest: the machinery does not depend on the optimizer,
+        # and at 1e8 parameters torch's fp32 AdamW step takes 1.5 s on CPU, the packed kernel's 0.05 s
+        fastest = min(anchors, key=lambda p: seconds["step " + p])
         segments = checkpoints.uniform
-        whole(replace(anchors["fp32"], checkpoint="uniform"), "checkpoint uniform")
-        recomputed = seconds["forward fp32"] * checkpoints.recompute_share(segments)
-        seconds["per checkpointed segment"] = max(0.0, seconds.pop("checkpoint uniform") - seconds["step fp32"]
+        whole(replace(anchors[fastest], checkpoint="uniform"), "checkpoint uniform")
+        recomputed = seconds[_forward_key(anchors[fastest])] * checkpoints.recompute_share(segments)
+        seconds["per checkpointed segment"] = max(0.0, seconds.pop("checkpoint uniform") - seconds["step " + fastest]
                                                   - recomputed) / max(1, sum(c for _, _, c in segments))
-    needed = {}  # the updates swapped in for their precision's anchor (all of them when scaled)
-    for cfg in configs:
-        anchor = anchors[cfg.precision]
-        if scaled or _step_key(cfg) != _step_key(anchor):
-            needed.update({_step_key(cfg): cfg, _step_key(anchor): anchor})
     for key, cfg in needed.items():
-        setup = training_setup(replace(cfg, step_in_backward=False, checkpoint="none"), work.build,
-                               optimizer=work.optimizer, lr=work.lr)
-        torch.manual_seed(0)
-        with work.device:
-            model = setup["build"]().train()
-        opt = setup["optimizer"](model.parameters())
+        # NOTE: on the anchor's model: the update's time does not depend on the values (a 1e8-parameter build
+        # takes 0.4 s per variant)
+        model = models[cfg.precision]
+        plain = replace(cfg, step_in_backward=False, checkpoint="none")
+        opt = training_setup(plain, work.build, optimizer=work.optimizer, lr=work.lr)["optimizer"](model.parameters())
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
         timed(key, "timed optimizer steps", opt.step)
