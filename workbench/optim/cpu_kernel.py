@@ -172,7 +172,7 @@ def _run(half, grad, extra, states, coef, key, *, math_fn, extra_bits, stochasti
     else:
         math = 2  # SGD
     torch.ops.workbench_packed_cpu.step(
-        half, grad, list(planes_of(extra)) if extra_bits or stochastic_rounding else [], list(states), coef,
+        half, grad, list(planes_of(extra, storage_bits(extra_bits, stochastic_rounding))), list(states), coef,
         0 if key is None else int(key), int(offset),
         int(extra_bits), bool(stochastic_rounding), master_rounding == "stochastic", math,
         bool(options.get("momentum", False)), bool(options.get("nesterov", False)), bool(options.get("first", False)),

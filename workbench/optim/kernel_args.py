@@ -17,8 +17,11 @@ from workbench.optim.formats import FORMATS, storage_bits
 __all__ = ["byte_plane_reason", "planes_of"]
 
 
-def planes_of(extra: Any) -> Any:
-    """Byte planes as a list: a list/tuple as given, a 2-D uint8 tensor by rows (else unchanged)."""
+def planes_of(extra: Any, bits: int | None = None) -> Any:
+    """Byte planes as a list: a list/tuple as given, a 2-D uint8 tensor by rows (else unchanged); with 0
+    stored `bits` (k = 0: the extra storage is empty) no plane."""
+    if bits == 0:
+        return []
     if torch.is_tensor(extra) and extra.dtype == torch.uint8 and extra.dim() == 2:
         return list(extra.unbind(0))
     return extra
@@ -50,7 +53,7 @@ def byte_plane_reason(
     if isinstance(extra_bits, bool) or not isinstance(extra_bits, int) or not 0 <= extra_bits <= FORMATS[half.dtype][0]:
         return f"extra_bits={extra_bits!r} out of range for {half.dtype}"
     bits = storage_bits(extra_bits, stochastic_rounding)
-    extra = planes_of(extra) if bits else []
+    extra = planes_of(extra, bits)
     if not isinstance(extra, list | tuple) or bits % 8 or bits // 8 not in planes or len(extra) != bits // 8:
         return (f"{bits} stored bits: the kernel takes byte planes "
                 f"({' or '.join(str(8 * p) for p in planes)} stored bits) only")
