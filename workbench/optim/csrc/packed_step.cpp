@@ -71,9 +71,9 @@ struct Kernel {
   }
 
   // kLanes values: merge, the fp32 update, split (split_merge.merge_values / update.*_math /
-  // split_merge.split_values); `index` numbers the first value in the random stream of `key`.
+  // split_merge.split_values); `seed` is hash_seed of the values' indices in the random stream.
   static inline void block(uint16_t* half, const uint16_t* grad, uint8_t* plane0, uint8_t* plane1, char* state0,
-                           char* state1, const fvec* c, const DivideByConstant& c5, int32_t index, int32_t key,
+                           char* state1, const fvec* c, const DivideByConstant& c5, const ivec& seed,
                            bool momentum, bool nesterov, bool first) {
     fvec master;
     if constexpr (kFast) {  // bf16 without the rounding flag: the pattern and the extra bits, or-ed
@@ -111,8 +111,11 @@ struct Kernel {
       const fvec denom = divide(sqrt_t(v), c5) + c[6];  // eps is never NaN
       master = sub_t(master, c[7] * (m / denom));
     }
-    if constexpr (kFast && !kNoise) {  // split: the upper half is the pattern, the lower the extra bits
+    if constexpr (kFast) {  // split: the upper half is the pattern, the lower the extra bits
       ivec bits = as_int(master);
+      // master rounding: the noise below the lowest kept bit added to the sign-magnitude pattern
+      // (split_merge's z + r on |x|, the sign untouched since a finite |x| + r stays below inf)
+      if constexpr (kNoise) bits = add_below_inf(bits, hash_mix(seed) & I((1 << kDrop) - 1));
       if constexpr (kExtra < kFull) bits = quiet_if_nan(bits, master);
       store_u16_hi(half, bits);
       if constexpr (kPlanes == 1) {
@@ -130,7 +133,7 @@ struct Kernel {
       nan_bit = sign_mask(I(0x7F800000) - (((hb & I(0x7FFF)) << I(16)) | low)) & I(0x40);
     }
     ivec h = I(0);
-    if constexpr (kSR || kNoise) h = hash_noise(ivec::arange(index, 1), key);
+    if constexpr (kSR || kNoise) h = hash_mix(seed);
     if constexpr (kNoise) {  // stochastic rounding of the master value at its lowest kept bit
       const ivec sign = hb & I(0x8000), mag = hb & I(0x7FFF);
       ivec z = (mag << I(kFull)) | low;
@@ -174,11 +177,14 @@ struct Kernel {
       for (int j = 0; j < 9; j++) cl[j] = c[j];
       const DivideByConstant c5l = c5;
       const int64_t full_end = std::min(b1, n / kLanes);
-      for (int64_t blk = b0; blk < full_end; blk++) {
+      // the hash's first multiply, index * golden ratio, stepped by an add (int32 arithmetic wraps alike)
+      ivec seed = hash_seed(static_cast<int32_t>(offset + b0 * kLanes), key);
+      const ivec seed_step = I(static_cast<int32_t>(kLanes * kGolden));
+      for (int64_t blk = b0; blk < full_end; blk++, seed = seed + seed_step) {
         const int64_t i = blk * kLanes;
-        block(half + i, grad + i, kPlanes >= 1 ? p0 + i : nullptr, kPlanes == 2 ? p1 + i : nullptr, s0 ? s0 + i * kStateSize : nullptr,
-              s1 ? s1 + i * kStateSize : nullptr, cl, c5l, static_cast<int32_t>(offset + i), key, momentum, nesterov,
-              first);
+        block(half + i, grad + i, kPlanes >= 1 ? p0 + i : nullptr, kPlanes == 2 ? p1 + i : nullptr,
+              s0 ? s0 + i * kStateSize : nullptr, s1 ? s1 + i * kStateSize : nullptr, cl, c5l, seed, momentum,
+              nesterov, first);
       }
       if (b1 * kLanes > n && b0 < b1) {  // the tail: the same code on zero-padded copies
         const int64_t i = (b1 - 1) * kLanes, count = n - i;
@@ -191,7 +197,8 @@ struct Kernel {
         if (p1) std::memcpy(t1, p1 + i, count);
         if (s0) std::memcpy(ts0, s0 + i * kStateSize, count * kStateSize);
         if (s1) std::memcpy(ts1, s1 + i * kStateSize, count * kStateSize);
-        block(th, tg, t0, t1, ts0, ts1, cl, c5l, static_cast<int32_t>(offset + i), key, momentum, nesterov, first);
+        block(th, tg, t0, t1, ts0, ts1, cl, c5l, hash_seed(static_cast<int32_t>(offset + i), key), momentum, nesterov,
+              first);
         std::memcpy(half + i, th, count * 2);
         if (p0) std::memcpy(p0 + i, t0, count);
         if (p1) std::memcpy(p1 + i, t1, count);

@@ -226,8 +226,9 @@ inline fvec sub_t(const fvec& self, const fvec& other) {
 // default NaN 0xFFC00000; NaN inputs keep their payload and -0 stays -0 in both.
 inline fvec sqrt_t(const fvec& v) {
 #if defined(CPU_CAPABILITY_AVX512)
-  const __mmask16 negative = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
-  return _mm512_mask_mov_ps(_mm512_sqrt_ps(v), negative, _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+  // a masked square root: +NaN where v < 0, merged in by the sqrt itself (no separate blend)
+  const __mmask16 not_negative = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NLT_UQ);
+  return _mm512_mask_sqrt_ps(_mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)), not_negative, v);
 #else
   return fvec::blendv(v.sqrt(), as_float(ivec(0x7FC00000)), v < fvec(0.0f));
 #endif
@@ -265,13 +266,19 @@ inline fvec divide(const fvec& x, const DivideByConstant& d) {
 // AVX512 conversion, 0x7FC0 in c10's scalar one (which generic builds mirror).
 inline ivec float_to_bf16_hi(const fvec& x) {
   const ivec u = as_int(x);
-  const ivec r = ((u >> I(16)) & I(1)) + I(0x7FFF) + u;
 #if defined(CPU_CAPABILITY_AVX512)
+  // u + 0x7FFF, plus 1 where bit 16 (the bf16 value's last bit) is set: a test into a mask and a
+  // masked add, one instruction fewer than shift, and, add
+  const ivec half_up = u + I(0x7FFF);
+  const ivec r = _mm512_mask_add_epi32(half_up, _mm512_test_epi32_mask(u, I(0x10000)), half_up, I(1));
   return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(-65536));
-#elif defined(CPU_CAPABILITY_AVX2)
+#else
+  const ivec r = ((u >> I(16)) & I(1)) + I(0x7FFF) + u;
+#if defined(CPU_CAPABILITY_AVX2)
   return select(sign_mask(I(0x7F800000) - (u & I(0x7FFFFFFF))), I(-65536), r);
 #else
   return select(sign_mask(I(0x7F800000) - (u & I(0x7FFFFFFF))), I(0x7FC00000), r);
+#endif
 #endif
 }
 
@@ -285,9 +292,30 @@ inline ivec quiet_if_nan(const ivec& bits, const fvec& x) {
 #endif
 }
 
-// rng.hash_noise: murmur3's finaliser over index * golden ratio + key (int32, wrapping)
-inline ivec hash_noise(const ivec& index, int32_t key) {
-  ivec h = index * I(-1640531535) + I(key);
+// bits + r where |x| + r (the fp32 pattern's magnitude plus r) stays below inf's pattern, else bits:
+// split_merge's master rounding with its finite-and-stays-finite test, read as one unsigned compare
+// (a NaN's |x| + r may wrap past 2**31: unsigned, it still reads as >= inf)
+inline ivec add_below_inf(const ivec& bits, const ivec& r) {
+  const ivec sum = (bits & I(0x7FFFFFFF)) + r;
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_mask_add_epi32(bits, _mm512_cmplt_epu32_mask(sum, I(0x7F800000)), bits, r);
+#else
+  const ivec finite = (sum ^ I(INT32_MIN)) < I(0x7F800000 ^ INT32_MIN);  // -1 lanes: unsigned sum < inf
+  return bits + (r & finite);
+#endif
+}
+
+// rng.hash_noise: murmur3's finaliser (hash_mix) over index * golden ratio + key (hash_seed), int32 and
+// wrapping; hash_seed of the kLanes indices first, first + 1, ... (the vector of one block)
+constexpr uint32_t kGolden = 0x9E3779B1u;  // -1640531535 as int32
+inline ivec hash_seed(int32_t first, int32_t key) {
+  alignas(64) static constexpr int32_t iota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  static_assert(kLanes <= 16, "iota covers 16 lanes");
+  // NOTE: not ivec::arange(first, 1), which builds the vector lane by lane from scalars
+  return (I(first) + ivec::loadu(iota)) * I(static_cast<int32_t>(kGolden)) + I(key);
+}
+
+inline ivec hash_mix(ivec h) {
   h = h ^ ((h >> I(16)) & I(0xFFFF));
   h = h * I(-2048144789);
   h = h ^ ((h >> I(13)) & I(0x7FFFF));
