@@ -14,6 +14,8 @@ def test_throughput_takes_format_names_and_gives_the_share_ratio(one_thread):
     assert list(df["method"]) == ["torch AdamW fused (fp32)", "Packed AdamW bf16+8 fused eager",
                                   "Packed AdamW bf16+16 fused eager"]
     assert list(df["bytes_per_param"]) == [28.0, 2 + 2 + 2 + 2 + 16, 2 + 2 + 2 + 4 + 16]
+    # a 4096-value step takes microseconds: each timed sample runs many steps in a row
+    assert df["calls_per_sample"].nunique() == 1 and df["calls_per_sample"].iloc[0] > 1
     value, lo, hi = throughput_share_ratio(df, "Packed AdamW bf16+8 fused eager")
     row = df.iloc[1]
     # bytes/s over torch's bytes/s = steps/s ratio x bytes ratio

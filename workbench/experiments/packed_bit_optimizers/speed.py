@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import importlib.util
 import io
+import math
 import statistics
 from collections.abc import Callable, Iterable
 
@@ -38,6 +39,7 @@ __all__ = ["memory_bandwidth", "step_throughput", "throughput_share_ratio", "thr
 # NOTE: 128 MiB, far beyond any CPU's last-level cache, so the update measures DRAM bandwidth (an
 # 8 MB buffer stays in cache and rated torch's 16M-parameter step above the ceiling).
 BANDWIDTH_NUMEL = 1 << 25
+SAMPLE_S = 0.01  # the least time one timed sample of a step takes (steps in a row)
 
 
 def memory_bandwidth(numel: int = BANDWIDTH_NUMEL, *, device: torch.device | str = "cpu", repeats: int = 5) -> float:
@@ -116,7 +118,8 @@ def step_throughput(
     r/w). ``bandwidth_fraction`` divides bytes/s of the median step by :func:`memory_bandwidth`
     over ``bandwidth_numel`` fp32 values (best of 5; or ``bandwidth`` if given). ``ratio_paired`` is
     the median over rounds of torch's time / the method's time in the same round, with
-    ``ratio_lo``/``ratio_hi`` the min/max over rounds; ``ratio_vs_torch_fused`` compares best
+    ``ratio_lo``/``ratio_hi`` the min/max over rounds (each round times ``calls_per_sample`` steps in
+    a row per method, at least ``SAMPLE_S`` of torch's step); ``ratio_vs_torch_fused`` compares best
     steps, ``ratio_median_vs_torch_fused`` median steps. ``compile`` True runs the packed optimizers'
     fastest step (`PackedAdamW.step_backend()`, named in ``method``: the hand-written kernel, C++ on
     CPU and Triton on CUDA, where it runs, else torch.compile), False the eager one. ``compiled_too``
@@ -185,8 +188,20 @@ def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progre
     for _, (_, _, _, opt, _) in tqdm(runnable, desc="warm-up / compile", disable=not progress):
         for _ in range(3):
             opt.step()
-    by_method = time_interleaved({i: m[3].step for i, m in runnable}, warmup=0, repeats=repeats,
+    # NOTE: a sample is `calls` steps in a row, enough for SAMPLE_S of torch's step: single steps of
+    # ~1 ms (2M parameters on 2 threads) gave paired ratios spread over 0.4-2.2 within one run.
+    base_s = time_callable(methods[0][3].step, warmup=0, repeats=3, device=device).median_s
+    calls = max(1, math.ceil(SAMPLE_S / max(base_s, 1e-9)))
+
+    def repeated(step):
+        def run():
+            for _ in range(calls):
+                step()
+        return run
+
+    by_method = time_interleaved({i: repeated(m[3].step) for i, m in runnable}, warmup=0, repeats=repeats,
                                  device=device, progress=progress, desc="throughput")
+    by_method = {i: [t / calls for t in ts] for i, ts in by_method.items()}
     base = by_method[0]
     rows = []
     for i, (name, k, sdt, _, bpp) in enumerate(methods):
@@ -206,6 +221,7 @@ def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progre
     df["device"] = str(device)
     df["threads"] = torch.get_num_threads()
     df["repeats"] = repeats
+    df["calls_per_sample"] = calls
     return df
 
 
