@@ -50,6 +50,19 @@ def test_a_call_longer_than_min_run_time_is_timed_once_after_its_warm_up():
     assert counted >= 10  # short calls: blocks of calls (benchmark's blocked_autorange)
 
 
+def test_steps_are_timed_on_the_callers_threads():
+    # benchmark.Timer's default is one thread: a 2-thread step would be predicted at its 1-thread time
+    saved = torch.get_num_threads()
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            seen = []
+            _seconds(lambda seen=seen: seen.append(torch.get_num_threads()), 0.01, torch.device("cpu"))
+            assert set(seen) == {threads}
+    finally:
+        torch.set_num_threads(saved)
+
+
 def test_a_candidate_is_its_precisions_whole_step_with_its_own_update_and_backward_hooks():
     from workbench.advisor import Config, advise
 

@@ -68,3 +68,13 @@ def test_toy_scale_and_missing_records_give_no_verdict_and_rows_are_targets():
     assert {r["source"] for r in ledger.rows} == {"target"}
     empty = claims.ledger({}, {}, device="cpu", device_class="cpu", verdicts=True)
     assert {r["verdict"] for r in empty.rows} == {"not run at this scale"}
+
+
+def test_the_regret_row_shows_the_worst_decisions_spread_and_is_inconclusive_across_the_target():
+    prefix = "Regret of the choice"
+    spread = {**_records(regret=(0.0, 0.03))}
+    spread["decisions"] = spread["decisions"].assign(regret_lo=[0.0, 0.01], regret_hi=[0.0, 0.04])
+    row = claim_row(claims, prefix, spread, device_class="cpu")
+    assert row["verdict"] == "reproduced" and tuple(row["spread"]) == (0.01, 0.04)
+    spread["decisions"] = spread["decisions"].assign(regret_hi=[0.0, 0.08])
+    assert claim_row(claims, prefix, spread, device_class="cpu")["verdict"] == "inconclusive"
