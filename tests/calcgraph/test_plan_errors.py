@@ -93,3 +93,17 @@ def test_a_batchnorm1d_model_plans_by_default():
         torch.testing.assert_close(float(graph.required_bytes(b)), float(measured), rtol=0.02, atol=0)
     with pytest.raises(ValueError, match="trace_sizes"):
         plan_training(bn1d_mlp, (8,), trace_sizes=(2,))
+
+
+def test_a_device_given_by_name_plans_and_calibrates_alike():
+    from workbench.calcgraph import CompiledGraph, training_program
+
+    def program(size, tracker):
+        return training_program(mlp, (8,), size, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                                device=torch.device("cpu"), steps=2, annotate=tracker)
+
+    by_name = CompiledGraph(program, device="cpu", input_shape=(8,))
+    assert by_name.device == torch.device("cpu")
+    assert by_name.required_bytes(8) == CompiledGraph(program, device=torch.device("cpu"),
+                                                      input_shape=(8,)).required_bytes(8)
+    assert by_name.calibrate(sizes=(1, 2), check=()).calibration is not None

@@ -99,7 +99,7 @@ MAX_BATCH = 2**40  # largest batch a plan sizes: beyond it the byte counts of ev
 class CompiledGraph:
     """The compiled memory plan of one training program, affine in the batch size."""
 
-    def __init__(self, program: Callable[[int, _Tracker], None], *, device: torch.device,
+    def __init__(self, program: Callable[[int, _Tracker], None], *, device: torch.device | str,
                  trace_sizes: Sequence[int] = (2, 3, 4), description: str = "",
                  input_shape: Sequence[int] | None = None) -> None:
         trace_sizes = tuple(trace_sizes) if isinstance(trace_sizes, (list, tuple)) else (trace_sizes,)
@@ -107,7 +107,7 @@ class CompiledGraph:
         if (len(trace_sizes) < 2 or not whole or min(trace_sizes) < 1 or len(set(trace_sizes)) != len(trace_sizes)):
             raise ValueError(f"trace_sizes needs >= 2 distinct whole sizes >= 1, got {trace_sizes!r}")
         self._program = program
-        self.device = device
+        self.device = torch.device(device)  # "cpu" as well as torch.device("cpu")
         self.description = description
         self._input_shape = tuple(input_shape) if input_shape is not None else None
         self._exact: dict[int, _Trace] = {}
