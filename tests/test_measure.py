@@ -1,3 +1,5 @@
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -130,6 +132,19 @@ def test_time_interleaved_alternates_variants_and_rotates():
     assert calls == ["a", "b", "b", "a"]
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         time_interleaved({"a": lambda: None}, repeats=0)
+
+
+def test_time_interleaved_times_calls_in_a_row_per_call():
+    from workbench.measure import calls_for, time_interleaved
+
+    calls = []
+    times = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: (calls.append("b"), time.sleep(0.01))},
+                             warmup=0, repeats=2, calls=3)
+    assert calls == ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3
+    assert all(0.01 <= t < 0.03 for t in times["b"])  # seconds per call, not per block of three
+    with pytest.raises(ValueError, match="calls must be >= 1"):
+        time_interleaved({"a": lambda: None}, calls=0)
+    assert 2 <= calls_for(lambda: time.sleep(0.01), 0.05) <= 5 and calls_for(lambda: time.sleep(0.01), 0.001) == 1
 
 
 @pytest.mark.parametrize("call, error, match", [

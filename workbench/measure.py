@@ -26,7 +26,8 @@ from torch.utils._pytree import tree_leaves
 from .measure_args import _callable, _count, _device, check_device
 
 __all__ = [
-    "AllocatorMeter", "LiveStorageMode", "MemoryMeter", "Timing", "check_device", "time_callable", "format_bytes",
+    "AllocatorMeter", "LiveStorageMode", "MemoryMeter", "Timing", "calls_for", "check_device", "time_callable",
+    "format_bytes",
     "measure_training_step", "plot_memory_trace", "state_bytes", "time_interleaved",
 ]
 
@@ -324,17 +325,20 @@ def time_callable(
 def time_interleaved(
     fns: Mapping[Hashable, Callable[[], object]], *, warmup: int = 1, repeats: int = 5,
     device: torch.device | str | None = None, rotate: bool = False, progress: bool = False,
-    desc: str = "timing",
+    desc: str = "timing", calls: int = 1,
 ) -> dict[Hashable, list[float]]:
-    """Seconds per call of several callables, timed in rounds of one call each.
+    """Seconds per call of several callables, timed in rounds of `calls` calls in a row of each.
 
     # NOTE: alternating the variants within each round spreads load from other processes over
     # all of them instead of biasing one variant's times; `rotate` also shifts the order every
     # round so that no variant always runs first. Ratios of the same round can then be paired.
+    # Calls of a millisecond are timed `calls` at a time: one at a time, their paired ratios spread
+    # over 0.4-2.2 within one run (see `calls_for`).
     """
     from tqdm.auto import tqdm
 
     warmup, repeats = _count(warmup, "warmup", 0), _count(repeats, "repeats", 1)
+    calls = _count(calls, "calls", 1)
     if not isinstance(fns, Mapping):
         raise TypeError(f"time_interleaved: fns must be a mapping of names to callables, got {type(fns).__name__}")
     for name, fn in fns.items():
@@ -344,12 +348,27 @@ def time_interleaved(
     for name in names:
         for _ in range(warmup):
             fns[name]()
+    def in_a_row(fn: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            for _ in range(calls):
+                fn()
+        return run
+
+    blocks = {name: in_a_row(fns[name]) for name in names}
     times: dict[Hashable, list[float]] = {name: [] for name in names}
     for r in tqdm(range(repeats), desc=desc, disable=not progress, leave=False):
         shift = r % len(names) if rotate and names else 0
         for name in names[shift:] + names[:shift]:
-            times[name].append(time_callable(fns[name], warmup=0, repeats=1, device=device).median_s)
+            times[name].append(time_callable(blocks[name], warmup=0, repeats=1, device=device).median_s / calls)
     return times
+
+
+def calls_for(fn: Callable[[], object], sample_s: float, *, repeats: int = 1,
+              device: torch.device | str | None = None) -> int:
+    """How many calls of `fn` in a row last at least `sample_s` seconds, from the median of `repeats`
+    timed calls (the `calls` of `time_interleaved`); at least 1."""
+    once = time_callable(fn, warmup=0, repeats=repeats, device=device).median_s
+    return max(1, math.ceil(sample_s / max(once, 1e-9)))
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:

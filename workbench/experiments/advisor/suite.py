@@ -11,7 +11,6 @@ the two re-timed side by side (see `paired_regret`).
 from __future__ import annotations
 
 import gc
-import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from workbench.advisor import Advice, advise
-from workbench.measure import AllocatorMeter, time_callable, time_interleaved
+from workbench.measure import AllocatorMeter, calls_for, time_interleaved
 from workbench.models import build
 from workbench.models.densenet import densenet_bc
 
@@ -162,24 +161,16 @@ def paired_regret(advice: Advice, chosen: str, fastest: str, *, rounds: int) -> 
     """
     if chosen == fastest:
         return 0.0, 0.0, 0.0
-    steps, longest = {}, 0.0
+    steps = {}
     for config in (chosen, fastest):
         step, batch = advice.build(config), advice.make_batch(config)
         data = batch(advice.batch_size, advice.device)
         step(data)  # warm-up
         steps[config] = (lambda step=step, data=data: step(data))
-        longest = max(longest, time_callable(steps[config], warmup=0, repeats=1, device=advice.device).median_s)
-    # each round times enough steps in a row for PAIRED_SAMPLE_S (single steps of 1-3 ms: +-7% in 9 rounds)
-    calls = max(1, math.ceil(PAIRED_SAMPLE_S / max(longest, 1e-9)))
-
-    def repeated(run):
-        def block():
-            for _ in range(calls):
-                run()
-        return block
-
-    times = time_interleaved({c: repeated(f) for c, f in steps.items()}, warmup=0, repeats=rounds,
-                             device=advice.device, rotate=True)
+    # each round times enough steps in a row for PAIRED_SAMPLE_S of the slower (single steps of 1-3 ms: +-7%
+    # in 9 rounds)
+    calls = min(calls_for(f, PAIRED_SAMPLE_S, device=advice.device) for f in steps.values())
+    times = time_interleaved(steps, warmup=0, repeats=rounds, device=advice.device, rotate=True, calls=calls)
     ratios = [a / b - 1 for a, b in zip(times[chosen], times[fastest], strict=True)]
     lo, median, hi = statistics.quantiles(ratios, n=4, method="inclusive")
     return median, lo, hi

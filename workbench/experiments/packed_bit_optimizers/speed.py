@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import importlib.util
 import io
-import math
 import statistics
 from collections.abc import Callable, Iterable
 
@@ -28,7 +27,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from workbench.measure import time_callable, time_interleaved
+from workbench.measure import calls_for, time_callable, time_interleaved
 from workbench.optim import PackedAdamW, step_in_backward
 
 from .bench import find_row, parse_format
@@ -190,18 +189,9 @@ def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progre
             opt.step()
     # NOTE: a sample is `calls` steps in a row, enough for SAMPLE_S of torch's step: single steps of
     # ~1 ms (2M parameters on 2 threads) gave paired ratios spread over 0.4-2.2 within one run.
-    base_s = time_callable(methods[0][3].step, warmup=0, repeats=3, device=device).median_s
-    calls = max(1, math.ceil(SAMPLE_S / max(base_s, 1e-9)))
-
-    def repeated(step):
-        def run():
-            for _ in range(calls):
-                step()
-        return run
-
-    by_method = time_interleaved({i: repeated(m[3].step) for i, m in runnable}, warmup=0, repeats=repeats,
-                                 device=device, progress=progress, desc="throughput")
-    by_method = {i: [t / calls for t in ts] for i, ts in by_method.items()}
+    calls = calls_for(methods[0][3].step, SAMPLE_S, repeats=3, device=device)
+    by_method = time_interleaved({i: m[3].step for i, m in runnable}, warmup=0, repeats=repeats,
+                                 device=device, progress=progress, desc="throughput", calls=calls)
     base = by_method[0]
     rows = []
     for i, (name, k, sdt, _, bpp) in enumerate(methods):
