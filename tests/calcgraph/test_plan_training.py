@@ -7,6 +7,7 @@ from torch import nn
 
 from workbench.calcgraph import ZONES, BudgetGuard, measure_required_bytes, plan_training, search_max
 from workbench.models import MLP, resnet18
+from tests.conftest import requires_cuda
 
 
 def cnn() -> nn.Module:
@@ -117,7 +118,7 @@ def test_bad_input_is_refused_early():
         plan_training(MLP, (1, 28, 28)).required_bytes(0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available: the CUDA plan needs a GPU")
+@requires_cuda
 def test_cuda_prediction_within_five_percent():
     from workbench.calcgraph import cuda_memory_budget
 

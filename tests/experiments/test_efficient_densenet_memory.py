@@ -11,6 +11,7 @@ import torch
 
 import workbench.experiments.efficient_densenet as bench
 import workbench.experiments.efficient_densenet.memory as memory
+from tests.conftest import requires_cuda
 
 
 def test_parity_of_every_variant() -> None:
@@ -69,7 +70,7 @@ def test_memory_near_linear_for_efficient_forms(one_thread) -> None:
     assert budget.loc["naive", "deepest_depth"] < 58
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")
+@requires_cuda
 def test_memory_near_linear_on_cuda() -> None:
     df = bench.memory_vs_depth([16, 28, 40], forms=("naive", "shared"), batch_size=32, image_size=32,
                                device="cuda", progress=False)

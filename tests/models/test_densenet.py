@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from workbench.models.densenet import FORMS, IMAGENET_BLOCKS, DenseNet, bc_depths, densenet_bc
 from densenet_cases import randomize_bn
+from tests.conftest import requires_cuda
 
 
 def _run(model: DenseNet, x: torch.Tensor, *, steps: int = 1):
@@ -139,7 +140,7 @@ def test_no_grad_inference_matches() -> None:
     assert F.softmax(ref, 1).shape == (2, 3)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")
+@requires_cuda
 def test_forms_match_naive_on_cuda() -> None:
     kwargs = dict(growth_rate=4, block_config=(2, 3), num_classes=5)
     torch.manual_seed(0)
