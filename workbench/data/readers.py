@@ -9,8 +9,9 @@ trust nothing in those files and bound what a file may make them build before bu
   helpers real batches name, charging every array and byte string it builds to a budget of twice the
   file's size. `data` must come back a numpy array and the labels a flat list, so nothing expands
   after loading either.
-- An IDX file's magic and declared dimensions are checked from its first bytes; the body is then
-  read (and, gzipped, decompressed incrementally) up to the declared size and no further.
+- An IDX file's magic, declared dimensions and shape (28 x 28 images, one label per image) are
+  checked from its first bytes, and a gzip may not declare more than MAX_GZIP_RATIO times its own
+  size; the body is then decompressed in chunks into the array, up to the declared size and no further.
 
 A garbage, truncated, oversized, empty, wrong-shape or out-of-range file is refused with a
 ValueError naming it.
@@ -30,10 +31,14 @@ import torch
 
 from .datasets import ImageSet, data_dir
 
-__all__ = ["MAX_IDX_BYTES", "MAX_PICKLE_BYTES", "load_cifar10", "load_cifar100", "load_mnist"]
+__all__ = ["MAX_GZIP_RATIO", "MAX_IDX_BYTES", "MAX_NESTING", "MAX_PICKLE_BYTES", "load_cifar10", "load_cifar100",
+           "load_mnist"]
 
 MAX_PICKLE_BYTES = 512 * 2**20  # largest CIFAR file a reader accepts (CIFAR-100 `train` is ~155 MB)
 MAX_IDX_BYTES = 2**30  # largest IDX body accepted, from its declared dims (MNIST train images: 47 MB)
+MAX_GZIP_RATIO = 64  # most a gzipped IDX body may expand, plus 1 MiB (real MNIST files: about 5)
+_CHUNK = 2**20  # bytes read at a time into an IDX array
+MAX_NESTING = 100  # deepest nest of containers a CIFAR file may build (a real batch: 5, its arrays counted)
 _LATIN1 = {"latin1", "latin-1", "iso-8859-1", "iso8859-1", "l1"}
 # Opcodes that build objects by calling classes, or fetch them from outside the file; CIFAR batches
 # (dicts of arrays, lists, bytes, str and ints under protocols 2-5) use none of them.
@@ -75,9 +80,74 @@ class _CappedReader:
         return data
 
 
+_BUILDS = {"TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "LIST", "DICT", "FROZENSET", "REDUCE", "EMPTY_TUPLE",
+           "EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET"}  # push a container one level above what they take
+_ADDS = {"APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "BUILD"}  # add to the container below them
+
+
+class _Nesting:
+    """How deep the objects a pickle builds nest, followed opcode by opcode on a stack of depths.
+
+    # NOTE: Python hashes a tuple by hashing its items with no recursion limit, so a dict key nested
+    # 200,000 tuples deep (a 200 KB file of opcodes the scan allows) overflowed the C stack: a
+    # segmentation fault, not an exception. Depths are counted before anything is built. A list changed
+    # after it was memoized is counted at its memoized depth; lists are unhashable and their repr and
+    # comparisons stop at Python's recursion limit, so only immutable nests need the exact count.
+    """
+
+    def __init__(self) -> None:
+        self.stack: list[int] = []
+        self.marks: list[int] = []
+        self.memo: dict[int, int] = {}
+        self.deepest = 0
+
+    def step(self, op, arg) -> int:
+        """Apply opcode `op`; the deepest nest built so far."""
+        name, before = op.name, op.stack_before
+        items: list[int] = []
+        if name in ("PUT", "BINPUT", "LONG_BINPUT"):  # the top of the stack, left there
+            self.memo[int(arg)] = self.stack[-1]
+            return self.deepest
+        if name == "POP" and not self.stack and self.marks:  # as pickle's own POP: an empty stack pops the mark
+            self.marks.pop()
+            return self.deepest
+        if pickletools.markobject in before:
+            start = self.marks.pop()
+            items, self.stack[start:] = self.stack[start:], []
+            plain = before.index(pickletools.markobject)
+        else:
+            plain = len(before)
+        if plain > len(self.stack):
+            raise ValueError(f"opcode {name} finds {len(self.stack)} objects on the stack, needs {plain}")
+        popped = self.stack[len(self.stack) - plain:] if plain else []
+        del self.stack[len(self.stack) - plain:]
+        if name == "MARK":
+            self.marks.append(len(self.stack))
+            return self.deepest
+        if not op.stack_after:  # POP, POP_MARK, STOP
+            return self.deepest
+        if name == "MEMOIZE":
+            self.memo[len(self.memo)] = popped[0]
+            pushed = popped
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            pushed = [self.memo.get(int(arg), 0)]
+        elif name == "DUP":
+            pushed = popped * 2
+        elif name in _ADDS:
+            pushed = [max(popped[0], 1 + max(items + popped[1:], default=0))]
+        elif name in _BUILDS:
+            pushed = [1 + max(items + popped, default=0)]
+        else:  # a number, a string, bytes, a global name: no nesting of its own
+            pushed = [max(items + popped, default=0)] * len(op.stack_after)
+        self.stack += pushed
+        self.deepest = max(self.deepest, *pushed, 0)
+        return self.deepest
+
+
 def _prescan(reader: _CappedReader) -> None:
-    """Walk the opcodes without executing them; refuse what a pickler of plain data never writes."""
-    ops = 0
+    """Walk the opcodes without executing them; refuse what a pickler of plain data never writes, and
+    containers nested deeper than MAX_NESTING."""
+    ops, nesting = 0, _Nesting()
     for ops, (op, arg, _) in enumerate(pickletools.genops(reader), start=1):
         if op.name in _REFUSED_OPS:
             raise _Refused(f"refused opcode {op.name}; a CIFAR batch holds only plain data and numpy arrays")
@@ -85,6 +155,9 @@ def _prescan(reader: _CappedReader) -> None:
             raise _Refused(f"memo index {arg} at opcode {ops} (a pickler numbers them 0, 1, 2, ...)")
         if op.name == "FRAME" and arg > reader.left:
             raise ValueError(f"frame of {arg} bytes, but only {reader.left} bytes remain")
+        if nesting.step(op, arg) > MAX_NESTING:
+            raise _Refused(f"objects nested more than MAX_NESTING={MAX_NESTING} levels deep (at opcode {ops}, "
+                           f"{op.name}); a CIFAR batch nests 5")
 
 
 class _Dtype:
@@ -291,17 +364,20 @@ def load_cifar100(root: str | Path | None = None) -> tuple[ImageSet, ImageSet]:
     return _cifar(folder, {"train": ["train"], "test": ["test"]}, "fine_labels", 100, "cifar100")
 
 
-def _read_idx(path: Path, ndim: int) -> np.ndarray:
-    """An unsigned-byte IDX array of `ndim` non-empty dimensions; ValueError naming `path` otherwise.
+def _read_idx(path: Path, shape: tuple[int | None, ...], what: str) -> np.ndarray:
+    """An unsigned-byte IDX array of `shape` (None: any count >= 1), described to the user as `what`;
+    ValueError naming `path` otherwise.
 
-    The header is read first; the body is read up to its declared size plus one byte (to tell a
-    padded file), so a gzip bomb is decompressed no further than the header allows.
+    The header is checked first (dimensions, shape, size, and for a gzip how far it would expand); the body
+    is then read in chunks into the array, up to its declared size plus one byte (to tell a padded file),
+    so a gzip bomb is decompressed no further than the header allows and nothing is held twice.
     """
     if not path.is_file():  # a folder, a named pipe (open would wait for a writer forever), a device
         raise ValueError(f"{path}: not an IDX file (a regular file is needed)")
-    opener = gzip.open if path.suffix == ".gz" else open
+    ndim, packed = len(shape), path.stat().st_size
+    gzipped = path.suffix == ".gz"
     try:
-        with opener(path, "rb") as f:
+        with (gzip.open if gzipped else open)(path, "rb") as f:
             magic = f.read(4)
             if len(magic) < 4 or magic[:3] != b"\x00\x00\x08":
                 raise ValueError(f"{path} is not an unsigned-byte IDX file (magic {magic.hex()})")
@@ -314,21 +390,34 @@ def _read_idx(path: Path, ndim: int) -> np.ndarray:
             if 0 in dims:
                 raise ValueError(f"{path}: header declares shape {dims}; an MNIST file holds at least one "
                                  f"example of at least one value")
+            if any(want is not None and got != want for got, want in zip(dims, shape, strict=True)):
+                raise ValueError(f"{path}: header declares shape {dims}; expected {what}")
             size = math.prod(dims)
             if size > MAX_IDX_BYTES:
                 raise ValueError(f"{path}: header declares shape {dims} ({size:,} bytes), over "
                                  f"MAX_IDX_BYTES={MAX_IDX_BYTES:,}")
-            body = f.read(size + 1)
+            if gzipped and size > MAX_GZIP_RATIO * packed + 2**20:
+                raise ValueError(f"{path}: header declares shape {dims} ({size:,} bytes) from a {packed:,}-byte "
+                                 f"gzip, more than MAX_GZIP_RATIO={MAX_GZIP_RATIO} times its size plus 1 MiB "
+                                 f"(MNIST files expand about 5 times)")
+            array = np.empty(dims, dtype=np.uint8)
+            view, done = memoryview(array.reshape(-1)), 0
+            while done < size:
+                got = f.readinto(view[done:done + _CHUNK])
+                if not got:
+                    break
+                done += got
+            extra = f.read(1)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise ValueError(f"{path}: cannot read the file (corrupt or truncated: {exc})") from None
-    if len(body) != size:
-        held = f"{len(body)}" if len(body) <= size else f"more than {size}"
+    if done != size or extra:
+        held = f"{done}" if done < size else f"more than {size}"
         raise ValueError(f"{path}: header says {dims} but holds {held} bytes (truncated or padded)")
-    return np.frombuffer(body, dtype=np.uint8).reshape(dims)
+    return array
 
 
 def load_mnist(root: str | Path | None = None) -> tuple[ImageSet, ImageSet]:
-    """MNIST IDX files (optionally .gz) from `<root>/mnist/`."""
+    """MNIST IDX files (optionally .gz) from `<root>/mnist/`: 28 x 28 images, one label in 0..9 per image."""
     folder = Path(root or data_dir()) / "mnist"
     sets = []
     for prefix in ("train", "t10k"):
@@ -337,7 +426,8 @@ def load_mnist(root: str | Path | None = None) -> tuple[ImageSet, ImageSet]:
             plain = folder / f"{prefix}-{kind}"
             path = plain if plain.exists() else plain.with_name(plain.name + ".gz")
             paths.append(_require(path, f"MNIST file {plain.name}[.gz]"))
-        images, labels = _read_idx(paths[0], 3), _read_idx(paths[1], 1)
+        images = _read_idx(paths[0], (None, 28, 28), "N x 28 x 28 (28 x 28-pixel images)")
+        labels = _read_idx(paths[1], (len(images),), f"{len(images)} labels (one per image)")
         _check_labels(paths[1], labels, len(images), 10)
-        sets.append(ImageSet(torch.from_numpy(images.copy())[:, None], torch.from_numpy(labels.copy()), 10, "mnist"))
+        sets.append(ImageSet(torch.from_numpy(images)[:, None], torch.from_numpy(labels), 10, "mnist"))
     return tuple(sets)

@@ -1,15 +1,22 @@
-"""Bad data and arguments the issue 23 probe battery found unhandled in `workbench.data`: refused with the
-argument (or file) and the value named, before a hang, a silent truncation or a runaway allocation."""
+"""Bad data and arguments the issue 23 and issue 35 probe batteries found unhandled in `workbench.data`: refused
+with the argument (or file) and the value named, before a crash, a hang, a silent truncation or a runaway
+allocation; and a loader dropped mid-epoch leaves no thread behind."""
 
 from __future__ import annotations
 
+import gc
+import gzip
 import os
+import pickle
 import struct
 import threading
+import time
+import tracemalloc
 
 import numpy as np
 import pytest
 import torch
+from probe_cases import python
 
 from workbench.data import ImageSet, load, load_mnist, make_loader, synthetic_images
 from workbench.data.datasets import MAX_SYNTHETIC_BYTES, load_digits
@@ -115,3 +122,92 @@ def test_prefetch_loader_refuses_bad_data_and_fractional_prefetch():
         PrefetchLoader("imgs", 4)
     with pytest.raises(ValueError, match="max_prefetch must be an int >= 1 .* got 2.5"):
         PrefetchLoader(synthetic_images(8, (1, 8, 8)), 4, max_prefetch=2.5)
+
+
+# ------------------------------------------------------------------ issue 35
+
+
+def test_a_cifar_key_nested_200000_tuples_deep_is_refused_not_a_segfault(tmp_path):
+    """Hashing the key recursed once per tuple in C: a 200 KB file of opcodes the scan allows killed the process."""
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in [f"data_batch_{i}" for i in range(2, 6)] + ["test_batch"]:
+        (folder / name).write_bytes(pickle.dumps({"data": np.zeros((1, 3072), np.uint8), "labels": [0]}))
+    # {((...(),)...,): 1} with EMPTY_DICT, MARK, EMPTY_TUPLE, 200000 TUPLE1, BININT1, SETITEMS
+    (folder / "data_batch_1").write_bytes(b"\x80\x02}(" + b")" + b"\x85" * 200_000 + b"K\x01u.")
+    done = python(f"from workbench.data import load_cifar10\ntry:\n    load_cifar10({str(tmp_path)!r})\n"
+                  f"except ValueError as exc:\n    print(exc)\n", timeout=60)
+    assert done.returncode == 0, f"the reader's process died (status {done.returncode})"
+    assert f"{folder / 'data_batch_1'}: objects nested more than MAX_NESTING=100 levels deep" in done.stdout
+
+
+def _mnist_with(tmp_path, images: bytes, *, gz: bool):
+    folder = tmp_path / "mnist"
+    folder.mkdir(exist_ok=True)
+    files = {"train-images-idx3-ubyte": images, "train-labels-idx1-ubyte": _idx((2,), bytes([1, 2])),
+             "t10k-images-idx3-ubyte": _idx((2, 28, 28)), "t10k-labels-idx1-ubyte": _idx((2,), bytes([3, 4]))}
+    for name, data in files.items():
+        if gz and name == "train-images-idx3-ubyte":
+            (folder / f"{name}.gz").write_bytes(gzip.compress(data, compresslevel=9))
+        else:
+            (folder / name).write_bytes(data)
+    return folder / ("train-images-idx3-ubyte" + (".gz" if gz else ""))
+
+
+@pytest.mark.parametrize("dims, gz", [((2, 3, 5), False), ((1, 2048, 2048), True), ((2, 28, 27), False)])
+def test_mnist_images_of_another_shape_are_refused_naming_the_file(tmp_path, dims, gz):
+    path = _mnist_with(tmp_path, _idx(dims), gz=gz)
+    with pytest.raises(ValueError, match=r"expected N x 28 x 28 \(28 x 28-pixel images\)") as info:
+        load_mnist(tmp_path)
+    assert f"{path}: header declares shape {dims}" in str(info.value)
+
+
+def test_a_gzip_declaring_far_more_than_it_could_hold_is_refused_before_decompressing(tmp_path):
+    """32 MB of zero images gzip to 33 KB; the header is checked against the file's size first."""
+    count = 32 * 2**20 // 784
+    path = _mnist_with(tmp_path, _idx((count, 28, 28)), gz=True)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="more than MAX_GZIP_RATIO=64 times its size") as info:
+            load_mnist(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(path) in str(info.value) and peak < 4 * 2**20
+
+
+def test_mnist_reads_each_file_once_into_its_array(tmp_path):
+    """The body is read in chunks into the array: a real-sized file costs its size, not twice (nor a copy)."""
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (3000, 28, 28), dtype=np.uint8)
+    _mnist_with(tmp_path, _idx((3000, 28, 28), pixels.tobytes()), gz=True)
+    labels = rng.integers(0, 10, 3000, dtype=np.uint8)
+    (tmp_path / "mnist" / "train-labels-idx1-ubyte").write_bytes(_idx((3000,), labels.tobytes()))
+    tracemalloc.start()
+    try:
+        train, _ = load_mnist(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert torch.equal(train.images[:, 0], torch.from_numpy(pixels)) and torch.equal(train.labels, torch.from_numpy(
+        labels.astype(np.int64)))
+    assert peak < pixels.nbytes * 1.5 + 2**20
+
+
+def _prefetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "workbench-prefetch" and t.is_alive()]
+
+
+def test_an_abandoned_prefetch_loader_stops_its_thread():
+    before = len(_prefetch_threads())
+    data = synthetic_images(32, (1, 8, 8))
+    for _ in range(3):
+        loader = PrefetchLoader(data, 4)
+        for _batch in loader:
+            break  # abandoned mid-epoch, never closed
+    del loader, _batch
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while len(_prefetch_threads()) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(_prefetch_threads()) == before, "a dropped loader's producer thread is still running"
