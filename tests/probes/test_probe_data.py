@@ -20,7 +20,7 @@ from probe_cases import python
 
 from workbench.data import ImageSet, load, load_mnist, make_loader, synthetic_images
 from workbench.data.datasets import MAX_SYNTHETIC_BYTES, load_digits
-from workbench.data.prefetch import PrefetchLoader
+from workbench.data.prefetch import PrefetchLoader, ShuffledBatchSampler
 from workbench.data.sampling import ClassAugmenter, MixUp, SelectiveBatchSampler
 
 
@@ -211,3 +211,35 @@ def test_an_abandoned_prefetch_loader_stops_its_thread():
     while len(_prefetch_threads()) > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(_prefetch_threads()) == before, "a dropped loader's producer thread is still running"
+
+
+@pytest.mark.parametrize("seed, shown", [("a", "'a'"), (2**64, "18446744073709551616"), (1.5, "1.5"),
+                                         (True, "True")])
+def test_a_seed_torch_cannot_take_is_refused_naming_it(seed, shown):
+    """load(seed='a') ended in torch's RuntimeError, seed=2**64 in "Overflow when unpacking long long"."""
+    for call in (lambda: load("synthetic", 4, 2, seed=seed), lambda: synthetic_images(4, (1, 8, 8), seed=seed),
+                 lambda: make_loader(synthetic_images(4, (1, 8, 8)), 2, seed=seed),
+                 lambda: PrefetchLoader(synthetic_images(4, (1, 8, 8)), 2, seed=seed)):
+        with pytest.raises(ValueError, match=r"seed must be a whole number in -2\*\*63..2\*\*64-1, got " + shown):
+            call()
+
+
+@pytest.mark.parametrize("n, batch, shown", [(2.5, 2, "n must be a whole number >= 1, got 2.5"),
+                                             (4, "2", "batch_size must be a whole number >= 1, got '2'"),
+                                             (True, 1, "n must be a whole number >= 1, got True")])
+def test_the_shuffled_sampler_names_counts_that_are_not_whole_numbers(n, batch, shown):
+    """torch's randperm() complained about its own arguments instead (or '<' between str and int)."""
+    with pytest.raises(ValueError, match=shown):
+        ShuffledBatchSampler(n, batch)
+    sampler = ShuffledBatchSampler(10, 3, seed=2**64 - 1)  # any seed torch takes, at any epoch
+    sampler.set_epoch(10**6)
+    assert sorted(i for b in sampler for i in b) == list(range(10))
+
+
+def test_a_data_file_that_is_a_link_loop_is_named_as_one_not_missing(tmp_path):
+    """The reader said the file was not found and asked to download it; it is there, a link to itself."""
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    (folder / "train-images-idx3-ubyte").symlink_to(folder / "train-images-idx3-ubyte")
+    with pytest.raises(ValueError, match="train-images-idx3-ubyte: a symbolic link that leads nowhere"):
+        load_mnist(tmp_path)

@@ -89,3 +89,10 @@ def test_a_named_pipe_as_a_profile_is_refused_not_waited_on(notebooks, tmp_path,
             pass
     assert code == 2 and f"{fifo}: the profile file is a named pipe, not a plain file" in capsys.readouterr().err
     assert not fake.calls
+
+
+def test_a_folder_named_like_a_profile_is_refused_naming_it(notebooks, tmp_path, fake, capsys):
+    path = notebooks / "profiles" / "listed.yaml"
+    path.mkdir()
+    err = _refused(notebooks, tmp_path, capsys, fake, "listed", "--profile", "smoke")
+    assert f"{path}: the profile file is a folder, not a plain file" in err

@@ -110,3 +110,18 @@ def test_an_interrupt_swallowed_by_a_destructor_still_stops_the_build(notebooks,
     assert code == 130, "the build went on after Ctrl-C"
     assert "interrupted" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# ------------------------------------------------------------------ found by tests/probes/explore.py
+
+
+@pytest.mark.parametrize("marker", ["{", '{"files": "run.json"}', ""])
+def test_a_damaged_marker_leaves_the_report_the_runners(notebooks, tmp_path, fake, capsys, marker):
+    """A damaged marker was refused as a file "workbench report did not make" (its own marker); the report
+    is judged as one from before the marker: its run.json and the figures its results.json lists."""
+    out = tmp_path / "reports"
+    assert run_cli(notebooks, out, "good", "--profile", "smoke") == 0
+    (out / "smoke" / "good" / MARKER).write_text(marker)
+    capsys.readouterr()
+    assert run_cli(notebooks, out, "good", "--profile", "smoke") == 0, capsys.readouterr().err
+    assert json.loads((out / "smoke" / "good" / MARKER).read_text())["files"]

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
-from .datasets import ImageSet, normalize
+from .datasets import ImageSet, normalize, seeded
 from .encode import encode
 
 __all__ = ["PrefetchLoader", "ShuffledBatchSampler", "benchmark_loaders"]
@@ -54,9 +54,11 @@ class ShuffledBatchSampler(Sampler[list[int]]):
 
     def __init__(self, n: int, batch_size: int, *, seed: int = 0, shuffle: bool = True,
                  drop_last: bool = False) -> None:
-        if n < 1 or batch_size < 1:
-            raise ValueError(f"n and batch_size must be >= 1, got {n}, {batch_size}")
-        self.n, self.batch_size, self.seed = n, batch_size, seed
+        for what, value in (("n", n), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+                raise ValueError(f"{what} must be a whole number >= 1, got {value!r}")
+        seeded(seed)  # refused now, naming it, rather than by torch at the first epoch
+        self.n, self.batch_size, self.seed = int(n), int(batch_size), seed
         self.shuffle, self.drop_last = shuffle, drop_last
         self.epoch = 0
 
@@ -69,7 +71,7 @@ class ShuffledBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         epoch, self.epoch = self.epoch, self.epoch + 1
         if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            g = seeded((self.seed * 1_000_003 + epoch) % 2**64)  # any seed, any epoch: within torch's range
             order = torch.randperm(self.n, generator=g)
         else:
             order = torch.arange(self.n)

@@ -97,7 +97,7 @@ def _probe(address: str) -> None:
         socket.create_connection(where, timeout=CONNECT_TIMEOUT).close()
     except OSError as exc:
         problem = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or exc)
-        raise UsageError(f"cannot reach the Dask scheduler at {address}: {problem}; start one with "
+        raise UsageError(f"cannot reach the Dask scheduler at {address!r}: {problem}; start one with "
                          f"`dask scheduler` (and workers with `dask worker ADDRESS`), or use --workers N for a "
                          f"local cluster") from None
 

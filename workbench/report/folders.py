@@ -71,7 +71,8 @@ def _made(folder: Path) -> set[str] | None:
     marker = _read_json(folder / MARKER)
     if isinstance(marker.get("files"), list):
         return {str(f) for f in marker["files"]} | {MARKER, FAILED_RUN}
-    run = _read_json(folder / "run.json")  # a report from before the marker: the files that runner wrote
+    # a report from before the marker (or whose marker is damaged): the files that runner wrote
+    run = _read_json(folder / "run.json")
     if run.get("status") in ("ok", "failed") and isinstance(run.get("name"), str):
         name = run["name"]
         # NOTE: its figures are those its results.json lists, not every *.png: a picture of yours saved
@@ -79,7 +80,7 @@ def _made(folder: Path) -> set[str] | None:
         figures = _read_json(folder / "results.json").get("figures")
         listed = {f for f in figures if isinstance(f, str) and f.endswith(".png")
                   and NAME_PATTERN.fullmatch(f[:-4])} if isinstance(figures, list) else set()
-        return {"run.json", "results.json", f"{name}.ipynb", f"{name}.html", FAILED_RUN} | listed
+        return {"run.json", "results.json", f"{name}.ipynb", f"{name}.html", FAILED_RUN, MARKER} | listed
     return None
 
 

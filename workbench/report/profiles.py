@@ -131,11 +131,12 @@ def _profile_text(path: Path) -> str:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the profile file ({exc.strerror or exc})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a named pipe" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "a special file"
+        raise UsageError(f"{path}: the profile file is {kind}, not a plain file")
     with os.fdopen(fd, "rb") as handle:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a named pipe" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "a special file"
-            raise UsageError(f"{path}: the profile file is {kind}, not a plain file")
         raw = handle.read(MAX_PROFILE_BYTES + 1)
     if len(raw) > MAX_PROFILE_BYTES:
         raise UsageError(f"{path}: the profile file is over MAX_PROFILE_BYTES={MAX_PROFILE_BYTES:,} bytes")

@@ -54,7 +54,8 @@ def _plan(names, profile, overrides, folder: Path) -> list[_Job]:
     names = list(names) or known
     bad = [n for n in names if not isinstance(n, str) or not NAME_PATTERN.fullmatch(n) or n not in known]
     if bad:
-        raise UsageError(f"unknown notebook(s) {', '.join(map(str, bad))}; choose from {', '.join(known)}")
+        shown = ", ".join(n if isinstance(n, str) and NAME_PATTERN.fullmatch(n) else repr(n) for n in bad)
+        raise UsageError(f"unknown notebook(s) {shown}; choose from {', '.join(known)}")
     reserved = sorted(set(overrides) & set(RESERVED))
     if reserved:
         raise UsageError(f"-p {', '.join(reserved)}: set by the report runner itself (interactive=False, "
@@ -261,6 +262,18 @@ class _Interrupts:
             self.check()
 
 
+def _check_path(what: str, path: Path) -> None:
+    """UsageError when `path` cannot name a file here (a NUL byte, a name too long, a loop of links)."""
+    if "\0" in str(path):
+        raise UsageError(f"{what}={str(path)!r} holds a NUL byte, which no path can hold")
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # made later, or refused later naming what is in the way
+    except OSError as exc:
+        raise UsageError(f"{what}={str(path)!r}: {exc.strerror or exc}") from None
+
+
 def _add_kernel_path() -> None:
     """Make kernels/workbench/kernel.json findable without installing anything (once per process)."""
     paths = [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
@@ -291,6 +304,8 @@ def build_reports(
     for what, given in (("out_dir", out_dir), ("notebooks", notebooks)):
         if given is not None and not str(given).strip():
             raise UsageError(f"{what}={str(given)!r} is empty; give a folder (or None for the default)")
+        if given is not None:
+            _check_path(what, Path(given))
     folder = Path(notebooks) if notebooks is not None else notebooks_dir()
     root = Path(out_dir) if out_dir is not None else repo_root() / "reports"
     jobs = _plan(names, profile, dict(overrides or {}), folder)
