@@ -227,6 +227,9 @@ def cli_works(outcome: tuple[int | str, str], code: int = 0) -> tuple[str, str]:
 def _child(index: int, root: str) -> None:
     sandbox = Sandbox(Path(root))
     os.chdir(root)
+    quiet = os.open(os.devnull, os.O_WRONLY)  # the C++ libraries' own log lines (the profiler's) go nowhere
+    os.dup2(quiet, 1)
+    os.dup2(quiet, 2)
     try:
         import torch
 
@@ -275,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the sandboxes (printed at the end)")
     args = parser.parse_args(argv)
+    # NOTE: the optim probes build the C++ update kernels; a folder of our own, so a build another process
+    # holds the lock of elsewhere does not make them wait (a "hang" that is only a queue)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(tempfile.gettempdir()) / "ext-probes"))
     unknown = sorted(set(args.families) - set(FAMILIES))
     if unknown:
         parser.error(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
@@ -325,6 +331,8 @@ def _load(families: list[str]) -> None:
     matplotlib.use("Agg")
     for family in families:
         importlib.import_module(f"explore_{family}")
+    if "library" in families:
+        importlib.import_module("explore_others")  # other helpers' modules, marked [owner]
     import papermill
     import torch  # noqa: F401 - imported once here, not in every child
     from probe_cases import FakeExecutor
