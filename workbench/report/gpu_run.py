@@ -196,6 +196,9 @@ def run(names: list[str], *, profile: str = "gpu", device: str | None = None, co
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .gpu_pack import add_pack_parser
+    from .gpu_parts import add_part_parser
+
     parser = argparse.ArgumentParser(
         prog="python -m workbench.report.gpu_run", description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -227,6 +230,8 @@ def _parser() -> argparse.ArgumentParser:
     get = sub.add_parser("wheels", help="download the wheels a bare PyTorch image lacks (needs the network)")
     get.add_argument("--dest", type=Path, default=repo_root() / "wheels")
     get.add_argument("--print", dest="only_print", action="store_true", help="list the requirements only")
+    add_pack_parser(sub)
+    add_part_parser(sub)
     return parser
 
 
@@ -258,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "unpack":
             _unpack(args.archives, args.reports)
             return 0
+        if args.command in ("pack", "part"):
+            return args.handler(args)
         with environment_restored():
             done = run(args.names, profile=args.profile, device=args.device, commit=args.commit, out=args.out,
                        reference=args.reference, bundle_dir=args.bundle, wheels=args.wheels, site=args.site,
