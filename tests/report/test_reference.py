@@ -11,7 +11,7 @@ import pytest
 
 from workbench.devices import repo_root
 from workbench.report import reference, write_index
-from workbench.report.archive import bundle, bundle_part, unpack, write_listing
+from workbench.report.archive import bundle, bundle_part, listing_text, unpack, write_listing
 from workbench.report.reference import (
     commit_relation, cuda_memory_rows, device_slug, read_references, write_reference,
 )
@@ -220,3 +220,31 @@ def test_the_listing_leaves_a_readme_of_yours_alone(reports):
     assert write_listing(reports / "reference") is None
     assert (reports / "reference" / "README.md").read_text() == "my own notes"
 
+
+COMMITTED = repo_root() / "reports" / "reference"
+H100 = "nvidia-h100-80gb-hbm3"
+
+
+def test_the_h100_references_are_committed_listed_and_shown_beside_a_build(tmp_path):
+    """The 2026-11-26 H100 run (built from 012f1da) as unpacked from its archives: four notebooks, their
+    commit as run.json records it, results.json's wrong git_commit kept and explained, never rewritten."""
+    found = read_references(COMMITTED)
+    h100 = {name: refs[0] for name, refs in found.items() for r in refs if r["slug"] == H100}
+    assert sorted(h100) == ["efficient_densenet", "packed_bit_optimizers", "tour", "variable_batch_size"]
+    for ref in h100.values():
+        assert ref["environment"]["commit"].startswith("012f1da") and ref["environment"]["status"] == "ok"
+        assert ref["results"]["environment"]["git_commit"] == "08a6345"  # as the machine wrote it
+        assert (ref["folder"] / f"{ref['name']}.html").is_file() and not list(ref["folder"].glob("*.ipynb"))
+    listing = (COMMITTED / "README.md").read_text()
+    assert listing == listing_text(COMMITTED), "reports/reference/README.md is stale: run gpu_run unpack"
+    assert "Not built on this device: advisor, calcgraph, optorch." in listing and "08a6345" in listing
+    reports = tmp_path / "reports"
+    head = reference.checkout_commit()
+    _report(reports / "cpu" / "tour", device="cpu", device_name="CPU (test)", commit=head, claims=CPU_CLAIMS)
+    shutil.copytree(COMMITTED, reports / "reference")
+    write_index(reports)
+    page = (reports / "cpu" / "index.html").read_text()
+    section = page[page.index("Beside the reference"):]
+    assert "NVIDIA H100 80GB HBM3" in section and "012f1da" in section and "git_commit 08a6345" in section
+    if head is not None:  # a git checkout holding 012f1da in its history
+        assert "older commit (012f1da" in section
