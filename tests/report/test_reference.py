@@ -248,3 +248,27 @@ def test_the_h100_references_are_committed_listed_and_shown_beside_a_build(tmp_p
     assert "NVIDIA H100 80GB HBM3" in section and "012f1da" in section and "git_commit 08a6345" in section
     if head is not None:  # a git checkout holding 012f1da in its history
         assert "older commit (012f1da" in section
+
+
+def test_unpack_reads_no_more_than_its_limit_even_inside_a_header(tmp_path, monkeypatch):
+    """A tar header can itself be huge (a pax record): the stream under the member checks stops it."""
+    from workbench.report import archive
+
+    monkeypatch.setattr(archive, "MAX_ARCHIVE_BYTES", 2**20)
+    path = tmp_path / "header.tar.gz"
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("nvidia-h200/tour/run.json")
+        info.pax_headers = {"comment": "x" * 4 * 2**20}
+        tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(UsageError, match=r"unpacks to more than \d+ MiB"):
+        unpack(path, tmp_path / "root")
+
+
+def test_unpack_takes_an_uncompressed_tar_too(reports, tmp_path):
+    folder = reports / "reference" / "nvidia-h200" / "tour"
+    path = tmp_path / "plain.tar"
+    with tarfile.open(path, "w") as tar:
+        for file in sorted(folder.iterdir()):
+            tar.add(file, arcname=f"nvidia-h200/tour/{file.name}")
+    (target,) = unpack(path, tmp_path / "elsewhere")
+    assert (target / "run.json").read_bytes() == (folder / "run.json").read_bytes()
