@@ -166,3 +166,33 @@ def test_the_request_handed_over_is_emptied_and_freed(repro):
         ex([x[:2], x[2:]])
     with pytest.raises(TypeError, match="a tensor or a list of tensors"):
         ex((x,))
+
+
+class Concat(nn.Module):
+    """Two element-wise branches concatenated, then a ReLU on the group's output."""
+
+    def __init__(self, inplace: bool) -> None:
+        super().__init__()
+        self.a, self.b, self.relu = nn.Hardtanh(), nn.Tanh(), nn.ReLU(inplace=inplace)
+
+    def forward(self, x):
+        return self.relu(torch.cat([self.a(x), self.b(x)], 1))
+
+
+def test_a_group_whose_relu_is_not_in_place_is_refused():
+    """The ReLU after a branch group runs on the group's output: in place it costs nothing, but a
+    ReLU that writes a new tensor holds a second copy of it, which the tables do not see: refused."""
+    def net(inplace: bool) -> nn.Module:
+        return nn.Sequential(Concat(inplace), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+
+    x = torch.randn(4, 3, 16, 16)
+    tables = vbs.measure_layers(net(True), x[0], 4, repeats=1, warmup=1, min_run_time=0.0)
+    p = vbs.fixed_batch_plan(tables, batch=4, size=4)
+    ex = vbs.Executor(net(True), p)
+    ex(x)
+    assert vbs.measure_peak(ex, x) <= p.peak_bytes
+    with pytest.raises(vbs.UnexecutablePlan, match="above the plan's predicted peak"):
+        vbs.Executor(net(False), p)(x)
+    unchecked = vbs.Executor(net(False), p, check_memory=False)
+    unchecked(x)
+    assert vbs.measure_peak(unchecked, x) > p.peak_bytes  # the refusal was right

@@ -169,16 +169,16 @@ class Executor:
     def prepare(self, sample: torch.Tensor) -> None:
         """Per-sample shapes of every branch (one single-sample pass), then the memory check."""
         shapes: dict[int, list[tuple[int, ...]]] = {}
-        main, inner = [_per_sample(sample)], {}
+        main, inner, posts = [_per_sample(sample)], {}, set()
         x = sample[:1]
         try:
-            self._shape_pass(x, shapes, main, inner)
+            self._shape_pass(x, shapes, main, inner, posts)
         except RuntimeError as exc:  # torch's shape errors, named here with the inputs' shape
             raise ValueError(f"the model refused inputs of shape {tuple(sample.shape)} (one sample: "
                              f"{tuple(x.shape)}): {exc}") from exc
         self._shapes = shapes
         unit = self.plan.unit_bytes
-        _, peak = account(self.plan, byte_sizes(main, inner, unit))
+        _, peak = account(self.plan, byte_sizes(main, inner, unit), posts=frozenset(posts))
         self.executed_peak = peak * unit
         if self.check_memory and peak > self.plan.peak:
             raise UnexecutablePlan(
@@ -189,7 +189,9 @@ class Executor:
                 f"saved without its copies accounted, cannot hold its prediction). Not run.")
 
     def _shape_pass(self, x: torch.Tensor, shapes: dict[int, list[tuple[int, ...]]], main: list[int],
-                    inner: dict[int, list[list[int]]]) -> None:
+                    inner: dict[int, list[list[int]]], posts: set[int]) -> None:
+        """Per-sample shapes and bytes of every stage and branch layer, and the branch groups whose
+        `post` writes a new tensor instead of working in place on the group's output."""
         for i, stage in enumerate(self.stages):
             if stage.is_branch:
                 shapes[i], inner[i] = [], []
@@ -204,6 +206,11 @@ class Executor:
                 if len(rest) != 1:
                     raise ValueError(f"stage {stage.name!r}: branch outputs of per-sample shapes {shapes[i]} "
                                      f"cannot be merged by {stage.merge!r} without broadcasting")
+                if stage.post is not None:
+                    merged = shapes[i][0] if stage.merge == "add" else (sum(s[0] for s in shapes[i]), *rest.pop())
+                    probe = x.new_zeros((1, *merged))
+                    if stage.post(probe).untyped_storage().data_ptr() != probe.untyped_storage().data_ptr():
+                        posts.add(i)
             x = stage(x)
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"stage {stage.name!r} returns {type(x).__name__}, not a tensor")

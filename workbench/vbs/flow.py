@@ -71,13 +71,16 @@ class Flow:
 
     `request` is how the request's samples are handed over: "pieces" (one tensor per sample, each
     freed when consumed: what the DP's in(1, b - b1) counts) or "kept" (one tensor the caller keeps:
-    read as views, never freed or copied, and not counted here).
+    read as views, never freed or copied, and not counted here). `posts` are the branch groups whose
+    `post` (the ReLU after a residual sum) writes a new tensor rather than working in place: the
+    tables do not see that copy, so a plan made from them is refused by the executor there.
     """
 
-    def __init__(self, sizes: Sizes, batch: int, *, request: str = "pieces") -> None:
+    def __init__(self, sizes: Sizes, batch: int, *, request: str = "pieces", posts: frozenset[int] = frozenset()
+                 ) -> None:
         if request not in ("pieces", "kept"):
             raise ValueError(f"request must be 'pieces' or 'kept', got {request!r}")
-        self.size, self.pieces = sizes, request == "pieces"
+        self.size, self.pieces, self.posts = sizes, request == "pieces", posts
         self.queues: dict[tuple, deque[int]] = {(None, 0): deque([batch])}
         self.live = sizes(None, 0, batch) if self.pieces else 0
         self.peak = self.live
@@ -85,7 +88,8 @@ class Flow:
     def copy(self) -> Flow:
         """An independent copy (to try a step and keep it or not)."""
         other = Flow.__new__(Flow)
-        other.size, other.pieces, other.live, other.peak = self.size, self.pieces, self.live, self.peak
+        other.size, other.pieces, other.posts = self.size, self.pieces, self.posts
+        other.live, other.peak = self.live, self.peak
         other.queues = {k: deque(v) for k, v in self.queues.items()}
         return other
 
@@ -144,6 +148,8 @@ class Flow:
                 n = max((s.layer for s in branch), default=-1) + 1
                 inner.append(tuple(self.run(s, (i, a), n) for s in branch))
                 peak = max([peak, *(s.executed for s in inner[-1])])
+            if chain is None and i in self.posts:  # the group's post writes a new tensor, then the output is dropped
+                peak = max(peak, self.live + out)
         else:
             ws = max(0, step.used - self._cost(key, q) - out)
             peak = max(gather, self.live + ws + out)
@@ -176,12 +182,13 @@ def _where(key: tuple) -> str:
     return f"layer {boundary}" if chain is None else f"layer {boundary} of branch {chain[1]} of layer {chain[0]}"
 
 
-def account(plan: Plan, sizes: Sizes, *, request: str = "pieces") -> tuple[Plan, int]:
+def account(plan: Plan, sizes: Sizes, *, request: str = "pieces", posts: frozenset[int] = frozenset()
+            ) -> tuple[Plan, int]:
     """(`plan` with every step's `executed` set to the executor's live memory during it, the
     executor's peak over the whole run, the outputs' gathering included). The plan's `peak` is
     the higher of that and the DP's own accounting (which can be above it by rounding: the DP
     rounds every reserved part to whole units on its own)."""
-    flow = Flow(sizes, plan.batch, request=request)
+    flow = Flow(sizes, plan.batch, request=request, posts=posts)
     steps = [flow.run(s) for s in plan.steps]
     gather = flow.finish(len(plan.names))  # after the last step: counted as part of it
     steps[-1] = replace(steps[-1], executed=max(steps[-1].executed, gather))
