@@ -59,9 +59,10 @@ def _check_within(model: nn.Module, x: torch.Tensor, plans: list[vbs.Plan]) -> l
     ratios = []
     with torch.no_grad():
         want = model(x)
+    rtol, atol = vbs.tolerances(want)  # TF32 on CUDA: phases of other batch sizes round otherwise
     for p in plans:
         ex = vbs.Executor(model, p)
-        torch.testing.assert_close(ex(x), want)
+        torch.testing.assert_close(ex(x), want, rtol=rtol, atol=atol)
         peak = vbs.measure_peak(ex, x)
         assert peak <= p.peak_bytes <= p.memory * p.unit_bytes, (p, peak)
         ratios.append(peak / p.peak_bytes)
