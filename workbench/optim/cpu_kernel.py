@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from workbench.optim.formats import storage_bits
-from workbench.optim.kernel_args import byte_plane_reason, planes_of
+from workbench.optim.kernel_args import flat_args_reason, planes_of
 from workbench.optim.update import adam_math, chunked_update, sgd_math
 
 __all__ = ["available", "build_flags", "kernel_update", "packed_update_cpu", "supports", "unsupported_reason"]
@@ -129,10 +129,10 @@ def unsupported_reason(
     unknown = sorted(k for k in options if k not in known and not (k in _OFF_ONLY and not options[k]))
     if unknown or scaled:
         return f"options the kernel does not implement: {unknown + (['scaled'] if scaled else [])}"
-    return byte_plane_reason(half, grad, extra, states, coef, device_type="cpu", extra_bits=extra_bits,
-                             stochastic_rounding=stochastic_rounding, master_rounding=master_rounding,
-                             n_states=2 if math_fn is adam_math else int(bool(options.get("momentum"))),
-                             n_coef=9 if math_fn is adam_math else 4, planes=(0, 1, 2))
+    return flat_args_reason(half, grad, extra, states, coef, device_type="cpu", extra_bits=extra_bits,
+                            stochastic_rounding=stochastic_rounding, master_rounding=master_rounding,
+                            n_states=2 if math_fn is adam_math else int(bool(options.get("momentum"))),
+                            n_coef=9 if math_fn is adam_math else 4, planes=(0, 1, 2))
 
 
 def supports(half, grad, extra, states, coef, **static) -> bool:

@@ -11,9 +11,11 @@ per-parameter state entries stay views of the buffers (``state_dict`` looks the 
 Unlike the paper's fused kernels (8 and 16 extra bits only), every width is supported.
 
 Which code runs an update is chosen in one place, :func:`select_step`: ``fused=True`` asks for the
-fastest step available on the device (the hand-written Triton kernel on CUDA, the hand-written C++
-kernel on CPU, for byte-plane formats; else the ``torch.compile``d update, with the eager update as
-fallback where compile is unavailable); ``STEP_BACKENDS`` lists the candidates, fastest first.
+fastest step available on the device (the hand-written Triton kernel on CUDA, every format; the
+hand-written C++ kernel on CPU, byte-plane formats; else the ``torch.compile``d update, with the eager
+update as fallback where compile is unavailable); ``STEP_BACKENDS`` lists the candidates, fastest first.
+The per-parameter step (unfused groups, ``step_in_backward``) runs the same hand-written kernels on one
+parameter, which allocate nothing, else the eager update in bounded chunks.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ import torch
 from .packing import extra_storage
 from .update import chunked_update, compiled_update
 
-__all__ = ["FlatGroup", "STEP_BACKENDS", "StepSpec", "compile_available", "compiled_step", "cpu_kernel_step",
-           "eager_step", "lazy_backend", "select_step"]
+__all__ = ["FlatGroup", "PER_PARAMETER_BACKENDS", "STEP_BACKENDS", "StepSpec", "compile_available", "compiled_step",
+           "cpu_kernel_step", "eager_step", "lazy_backend", "select_step"]
 
 #: An update: ``step(half, grad, extra, states, coef, key)`` changes ``half``, ``extra`` and ``states``
 #: in place (``workbench.optim.update.packed_update``'s positional arguments; ``key`` an int or None).
@@ -99,15 +101,15 @@ def compiled_step(device: torch.device, spec: StepSpec) -> Step | None:
     return step
 
 
-def lazy_backend(module: str, attr: str) -> Callable[[torch.device, StepSpec], Step | None]:
-    """A backend imported at its first use: ``module.attr(device, spec)``; None while it cannot be imported."""
+def lazy_backend(module: str, attr: str) -> Callable[..., Step | None]:
+    """A backend imported at its first use: ``module.attr(device, spec, **kw)``; None while it cannot be imported."""
 
-    def backend(device: torch.device, spec: StepSpec) -> Step | None:
+    def backend(device: torch.device, spec: StepSpec, **kw: Any) -> Step | None:
         try:
             fn = getattr(importlib.import_module(module), attr)
         except ImportError:
             return None
-        return fn(device, spec)
+        return fn(device, spec, **kw)
 
     return backend
 
@@ -146,6 +148,12 @@ STEP_BACKENDS: list[tuple[str, Callable[[torch.device, StepSpec], Step | None]]]
     ("compiled", compiled_step),
     ("eager", eager_step),
 ]
+#: The per-parameter step's kernels (unfused groups, ``step_in_backward``): ``backend(device, spec, fallback=)``
+#: returns a step that runs the kernel where it takes the update and ``fallback`` (the eager update) else.
+PER_PARAMETER_BACKENDS: list[tuple[str, Callable[..., Step | None]]] = [
+    ("triton_kernel", lazy_backend("workbench.optim.triton_kernel", "triton_step")),
+    ("cpu_kernel", cpu_kernel_step),
+]
 _FAILED: set[tuple[str, str]] = set()  # (backend, device type) whose build failed: skipped from then on
 
 
@@ -171,20 +179,24 @@ def select_step(device: torch.device, spec: StepSpec, *, fused: bool, compile: b
     ``compile=False``: the eager update. ``compile=True``: the compiled update (RuntimeError where
     torch.compile is unavailable). ``compile=None``: for ``fused`` groups the first backend of
     :data:`STEP_BACKENDS` that serves ``spec`` on ``device`` (the fastest available), for the
-    others (one update per parameter) the hand-written CPU kernel where it takes the spec, else the eager
-    update.
+    others (one update per parameter) the first of :data:`PER_PARAMETER_BACKENDS` (the hand-written
+    kernels: Triton on CUDA, C++ on CPU) that takes the spec, with the eager update for what they refuse.
     """
     device = torch.device(device)
     eager = eager_step(device, spec)
     if compile is False:
         return "eager", eager
     if compile is None and not fused:
-        # NOTE: one call per parameter: the C++ kernel has no temporaries and no per-shape compile, and gives
-        # the eager bits; the eager step runs ~30 ops per 32768-value chunk (3000 chunks for 1e8 parameters,
-        # which CalcGraph's fake-tensor plan of a step then traces one by one: 135 s, against 0.3 s). The
-        # compiled step would compile per shape, and Triton's kernel cannot run on fake tensors.
-        step = cpu_kernel_step(device, spec, fallback=eager)
-        return ("cpu_kernel", step) if step is not None else ("eager", eager)
+        # NOTE: one call per parameter: the hand-written kernels have no temporaries and no per-shape
+        # compile, and give the eager bits; the eager step runs ~30 ops per chunk (CHUNK values on CPU: 3000
+        # chunks for 1e8 parameters, which CalcGraph's fake-tensor plan of a step then traces one by one:
+        # 135 s, against 0.3 s; on CUDA, CUDA_CHUNK values with ~43 MB of temporaries on top of live
+        # activations inside backward, issue 33). Both kernels skip fake tensors (nothing to allocate).
+        for name, backend in PER_PARAMETER_BACKENDS:
+            step = backend(device, spec, fallback=eager)
+            if step is not None:
+                return name, step
+        return "eager", eager
     if compile is True:
         step = compiled_step(device, spec)
         if step is None:

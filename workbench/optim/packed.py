@@ -14,12 +14,12 @@ moments in bf16, ``master_rounding="stochastic"`` rounds the kept master value s
 
 ``fused=True`` ("Fused" in 3.1): a group's halves, extra bits and states live in flat buffers
 (``workbench.optim.fused``), and one flat update runs over the whole group, by the fastest step
-available on the device (``fused.select_step``: for byte-plane formats the hand-written kernels,
-``triton_kernel`` on CUDA and ``cpu_kernel`` on CPU; else ``torch.compile``d, or the eager update where
-compile is unavailable; ``compile=True``/``False`` forces the compiled or the eager one). All give
-the same result (bit for bit; compiled code reads 16-bit patterns through exact float conversions,
-so only NaN payloads could differ). The per-parameter step (used by ``step_in_backward``) of a fused
-group, or with ``compile=True``, is compiled too, with dynamic shapes (one kernel per format).
+available on the device (``fused.select_step``: the hand-written kernels, ``triton_kernel`` on CUDA for
+every format and ``cpu_kernel`` on CPU for byte-plane formats; else ``torch.compile``d, or the eager update
+where compile is unavailable; ``compile=True``/``False`` forces the compiled or the eager one). All give
+the same result (bit for bit; NaN payloads are the device's). The per-parameter step (unfused groups and
+``step_in_backward``) runs the same hand-written kernel on one parameter, else the eager update in bounded
+chunks; with ``compile=True`` it is compiled, with dynamic shapes (one kernel per format).
 
 Drop-in for torch.optim: ``amsgrad`` and ``maximize`` as in torch.optim.AdamW/SGD (the running max
 of the second moment is one more state, ``max_exp_avg_sq``); ``foreach``/``capturable``/
