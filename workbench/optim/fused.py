@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from .layout import in_layout, memory_order
 from .packing import extra_storage
 from .update import chunked_update, compiled_update
 
@@ -235,13 +236,13 @@ class FlatGroup:
         self.states = {k: torch.zeros(off, dtype=state_dtype, device=dev) for k in keys}
         self._grad: weakref.ref | None = None
         for p, o in zip(params, self.offsets, strict=True):
+            # each segment in its parameter's memory order, viewed with its strides (``layout``)
             n, st = p.numel(), state[p]
-            view = self.half[o : o + n]
-            view.copy_(p.detach().reshape(-1))
-            p.data = view.view_as(p)
+            self.half[o : o + n].copy_(memory_order(p.detach()))
+            p.data = self.half.as_strided(p.shape, p.stride(), o)
             for k in keys:
-                self.states[k][o : o + n].copy_(st[k].reshape(-1))
-                st[k] = self.states[k][o : o + n].view_as(p)
+                self.states[k][o : o + n].copy_(memory_order(in_layout(st[k], p)))
+                st[k] = self.states[k].as_strided(p.shape, p.stride(), o)
             seg = self._extra_view(o, n)
             seg.copy_(st["extra"])
             st["extra"] = seg
@@ -273,16 +274,16 @@ class FlatGroup:
         buf = self._grad() if self._grad is not None else None
         if buf is not None:
             base = buf.data_ptr()
-            if all(p.grad.data_ptr() == base + o * self._item
+            if all(p.grad.data_ptr() == base + o * self._item and p.grad.stride() == p.stride()
                    for p, o in zip(self.params, self.offsets, strict=True)):
                 return buf
         buf = torch.empty(self.total, dtype=self.half.dtype, device=self.half.device)
         end = 0
         for p, o in zip(self.params, self.offsets, strict=True):
             buf[end:o].zero_()  # padding between segments: a defined value, never read back
-            view = buf[o : o + p.numel()]
-            view.copy_(p.grad.reshape(-1))
-            p.grad = view.view_as(p)
+            view = buf.as_strided(p.shape, p.stride(), o)
+            view.copy_(p.grad)
+            p.grad = view
             end = o + p.numel()
         buf[end:].zero_()
         self._grad = weakref.ref(buf)

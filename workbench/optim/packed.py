@@ -45,6 +45,7 @@ from workbench.optim.distributed import (
 )
 from workbench.optim.formats import SUPPORTED_DTYPES, check_format, storage_bits
 from workbench.optim.fused import FlatGroup, StepSpec, select_step
+from workbench.optim.layout import grad_in_order, in_layout, is_dense, memory_order
 from workbench.optim.options import PackedOptions, check_real, takes_options
 from workbench.optim.packing import extra_storage
 from workbench.optim.rng import mix_key, shift_key
@@ -102,6 +103,10 @@ class PackedOptimizer(torch.optim.Optimizer):
                 )
             check_format(p.dtype, k)
             check_shardable(p, self._bits(group), f"parameter {i} of group {gi} (shape {tuple(p.shape)})")
+            if not is_dense(local(p)):
+                raise ValueError(f"parameter {i} of group {gi} (shape {tuple(p.shape)}, strides {p.stride()}) has "
+                                 "gaps or overlaps in memory: packed optimizers update parameters in their memory "
+                                 "order (contiguous, channels_last or any dense layout); make it .contiguous()")
         if group["fused"] and len({(p.dtype, p.device) for p in group["params"]}) > 1:
             raise ValueError(f"fused=True needs one dtype and device per group; group {gi} mixes them")
         self._check_group(group)
@@ -170,15 +175,23 @@ class PackedOptimizer(torch.optim.Optimizer):
         if "extra" not in st:
             return p.detach().float()
         group = self._group_of(p)
-        return like_param(p, merge(local(p.detach()), local(st["extra"]), extra_bits=group["extra_bits"],
-                                   stochastic_rounding=group["stochastic_rounding"]))
+        half = local(p.detach())
+        out = torch.empty_like(half, dtype=torch.float32)
+        memory_order(out).copy_(merge(memory_order(half), local(st["extra"]), extra_bits=group["extra_bits"],
+                                      stochastic_rounding=group["stochastic_rounding"]))
+        return like_param(p, out)
 
     def state_dict(self) -> dict[str, Any]:
         sd = super().state_dict()
         params = [p for g in self.param_groups for p in g["params"]]
         for i, st in sd["state"].items():  # torch numbers the parameters across groups, in order
             sd["state"][i] = {k: state_dict_layout(params[i], k, v) for k, v in st.items()}
+        # NOTE: the seed is the whole RNG state of stochastic rounding. torch.distributed.checkpoint's
+        # get_optimizer_state_dict keeps only "state" and "param_groups" (a top-level entry is dropped and a
+        # resumed run rounds with another seed), so every group carries it too; load_state_dict reads either.
         sd["sr_seed"] = self.seed
+        for g in sd["param_groups"]:
+            g["sr_seed"] = self.seed
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -262,9 +275,14 @@ class PackedOptimizer(torch.optim.Optimizer):
             tail = self._tail(grad_scale, clip_value)
             coef = self._coef(group, step + 1, half.device, tail)
             key = shift_key(mix_key(self.seed, gi, step), offset + shard_offset(p)) if self._random(group) else None
-            states = [local(st[k]).view(-1) for k in self._state_keys(group)]
+            states = []
+            for k in self._state_keys(group):
+                if local(st[k]).stride() != half.stride():  # a state laid out otherwise (``layout``): once
+                    st[k] = in_layout(st[k], p)
+                states.append(memory_order(local(st[k])))
             update = self._select(group, step, p.dtype, half.device, dynamic=True, scaled=tail is not None)[1]
-            update(half.view(-1), local(p.grad).reshape(-1), _extra_arg(local(st["extra"])), states, coef, key)
+            update(memory_order(half), grad_in_order(local(p.grad), half), _extra_arg(local(st["extra"])), states,
+                   coef, key)
         st["step"] = step + 1
         self._mark_stepped()
 
