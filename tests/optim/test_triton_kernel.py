@@ -26,7 +26,9 @@ from tests.conftest import requires_cuda
 from workbench.optim import fused, triton_kernel
 from workbench.optim.formats import storage_bits
 from workbench.optim.fused import StepSpec, select_step
+from workbench.optim.kernel_args import GradSegments
 from workbench.optim.packing import pack, unpack
+from workbench.optim.rng import shift_key
 from workbench.optim.update import adam_math, chunked_update, packed_update, sgd_math
 
 pytestmark = pytest.mark.skipif(not triton_kernel.available(), reason="needs triton (pip install triton)")
@@ -301,7 +303,8 @@ def _cuda_build(**constexprs):
     half = "*bf16" if constexprs["IS_BF16"] else "*fp16"
     state = "*bf16" if constexprs["STATE_BF16"] else "*fp32"
     extra = {0: half, 1: "*u8", 2: "*i32"}[constexprs["STORE"]]
-    types = {"half_ptr": half, "grad_ptr": half, "x0_ptr": extra, "x1_ptr": extra, "s0_ptr": state,
+    grad, rows = ("*i64", "*i32") if constexprs["SEGMENTED"] else (half, half)
+    types = {"half_ptr": half, "grad_ptr": grad, "seg_ptr": rows, "x0_ptr": extra, "x1_ptr": extra, "s0_ptr": state,
              "s1_ptr": state, "s2_ptr": state, "coef_ptr": "*fp32", "key": "i32", "offset": "i32", "n": "i32"}
     signature = {name: types.get(name, "constexpr") for name in names}
     # aligned pointers and a length divisible by 16: what Triton's launcher specialises a flat group to
@@ -333,6 +336,8 @@ _BUILDS = {  # constexprs beyond bf16+8 AdamW with fp32 moments, truncated
         "STORE": 2, "WORDS_P2": 512},
     "bf16+1 dense words, SGD": {"EXTRA_BITS": 1, "STORE": 2, "WORDS_P2": 32, "MATH": 1, "MOMENTUM": True,
                                 "N_COEF": 4},
+    "bf16+8, gradients read in place": {"SEGMENTED": True},
+    "bf16+12 dense words, gradients read in place": {"EXTRA_BITS": 12, "STORE": 2, "WORDS_P2": 512, "SEGMENTED": True},
 }
 
 
@@ -341,7 +346,7 @@ def test_the_cuda_build_keeps_eager_numerics_and_vectorises(build):
     pytest.importorskip("triton.backends.nvidia.compiler")
     constexprs = dict(IS_BF16=True, EXTRA_BITS=8, SR=False, MASTER_SR=False, MATH=0, DECOUPLED=True,
                       MOMENTUM=False, NESTEROV=False, FIRST=False, MAXIMIZE=False, AMSGRAD=False, SCALED=False,
-                      N_COEF=9, STATE_BF16=False, NATIVE_BF16=True, STORE=1, WORDS_P2=1,
+                      N_COEF=9, STATE_BF16=False, NATIVE_BF16=True, STORE=1, WORDS_P2=1, SEGMENTED=False,
                       BLOCK=triton_kernel._BLOCK["cuda"])
     constexprs.update(_BUILDS[build])
     try:
@@ -379,3 +384,37 @@ def test_cuda_every_width_equals_the_eager_steps_bit_for_bit():
         kw = _rotated(index)
         _compare(70001, fmt, kw.pop("state_dtype"), kw.pop("master_rounding"), kw.pop("math_fn"), kw.pop("options"),
                  steps=2, seed=index, device="cuda", **kw)
+
+
+@pytest.mark.parametrize("fmt", [(BF16, 8, False), (BF16, 12, False), (FP16, 13, True)], ids=fmt_id)
+def test_a_fused_groups_gradients_read_in_place_equal_the_per_parameter_step(monkeypatch, fmt):
+    # GradSegments: each parameter's gradient where autograd left it, 32-value-aligned segments of the flat
+    # buffers (with padding between them), over 64-value programs; against the eager step on each parameter
+    monkeypatch.setitem(triton_kernel._BLOCK, "cpu", 64)
+    dtype, k, sr = fmt
+    bits = storage_bits(k, sr)
+    offsets, lengths = (0, 64, 160, 256), (37, 96, 1, 70)
+    g = torch.Generator().manual_seed(7)
+    half, _, planes, states = inputs(352, dtype, k, sr, torch.float32, 3, g)
+    grads = [(torch.randn(n, generator=g) * 1e-3).to(dtype) for n in lengths]
+    static = dict(math_fn=adam_math, extra_bits=k, stochastic_rounding=sr, master_rounding="stochastic",
+                  options={"decoupled": True, "amsgrad": True, "maximize": True})
+    ref = [half.clone(), _extra(planes, bits), [s.clone() for s in states]]
+    got = [half.clone(), _extra(planes, bits), [s.clone() for s in states]]
+
+    def part(run, at, n):
+        h, extra, st = run
+        piece = (extra[at * bits // 32: at * bits // 32 + (n * bits + 31) // 32] if torch.is_tensor(extra)
+                 else [p[at: at + n] for p in extra])
+        return h[at: at + n], piece, [s[at: at + n] for s in st]
+
+    segments = GradSegments(offsets, tuple(grads), gather=lambda: pytest.fail("gathered into a flat copy"))
+    triton_kernel.packed_update_triton(got[0], segments, got[1], got[2], coef_for(adam_math), KEY, offset=5,
+                                       **static)
+    for at, n, grad in zip(offsets, lengths, grads, strict=True):
+        h, extra, st = part(ref, at, n)
+        chunked_update(h, grad, extra, st, coef_for(adam_math), shift_key(KEY, 5 + at), bits=bits, **static)
+        want, have = part(ref, at, n), part(got, at, n)
+        _assert_same_numbers(_flat(want, bits, n), _flat(have, bits, n))
+        if torch.is_tensor(have[1]):  # the segment's last word: zero bits past its last value, as eager leaves
+            assert torch.equal(have[1], pack(unpack(have[1], bits, n), bits))

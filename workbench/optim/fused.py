@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from .layout import in_layout, memory_order
+from .kernel_args import GradSegments, as_flat
+from .layout import grad_in_order, in_layout, memory_order
 from .packing import extra_storage
 from .update import chunked_update, compiled_update
 
@@ -82,7 +83,7 @@ def eager_step(device: torch.device, spec: StepSpec) -> Step:
     """The eager update in chunks (``update.chunked_update``): available everywhere."""
 
     def step(half, grad, extra, states, coef, key):
-        chunked_update(half, grad, extra, states, coef, key, bits=spec.bits, **spec.static)
+        chunked_update(half, as_flat(grad), extra, states, coef, key, bits=spec.bits, **spec.static)
 
     return step
 
@@ -97,7 +98,7 @@ def compiled_step(device: torch.device, spec: StepSpec) -> Step | None:
     def step(half, grad, extra, states, coef, key):
         if key is not None:
             key = torch.tensor(key, dtype=torch.int32, device=half.device)
-        update(half, grad, extra, states, coef, key)
+        update(half, as_flat(grad), extra, states, coef, key)
 
     return step
 
@@ -162,10 +163,16 @@ def _guarded(name: str, device: torch.device, step: Step, fallback: Step) -> Ste
     # NOTE: a toolchain can pass compile_available and still fail to build (a broken compiler, a
     # Triton/driver mismatch). torch raises those as TorchDynamoException before running anything,
     # so the eager update can take over that call and, with a warning, every later one.
+    failed = []
+
     def run(*args):
+        if failed:
+            fallback(*args)
+            return
         try:
             step(*args)
         except torch._dynamo.exc.TorchDynamoException as e:
+            failed.append(e)
             _FAILED.add((name, device.type))
             warnings.warn(f"the {name} packed update failed to build on {device.type} ({type(e).__name__}: "
                           f"{str(e).splitlines()[0]}); using the eager update from now on", stacklevel=3)
@@ -214,12 +221,13 @@ def select_step(device: torch.device, spec: StepSpec, *, fused: bool, compile: b
 
 
 # NOTE: the fused path rebinds each ``p.data`` to a view of the group's flat buffer (as apex's
-# flat-buffer optimizers do). Gradients are copied into a flat gradient buffer unless they already
-# are its views (``zero_grad(set_to_none=False)`` keeps them so); the optimizer holds that buffer
-# only weakly, so ``zero_grad(set_to_none=True)`` frees it with the gradients. A group where some
+# flat-buffer optimizers do). The hand-written kernels read each gradient where autograd left it
+# (``grad_segments``); for the compiled and eager steps, gradients are copied into a flat gradient buffer
+# unless they already are its views (``zero_grad(set_to_none=False)`` keeps them so), which the optimizer
+# holds only weakly, so ``zero_grad(set_to_none=True)`` frees it with the gradients. A group where some
 # parameter has no gradient takes the per-parameter path, which computes the same update.
 class FlatGroup:
-    """Flat buffers of one fused param group; params, grads and states become views into them."""
+    """Flat buffers of one fused param group; params and states become views into them."""
 
     def __init__(self, params: list[torch.Tensor], state: dict, keys: list[str], bits: int,
                  state_dtype: torch.dtype):
@@ -229,6 +237,7 @@ class FlatGroup:
             self.offsets.append(off)
             off += (p.numel() + 31) // 32 * 32
         self.total = off
+        self._offsets = tuple(self.offsets)
         dev, dtype = params[0].device, params[0].dtype
         self.half = torch.zeros(off, dtype=dtype, device=dev)
         shape, edtype = extra_storage(off, bits, aligned=True)
@@ -246,13 +255,14 @@ class FlatGroup:
             seg = self._extra_view(o, n)
             seg.copy_(st["extra"])
             st["extra"] = seg
-        # data pointers every view must keep; checked each step in plain integers (cheap)
-        self._expect = [
-            (p, self.half[o:].data_ptr(), state[p]["extra"].data_ptr(),
-             tuple(self.states[k][o:].data_ptr() for k in keys))
-            for p, o in zip(params, self.offsets, strict=True)
-        ]
+        # what every parameter must keep for the buffers to stay its own: its storage, and the very state
+        # dict and state tensors made here (identity checks, cheap each step)
+        self._expect = [(p, state[p], self.half[o:].data_ptr(), state[p]["extra"], tuple(state[p][k] for k in keys))
+                        for p, o in zip(params, self.offsets, strict=True)]
+        self._contiguous = [p.is_contiguous() for p in params]
         self._item = self.half.element_size()
+        #: the extra bits as the update takes them: byte planes as 1-D views, or the words
+        self.extra_arg = list(self.extra.unbind(0)) if self.extra.dtype == torch.uint8 else self.extra
 
     def _extra_view(self, o: int, n: int) -> torch.Tensor:
         if self.extra.dtype == torch.uint8:
@@ -261,13 +271,19 @@ class FlatGroup:
         return self.extra[ws : ws + (n * self.bits + 31) // 32]
 
     def valid(self, state: dict) -> bool:
-        for p, hp, ep, sps in self._expect:
-            st = state.get(p)
-            if st is None or p.data_ptr() != hp or "extra" not in st or st["extra"].data_ptr() != ep:
+        for p, st, hp, extra, views in self._expect:
+            if state.get(p) is not st or st.get("extra") is not extra or p.data_ptr() != hp:
                 return False
-            if any(st[k].data_ptr() != sp for k, sp in zip(self.keys, sps, strict=True)):
+            if any(st.get(k) is not v for k, v in zip(self.keys, views, strict=True)):
                 return False
         return True
+
+    def grad_segments(self) -> GradSegments:
+        """The gradients where autograd left them, as the kernels read them (``kernel_args.GradSegments``)."""
+        grads = tuple(g if plain and g.is_contiguous() else grad_in_order(g, p)
+                      for p, plain, g in zip(self.params, self._contiguous, (p.grad for p in self.params),
+                                             strict=True))
+        return GradSegments(self._offsets, grads, self.gather_grads)
 
     def gather_grads(self) -> torch.Tensor:
         """The flat gradient: reused when every ``.grad`` is still its view, else copied into a new one."""

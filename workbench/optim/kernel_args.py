@@ -9,7 +9,8 @@ own module.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,7 +18,41 @@ import torch
 from workbench.optim.formats import FORMATS, storage_bits
 from workbench.optim.packing import packed_words
 
-__all__ = ["extra_layout", "flat_args_reason", "planes_of"]
+__all__ = ["GradSegments", "as_flat", "extra_layout", "flat_args_reason", "planes_of"]
+
+
+@dataclass(frozen=True)
+class GradSegments:
+    """A fused group's gradient as autograd left it: ``grads[i]`` (1-D, in its parameter's memory order) is the
+    gradient of the stream's values ``offsets[i] .. offsets[i] + grads[i].numel() - 1``.
+
+    The hand-written kernels read each segment in place; a step that needs one flat gradient tensor (the
+    compiled and eager updates) calls ``gather()``, which copies them into one (``fused.FlatGroup.gather_grads``).
+    # NOTE: the flat copy each step cost a read and a write of every gradient, and a fresh allocation where
+    # ``zero_grad(set_to_none=True)`` (torch's default) left new gradient tensors: 0.5-0.6x of torch's fused
+    # AdamW step on CPU (issue 34) where the kernel alone was 1.16x.
+    """
+
+    offsets: tuple[int, ...]
+    grads: tuple[torch.Tensor, ...]
+    gather: Callable[[], torch.Tensor]
+
+
+def as_flat(grad: torch.Tensor | GradSegments) -> torch.Tensor:
+    """The flat gradient: ``grad`` itself, or the segments gathered into one tensor."""
+    return grad.gather() if isinstance(grad, GradSegments) else grad
+
+
+def _grad_ok(grad: Any, half: torch.Tensor) -> bool:
+    n, dtype, device = half.numel(), half.dtype, half.device
+    if not isinstance(grad, GradSegments):
+        return _flat_ok(grad, dtype, n, device)
+    end = 0
+    for at, g in zip(grad.offsets, grad.grads, strict=True):
+        if at < end or at + g.numel() > n or not _flat_ok(g, dtype, g.numel(), device):
+            return False
+        end = at + g.numel()
+    return True
 
 
 def planes_of(extra: Any, bits: int | None = None) -> Any:
@@ -49,16 +84,17 @@ def flat_args_reason(
 ) -> str | None:
     """Why a kernel on ``device_type`` cannot take these flat tensors (None when it can).
 
-    ``half``/``grad``: contiguous bf16/fp16 of one size; ``extra``: as many uint8 byte planes as one of
-    ``planes`` allows (or their 2-D tensor; with 0 planes, k = 0, the empty extra storage), or with ``words``
-    the ``packed_words(n, bits)`` contiguous int32 words of any width; ``n_states`` fp32 or bf16 states;
-    ``coef``: ``n_coef`` fp32 values; all on one device.
+    ``half``/``grad``: contiguous bf16/fp16 of one size (or ``grad`` as :class:`GradSegments`); ``extra``: as
+    many uint8 byte planes as one of ``planes`` allows (or their 2-D tensor; with 0 planes, k = 0, the empty
+    extra storage), or with ``words`` the ``packed_words(n, bits)`` contiguous int32 words of any width;
+    ``n_states`` fp32 or bf16 states; ``coef``: ``n_coef`` fp32 values; all on one device.
     """
     if not torch.is_tensor(half) or half.device.type != device_type or half.dtype not in FORMATS:
         return f"half must be a bf16/fp16 {device_type.upper()} tensor"
     n, device = half.numel(), half.device
-    if not _flat_ok(half, half.dtype, n, device) or not _flat_ok(grad, half.dtype, n, device):
-        return f"half and grad must be contiguous {device_type.upper()} tensors of one dtype and size"
+    if not _flat_ok(half, half.dtype, n, device) or not _grad_ok(grad, half):
+        return (f"half and grad must be contiguous {device_type.upper()} tensors of one dtype and size (or the grad "
+                "segments of a fused group, each contiguous, in order, within half)")
     if master_rounding not in ("truncate", "stochastic"):
         return f"master_rounding={master_rounding!r}"
     if isinstance(extra_bits, bool) or not isinstance(extra_bits, int) or not 0 <= extra_bits <= FORMATS[half.dtype][0]:

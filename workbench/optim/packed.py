@@ -79,6 +79,7 @@ class PackedOptimizer(torch.optim.Optimizer):
         self._flat: dict[int, FlatGroup] = {}
         self._index: dict[int, tuple[int, int]] = {}  # id(param) -> (group index, flat offset)
         self._coef_cache: dict[int, tuple[Any, torch.Tensor]] = {}
+        self._steps: dict[tuple, Callable] = {}  # the selected update per format and options (``_select``)
         seed = opts.seed
         # NOTE: the random bits of stochastic rounding are a hash of (seed, group, step, position),
         # so the seed (drawn from torch's global generator when not given) is the whole RNG state.
@@ -200,6 +201,7 @@ class PackedOptimizer(torch.optim.Optimizer):
         load_checked(self, state_dict)
         self._flat.clear()
         self._coef_cache.clear()
+        self._steps.clear()
         self._index.clear()
         for gi in range(len(self.param_groups)):
             self._index_group(gi)
@@ -238,6 +240,17 @@ class PackedOptimizer(torch.optim.Optimizer):
                       options=self._options(group, step), scaled=scaled)
         spec = StepSpec(static, self._bits(group), dtype, group["state_dtype"], dynamic)
         return select_step(device, spec, fused=group["fused"], compile=self.compile)
+
+    def _update(self, group: dict, step: int, dtype: torch.dtype, device: torch.device, *, dynamic: bool,
+                scaled: bool = False) -> Callable:
+        """The update a step runs (``_select``'s), chosen once per format and options (not at every step)."""
+        options = self._options(group, step)
+        k = (group["extra_bits"], group["stochastic_rounding"], group["master_rounding"], group["state_dtype"],
+             group["fused"], tuple(sorted(options.items())), dtype, device, dynamic, scaled)
+        update = self._steps.get(k)
+        if update is None:
+            update = self._steps[k] = self._select(group, step, dtype, device, dynamic=dynamic, scaled=scaled)[1]
+        return update
 
     def step_backend(self, group_index: int = 0, *, per_parameter: bool = False) -> str:
         """Name of the update backend a step of this param group runs (``fused.select_step``)."""
@@ -280,7 +293,7 @@ class PackedOptimizer(torch.optim.Optimizer):
                 if local(st[k]).stride() != half.stride():  # a state laid out otherwise (``layout``): once
                     st[k] = in_layout(st[k], p)
                 states.append(memory_order(local(st[k])))
-            update = self._select(group, step, p.dtype, half.device, dynamic=True, scaled=tail is not None)[1]
+            update = self._update(group, step, p.dtype, half.device, dynamic=True, scaled=tail is not None)
             update(memory_order(half), grad_in_order(local(p.grad), half), _extra_arg(local(st["extra"])), states,
                    coef, key)
         st["step"] = step + 1
@@ -323,14 +336,14 @@ class PackedOptimizer(torch.optim.Optimizer):
         if flat is None or not flat.valid(self.state):
             flat = self._flat[gi] = FlatGroup(group["params"], self.state, list(self._state_keys(group)),
                                                bits, group["state_dtype"])
-        grad = flat.gather_grads()
+        grad = flat.grad_segments()  # read in place by the kernels, gathered into one tensor by the other steps
         coef = self._coef(group, step + 1, flat.half.device, tail)
         key = mix_key(self.seed, gi, step) if self._random(group) else None
         states = [flat.states[k] for k in flat.keys]
         # byte planes: dynamic shapes (one kernel per format); dense words: static (see update.py)
-        update = self._select(group, step, flat.half.dtype, flat.half.device,
-                              dynamic=flat.extra.dtype == torch.uint8, scaled=tail is not None)[1]
-        update(flat.half, grad, _extra_arg(flat.extra), states, coef, key)
+        update = self._update(group, step, flat.half.dtype, flat.half.device,
+                              dynamic=flat.extra.dtype == torch.uint8, scaled=tail is not None)
+        update(flat.half, grad, flat.extra_arg, states, coef, key)
         for p in group["params"]:
             self.state[p]["step"] += 1
 

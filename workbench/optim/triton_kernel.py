@@ -12,8 +12,10 @@ planes (8 or 16 stored bits), as dense int32 words (any stored width, 1 to 17 bi
 master rounding, loss-scaled gradients (``scaled``). It reads each value, gradient, state and byte
 plane once and writes each once. A dense word is read by the lanes whose values it holds and written by
 one lane, which gathers the new values overlapping it (at most ceil(32 / bits) + 1) from the block with
-``tl.gather``: the exchange the paper's kernel does through shared memory. The per-parameter form
-(``step_in_backward``) is the same kernel on one parameter's segment, with no temporaries.
+``tl.gather``: the exchange the paper's kernel does through shared memory. A fused group's gradients are
+read where autograd left them (a table of their addresses, no flat copy). The per-parameter form
+(``step_in_backward``) is the same kernel on one parameter's segment, with no temporaries. Its source is
+``workbench.optim.triton_source``.
 
 Contract: the reference is the eager step on CPU (``update.packed_update``): the paper's arithmetic in
 binary32, each operation rounded to nearest once, subnormals kept, ``torch.neg``'s sign of zero. The
@@ -62,7 +64,8 @@ except ImportError:  # the module still imports; available() says False
     tl = None
 
 from workbench.optim.formats import FORMATS, storage_bits
-from workbench.optim.kernel_args import extra_layout, flat_args_reason, planes_of
+from workbench.optim.kernel_args import GradSegments, as_flat, extra_layout, flat_args_reason, planes_of
+from workbench.optim.triton_source import step_body
 from workbench.optim.update import adam_math, chunked_update, sgd_math
 
 __all__ = ["available", "kernel_update", "packed_update_triton", "supports", "triton_step", "unsupported_reason"]
@@ -83,202 +86,6 @@ def _next_power_of_two(x: int) -> int:
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
-# NOTE: one plain function, without helper functions, so the same source runs jit-compiled and
-# interpreted (Triton's compiler calls only @triton.jit helpers, its interpreter only interpreted ones).
-def _step_body(half_ptr, grad_ptr, x0_ptr, x1_ptr, s0_ptr, s1_ptr, s2_ptr, coef_ptr, key, offset, n,
-               IS_BF16: tl.constexpr, EXTRA_BITS: tl.constexpr, SR: tl.constexpr, MASTER_SR: tl.constexpr,
-               MATH: tl.constexpr, DECOUPLED: tl.constexpr, MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr,
-               FIRST: tl.constexpr, MAXIMIZE: tl.constexpr, AMSGRAD: tl.constexpr, SCALED: tl.constexpr,
-               N_COEF: tl.constexpr, STATE_BF16: tl.constexpr, NATIVE_BF16: tl.constexpr, STORE: tl.constexpr,
-               WORDS_P2: tl.constexpr, BLOCK: tl.constexpr):
-    """One program: BLOCK values of the stream (merge, fp32 step, split), in eager's order of operations.
-
-    MATH: 0 Adam(W), 1 SGD. STORE: the extra bits in 0 none, 1 byte planes (x0, x1), 2 dense int32 words
-    (x0; WORDS_P2 is the power of two at or above the block's BLOCK * bits / 32 words). NATIVE_BF16: round
-    bf16 states with the device's own conversion (CUDA's cvt.rn), else bit by bit as ATen's vectorised
-    CPU conversion (NaN becomes 0xFFFF).
-    """
-    FULL: tl.constexpr = 16 if IS_BF16 else 13
-    INF: tl.constexpr = 0x7F80 if IS_BF16 else 0x7C00
-    DROP: tl.constexpr = FULL - EXTRA_BITS
-    BITS: tl.constexpr = EXTRA_BITS + SR
-    WORDS: tl.constexpr = BLOCK * BITS // 32  # a block starts and ends on a word boundary
-    pid = tl.program_id(0)
-    i = pid * BLOCK + tl.arange(0, BLOCK)
-    live = i < n
-    # ---- decode and merge (packing.decode, split_merge.merge_values)
-    hb = tl.load(half_ptr + i, mask=live, other=0).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    if STORE == 1:
-        values = tl.load(x0_ptr + i, mask=live, other=0).to(tl.int32)
-        if BITS == 16:
-            values = values | (tl.load(x1_ptr + i, mask=live, other=0).to(tl.int32) << 8)
-    elif STORE == 2:
-        # value j of the block: bits [j * BITS, (j + 1) * BITS) of its words, LSB first, maybe in two words
-        at = tl.arange(0, BLOCK) * BITS
-        lo, shift = at >> 5, at & 31
-        spill = shift + BITS > 32
-        words = x0_ptr + pid * WORDS
-        w0 = tl.load(words + lo, mask=live, other=0).to(tl.uint32, bitcast=True)
-        w1 = tl.load(words + lo + 1, mask=live & spill, other=0).to(tl.uint32, bitcast=True)
-        up = tl.where(spill, 32 - shift, 0).to(tl.uint32)  # every shift amount within 0..31
-        joined = (w0 >> shift.to(tl.uint32)) | tl.where(spill, w1 << up, 0)
-        values = (joined & ((1 << BITS) - 1)).to(tl.int32, bitcast=True)
-    else:
-        values = hb * 0
-    if SR:
-        hb = hb - (values & 1)
-        values = values >> 1
-    low = values << DROP
-    if IS_BF16:
-        master = ((hb << 16) | low).to(tl.float32, bitcast=True)
-    else:
-        e = hb & 0x7C00
-        normal_mag = (((hb & 0x7FFF) << 13) + (112 << 23)) | low
-        q = ((hb & 0x3FF) << 13) | low
-        small_mag = (q.to(tl.float32) * 7.275957614183426e-12).to(tl.int32, bitcast=True)  # * 2**-37
-        special_mag = 0x7F800000 | tl.where((hb & 0x3FF) != 0, 0x400000 | ((hb & 0x3FF) << 13), 0)
-        mag = tl.where(e == 0, small_mag, tl.where(e == 0x7C00, special_mag, normal_mag))
-        master = (((hb & 0x8000) << 16) | mag).to(tl.float32, bitcast=True)
-    # NOTE: bf16 widens by a shift (exact everywhere; the interpreter's own bf16 conversion mishandles
-    # subnormals); fp16 by conversion, exact.
-    g = tl.load(grad_ptr + i, mask=live, other=0)
-    if IS_BF16:
-        g = (g.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    else:
-        g = g.to(tl.float32)
-    if MATH == 0 or (MOMENTUM and not FIRST):
-        s0 = tl.load(s0_ptr + i, mask=live, other=0)
-        if STATE_BF16:
-            s0 = (s0.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    if MATH == 0:
-        s1 = tl.load(s1_ptr + i, mask=live, other=0)
-        if STATE_BF16:
-            s1 = (s1.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    if AMSGRAD:
-        s2 = tl.load(s2_ptr + i, mask=live, other=0)
-        if STATE_BF16:
-            s2 = (s2.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    if SCALED:
-        clip = tl.load(coef_ptr + N_COEF - 1)
-        low_clip = (clip.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.float32, bitcast=True)  # -clip
-        g = g * tl.load(coef_ptr + N_COEF - 2)
-        g = tl.where(g != g, g, tl.maximum(g, low_clip))  # torch.maximum: a NaN operand is returned as it is
-        g = tl.where(g != g, g, tl.minimum(g, clip))
-    if MAXIMIZE:  # torch.neg: the sign bit flipped (Triton 3.6 compiled -g as 0 - g: -(+0.0) gave +0.0)
-        g = (g.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.float32, bitcast=True)
-    # ---- the update (update.adam_math / update.sgd_math); states are kept as they are computed
-    if MATH == 0:
-        if DECOUPLED:
-            master = master * tl.load(coef_ptr + 0)
-        else:
-            g = g + tl.load(coef_ptr + 1) * master
-        m = s0 * tl.load(coef_ptr + 8) + g * tl.load(coef_ptr + 2)
-        v = s1 * tl.load(coef_ptr + 3) + g * g * tl.load(coef_ptr + 4)
-        kept = (m, v)
-        if AMSGRAD:
-            v = tl.where(s2 != s2, s2, tl.where(v != v, v, tl.maximum(s2, v)))
-            kept = (m, kept[1], v)
-        denom = tl.div_rn(tl.sqrt_rn(v), tl.load(coef_ptr + 5)) + tl.load(coef_ptr + 6)
-        master = master - tl.load(coef_ptr + 7) * tl.div_rn(m, denom)
-    else:
-        g = g + tl.load(coef_ptr + 1) * master
-        kept = ()
-        if MOMENTUM:
-            if FIRST:
-                new = g
-            else:
-                new = s0 * tl.load(coef_ptr + 2) + tl.load(coef_ptr + 3) * g
-            kept = (new,)
-            if NESTEROV:
-                g = g + tl.load(coef_ptr + 2) * new
-            else:
-                g = new
-        master = master - tl.load(coef_ptr + 0) * g
-    for j in tl.static_range(len(kept)):
-        ptr = s0_ptr if j == 0 else s1_ptr if j == 1 else s2_ptr
-        if STATE_BF16:
-            if NATIVE_BF16:
-                tl.store(ptr + i, kept[j].to(tl.bfloat16), mask=live)
-            else:
-                b = kept[j].to(tl.int32, bitcast=True)
-                r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
-                r = tl.where(kept[j] != kept[j], 0xFFFF, r)
-                tl.store(ptr + i, r.to(tl.int16).to(tl.bfloat16, bitcast=True), mask=live)
-        else:
-            tl.store(ptr + i, kept[j], mask=live)
-    # ---- split (split_merge.split_values), with rng.hash_noise's bits for this index
-    bits = master.to(tl.int32, bitcast=True)
-    if IS_BF16:
-        hb = (bits >> 16) & 0xFFFF
-        low = bits & 0xFFFF
-    else:
-        mag = bits & 0x7FFFFFFF
-        normal = (mag >= 0x38800000) & (mag < 0x47800000)
-        small = mag < 0x38800000
-        overflow = (mag >= 0x47800000) & (mag < 0x7F800000)
-        q = (tl.abs(tl.where(small, master, 0.0)) * 137438953472.0).to(tl.int32)  # * 2**37, truncated
-        hb = tl.where(normal, (mag >> 13) - (112 << 10), q >> 13)
-        low = tl.where(normal, mag & 0x1FFF, q & 0x1FFF)
-        hb = tl.where(overflow, 0x7BFF, hb)
-        low = tl.where(overflow, 0x1FFF, low)
-        special = mag >= 0x7F800000
-        hb = tl.where(special, 0x7C00 | tl.where(mag > 0x7F800000, 0x200 | ((mag >> 13) & 0x3FF), 0), hb)
-        low = tl.where(special, 0, low)
-        hb = ((bits >> 16) & 0x8000) | hb
-    if SR or MASTER_SR:
-        h = (i + offset) * -1640531535 + key
-        h = h ^ ((h >> 16) & 0xFFFF)
-        h = h * -2048144789
-        h = h ^ ((h >> 13) & 0x7FFFF)
-        h = h * -1028477387
-        h = h ^ ((h >> 16) & 0xFFFF)
-    if IS_BF16 and EXTRA_BITS < FULL:
-        nan_bit = ((0x7F800000 - (((hb & 0x7FFF) << 16) | low)) >> 31) & 0x40
-    if MASTER_SR and EXTRA_BITS < FULL:
-        sign = hb & 0x8000
-        mag16 = hb & 0x7FFF
-        z = (mag16 << FULL) | low
-        r = h & ((1 << DROP) - 1)
-        ok = ((mag16 - INF) & (((z + r) >> FULL) - INF)) >> 31
-        z = z + (r & ok)
-        hb = sign | (z >> FULL)
-        low = ((z & ((1 << FULL) - 1)) >> DROP) << DROP
-    values = low >> DROP
-    if IS_BF16 and EXTRA_BITS < FULL:
-        hb = hb | nan_bit
-    if SR:
-        noise = (h >> 16) & ((1 << FULL) - 1)
-        up = (((noise - low) & ((hb & 0x7FFF) + 1 - INF)) >> 31) & 1
-        hb = hb + up
-        values = (values << 1) | up
-    if IS_BF16:
-        tl.store(half_ptr + i, hb.to(tl.int16).to(tl.bfloat16, bitcast=True), mask=live)
-    else:
-        tl.store(half_ptr + i, hb.to(tl.int16).to(tl.float16, bitcast=True), mask=live)
-    if STORE == 1:
-        tl.store(x0_ptr + i, (values & 0xFF).to(tl.uint8), mask=live)
-        if BITS == 16:
-            tl.store(x1_ptr + i, ((values >> 8) & 0xFF).to(tl.uint8), mask=live)
-    elif STORE == 2:
-        # word w of the block: the new values overlapping its bits [32 w, 32 w + 32), each shifted into place
-        # (values past n count as 0: eager's packing pads the last word with zero bits)
-        new = tl.where(live, values, 0).to(tl.uint32, bitcast=True)
-        w = tl.arange(0, WORDS_P2)
-        first = (w * 32) // BITS
-        word = (w * 0).to(tl.uint32)
-        for j in tl.static_range((32 + BITS - 1) // BITS + 1):
-            v = first + j
-            at = v * BITS - w * 32  # where value v starts, from the word's first bit (< 0: it began before)
-            inside = (at < 32) & (v < BLOCK)
-            got = tl.gather(new, tl.minimum(v, BLOCK - 1), 0)
-            left = tl.where(inside & (at > 0), at, 0).to(tl.uint32)
-            right = tl.where(inside & (at < 0), -at, 0).to(tl.uint32)
-            word = word | tl.where(inside, (got << left) >> right, 0)
-        n_words = (n // 32) * BITS + ((n % 32) * BITS + 31) // 32
-        tl.store(x0_ptr + pid * WORDS + w, word.to(tl.int32, bitcast=True),
-                 mask=(w < WORDS) & (pid * WORDS + w < n_words))
-
-
 @functools.cache
 def _kernel(interpret: bool):
     """The step as a Triton kernel: jit-compiled (CUDA) or run by Triton's interpreter (CPU tensors)."""
@@ -287,9 +94,9 @@ def _kernel(interpret: bool):
     if interpret:
         from triton.runtime.interpreter import InterpretedFunction
 
-        return InterpretedFunction(_step_body)
+        return InterpretedFunction(step_body)
     # key and offset change every step: no recompilation for their values
-    return triton.jit(_step_body, do_not_specialize=["key", "offset"])
+    return triton.jit(step_body, do_not_specialize=["key", "offset"])
 
 
 def available() -> bool:
@@ -357,6 +164,23 @@ def _launch_options(device_type: str) -> dict[str, Any]:
     return {"num_warps": 4, "enable_fp_fusion": False, **extra}
 
 
+def _segment_rows(segments: GradSegments, block: int, device: torch.device) -> torch.Tensor:
+    """A row per program of a segmented launch: (its first value, its segment's start, length and index)."""
+    lengths = tuple(g.numel() for g in segments.grads)
+    k = (segments.offsets, lengths, block, device)
+    if k not in _ROWS:
+        if len(_ROWS) > 64:  # a few fused groups at a time
+            _ROWS.clear()
+        rows = [(start, at, count, index)
+                for index, (at, count) in enumerate(zip(segments.offsets, lengths, strict=True))
+                for start in range(at, at + count, block)]
+        _ROWS[k] = torch.tensor(rows, dtype=torch.int32).reshape(-1, 4).to(device)
+    return _ROWS[k]
+
+
+_ROWS: dict[tuple, torch.Tensor] = {}
+
+
 def _run(half, grad, extra, states, coef, key, *, math_fn, extra_bits, stochastic_rounding, master_rounding,
          options, scaled=False, offset=0) -> None:
     """The launch itself, for arguments :func:`unsupported_reason` accepted."""
@@ -369,14 +193,25 @@ def _run(half, grad, extra, states, coef, key, *, math_fn, extra_bits, stochasti
     store = extra_layout(extra, bits)
     x = planes_of(extra, bits) if store == "planes" else [extra] if store == "words" else [half]
     n, block = half.numel(), _BLOCK[device_type]
+    if isinstance(grad, GradSegments) and any(g.data_ptr() % 16 for g in grad.grads):
+        grad = grad.gather()  # NOTE: the segmented kernel loads 16-byte vectors; an odd view is copied instead
+    segmented = isinstance(grad, GradSegments)
+    if segmented:  # each gradient read where autograd left it: its address, and a row per program
+        rows = _segment_rows(grad, block, half.device)
+        grid = rows.shape[0]
+        grad = torch.tensor([g.data_ptr() for g in grad.grads], dtype=torch.int64).to(half.device)
+    else:
+        rows, grid = half, -(-n // block)  # no table: an unused pointer
+    if grid == 0:
+        return
     s = list(states) + [half] * (3 - len(states))  # unused state pointers: never read nor written
     kernel = _kernel(device_type == "cpu")
     # NOTE: the interpreter computes with numpy, which warns on the infinities and NaNs IEEE arithmetic
     # produces on purpose here (the compiled kernel, like eager torch, does not).
     quiet = numpy.errstate(all="ignore") if device_type == "cpu" else contextlib.nullcontext()
     with quiet:
-        kernel[(-(-n // block),)](
-            half, grad, x[0], x[-1], s[0], s[1], s[2], coef, int(key or 0), int(offset), n,
+        kernel[(grid,)](
+            half, grad, rows, x[0], x[-1], s[0], s[1], s[2], coef, int(key or 0), int(offset), n,
             IS_BF16=half.dtype == torch.bfloat16, EXTRA_BITS=int(extra_bits), SR=bool(stochastic_rounding),
             MASTER_SR=master_rounding == "stochastic", MATH=0 if math_fn is adam_math else 1,
             DECOUPLED=bool(options.get("decoupled")), MOMENTUM=bool(options.get("momentum")),
@@ -384,7 +219,7 @@ def _run(half, grad, extra, states, coef, key, *, math_fn, extra_bits, stochasti
             MAXIMIZE=bool(options.get("maximize")), AMSGRAD=bool(options.get("amsgrad")), SCALED=bool(scaled),
             N_COEF=coef.numel(), STATE_BF16=bool(states) and states[0].dtype == torch.bfloat16,
             NATIVE_BF16=device_type == "cuda", STORE=_STORE[store], WORDS_P2=_next_power_of_two(block * bits // 32),
-            BLOCK=block, **_launch_options(device_type),
+            SEGMENTED=segmented, BLOCK=block, **_launch_options(device_type),
         )
 
 
@@ -406,7 +241,7 @@ def kernel_update(fallback: Callable | None = None, **static: Any) -> Callable:
 
     def update(half, grad, extra, states, coef, key) -> None:
         if status["failed"] or not supports(half, grad, extra, states, coef, **static):
-            fallback(half, grad, extra, states, coef, key)
+            fallback(half, as_flat(grad), extra, states, coef, key)
         elif status["built"]:
             _run(half, grad, extra, states, coef, key, **static)
         else:
@@ -420,7 +255,7 @@ def kernel_update(fallback: Callable | None = None, **static: Any) -> Callable:
                 first = str(e).splitlines()[0] if str(e) else ""
                 warnings.warn(f"the Triton packed-step kernel failed to build ({type(e).__name__}: {first}); "
                               "using the fallback step from now on", RuntimeWarning, stacklevel=2)
-                fallback(half, grad, extra, states, coef, key)
+                fallback(half, as_flat(grad), extra, states, coef, key)
 
     return update
 
