@@ -1,4 +1,5 @@
-"""PackedSGD / PackedAdamW / PackedAdam: optimizers for fp16/bf16 models without an fp32 master copy.
+"""PackedOptimizer: what PackedSGD / PackedAdamW / PackedAdam (``workbench.optim.algorithms``) share, optimizers
+for fp16/bf16 models without an fp32 master copy.
 
 Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 3.1.
 Each parameter is the 16-bit tensor the model uses; the optimizer keeps only the next k bits of
@@ -51,9 +52,8 @@ from workbench.optim.packing import extra_storage
 from workbench.optim.rng import mix_key, shift_key
 from workbench.optim.split_merge import merge
 from workbench.optim.state_check import load_checked
-from workbench.optim.update import adam_math, sgd_math
 
-__all__ = ["PackedOptimizer", "PackedSGD", "PackedAdamW", "PackedAdam", "master_weight"]
+__all__ = ["PackedOptimizer"]
 
 
 def _extra_arg(extra: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
@@ -252,6 +252,22 @@ class PackedOptimizer(torch.optim.Optimizer):
             update = self._steps[k] = self._select(group, step, dtype, device, dynamic=dynamic, scaled=scaled)[1]
         return update
 
+    def flat_update(self, group_index: int = 0) -> Callable[[], None]:
+        """The fused group's update alone, as :meth:`step` runs it: the kernel over the flat buffers with the
+        gradients the parameters hold now, without the step's checks and bookkeeping (the step count stays).
+        For timing the kernel beside ``step()``; the group must have taken one fused step."""
+        group, flat = self.param_groups[group_index], self._flat.get(group_index)
+        if flat is None or not flat.valid(self.state):
+            raise RuntimeError(f"param group {group_index} has no flat buffers: flat_update needs a group with "
+                               "fused=True after one step()")
+        step = self.state[group["params"][0]]["step"]
+        grad = flat.grad_segments()
+        coef = self._coef(group, step + 1, flat.half.device, None)
+        key = mix_key(self.seed, group_index, step) if self._random(group) else None
+        states = [flat.states[k] for k in flat.keys]
+        update = self._update(group, step, flat.half.dtype, flat.half.device, dynamic=flat.extra.dtype == torch.uint8)
+        return lambda: update(flat.half, grad, flat.extra_arg, states, coef, key)
+
     def step_backend(self, group_index: int = 0, *, per_parameter: bool = False) -> str:
         """Name of the update backend a step of this param group runs (``fused.select_step``)."""
         group = self.param_groups[group_index]
@@ -346,107 +362,3 @@ class PackedOptimizer(torch.optim.Optimizer):
         update(flat.half, grad, flat.extra_arg, states, coef, key)
         for p in group["params"]:
             self.state[p]["step"] += 1
-
-
-class PackedSGD(PackedOptimizer):
-    """SGD (torch.optim.SGD semantics) on fp16/bf16 parameters plus k packed extra bits.
-
-    The momentum buffer (in groups with momentum) is kept in ``state_dtype``. Keyword options
-    (``extra_bits`` required): :class:`PackedOptions`.
-    """
-
-    @takes_options
-    def __init__(self, params: Iterable, lr: float, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
-                 **options: Any) -> None:
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
-                        weight_decay=weight_decay, nesterov=nesterov, maximize=bool(maximize))
-        super().__init__(params, defaults, **options)
-
-    def _check_group(self, group):
-        check_real("momentum", group["momentum"])
-        check_real("dampening", group["dampening"])
-        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
-            raise ValueError("nesterov needs momentum > 0 and dampening = 0")
-
-    def _state_keys(self, group):
-        # NOTE: per group, as torch.optim.SGD: a group may set momentum when the default has none.
-        return ("momentum_buffer",) if group["momentum"] != 0 else ()
-
-    def _coef_values(self, group, step):
-        return [group["lr"], group["weight_decay"], group["momentum"], 1.0 - group["dampening"]]
-
-    def _options(self, group, step):
-        return dict(momentum=group["momentum"] != 0, nesterov=group["nesterov"], first=step == 0,
-                    maximize=bool(group.get("maximize", False)))
-
-    def _math(self):
-        return sgd_math
-
-
-class PackedAdamW(PackedOptimizer):
-    """AdamW (torch.optim.AdamW semantics) on fp16/bf16 parameters plus k packed extra bits.
-
-    ``decoupled=False`` gives Adam (L2 weight decay added to the gradient); see :class:`PackedAdam`.
-    ``state_dtype=torch.bfloat16`` keeps both moments in bf16 (4 instead of 8 bytes per parameter).
-    ``amsgrad=True`` keeps the running max of the second moment as a third state (``max_exp_avg_sq``,
-    4 more bytes per parameter in fp32); ``maximize=True`` ascends. Keyword options (``extra_bits``
-    required): :class:`PackedOptions`.
-    """
-
-    @takes_options
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
-                 maximize: bool = False, decoupled: bool = True, **options: Any) -> None:
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=bool(amsgrad),
-                        maximize=bool(maximize), decoupled=decoupled)
-        super().__init__(params, defaults, **options)
-
-    def _check_group(self, group):
-        betas = group["betas"]
-        if len(betas) != 2:
-            raise ValueError(f"betas={betas} must be a pair")
-        for i, b in enumerate(betas):
-            try:
-                check_real(f"betas[{i}]", b, high=1.0, high_open=True)
-            except ValueError as e:
-                raise ValueError(f"betas={betas} must lie in [0, 1): {e}") from None
-        check_real("eps", group["eps"])
-
-    def _state_keys(self, group):
-        return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
-
-    def _coef_values(self, group, step):
-        b1, b2 = group["betas"]
-        lr, wd = group["lr"], group["weight_decay"]
-        return [1.0 - lr * wd, wd, 1.0 - b1, b2, 1.0 - b2, math.sqrt(1.0 - b2**step),
-                group["eps"], lr / (1.0 - b1**step), b1]
-
-    def _options(self, group, step):
-        return dict(decoupled=group["decoupled"], amsgrad=bool(group.get("amsgrad", False)),
-                    maximize=bool(group.get("maximize", False)))
-
-    def _math(self):
-        return adam_math
-
-
-class PackedAdam(PackedAdamW):
-    """Adam (torch.optim.Adam semantics, L2 weight decay) with packed extra bits.
-
-    Keyword options (``extra_bits`` required): :class:`PackedOptions`.
-    """
-
-    @takes_options
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
-                 maximize: bool = False, **options: Any) -> None:
-        # NOTE: past PackedAdamW's constructor, which takes ``decoupled``: Adam refuses it as an
-        # unknown keyword, as before.
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=bool(amsgrad),
-                        maximize=bool(maximize), decoupled=False)
-        PackedOptimizer.__init__(self, params, defaults, **options)
-
-
-def master_weight(optimizer: PackedOptimizer, p: torch.Tensor) -> torch.Tensor:
-    """Function form of :meth:`PackedOptimizer.master_weight`."""
-    return optimizer.master_weight(p)
