@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from workbench.optim.distributed import (
     check_shardable, is_sharded, like_param, local, new_extra, new_moment, shard_offset, state_dict_layout,
@@ -225,7 +226,13 @@ class PackedOptimizer(torch.optim.Optimizer):
         hit = self._coef_cache.get(id(group))
         if hit is not None and hit[0] == (vals, device):
             return hit[1]
-        coef = torch.tensor(vals, dtype=torch.float32, device=device)
+        coef = torch.tensor(vals, dtype=torch.float32)
+        if device.type == "cuda" and not isinstance(coef, FakeTensor):
+            # NOTE: pinned and non-blocking: a pageable copy would wait for the GPU to finish all queued work
+            # at every step (the bias corrections change every step)
+            coef = coef.pin_memory().to(device, non_blocking=True)
+        else:
+            coef = coef.to(device)
         self._coef_cache[id(group)] = ((vals, device), coef)
         return coef
 

@@ -199,7 +199,10 @@ def _run(half, grad, extra, states, coef, key, *, math_fn, extra_bits, stochasti
     if segmented:  # each gradient read where autograd left it: its address, and a row per program
         rows = _segment_rows(grad, block, half.device)
         grid = rows.shape[0]
-        grad = torch.tensor([g.data_ptr() for g in grad.grads], dtype=torch.int64).to(half.device)
+        grad = torch.tensor([g.data_ptr() for g in grad.grads], dtype=torch.int64)
+        if device_type == "cuda":
+            # NOTE: pinned and non-blocking: a pageable copy would wait for the GPU to finish every queued step
+            grad = grad.pin_memory().to(half.device, non_blocking=True)
     else:
         rows, grid = half, -(-n // block)  # no table: an unused pointer
     if grid == 0:
