@@ -389,6 +389,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tensors", type=int, default=8, help="the parameter count is split into this many tensors")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--configs", nargs="+", help="packed formats, e.g. bf16+8 bf16+12 'fp16+13 SR' "
+                    "'bf16+8 bf16 states' (default: bf16+8, bf16+16, bf16+8 with bf16 states)")
     ap.add_argument("--peers", action="store_true", help="add torchao / optimi / bitsandbytes rows")
     ap.add_argument("--compiled-too", action="store_true",
                     help="also time each format's torch.compile'd step beside the hand-written kernel")
@@ -399,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     df = throughput_table(sizes=args.sizes, threads=args.threads, repeats=args.repeats, peers=args.peers,
+                          configs=args.configs or DEFAULT_CONFIGS,
                           n_tensors=args.tensors, device=device, compiled_too=args.compiled_too)
     cols = ["threads", "numel", "method", "median_s", "ratio_paired", "ratio_lo", "ratio_hi", "bandwidth_fraction",
             "inarow_median_s", "ratio_inarow", "ratio_inarow_lo", "ratio_inarow_hi", "bandwidth_fraction_inarow",
