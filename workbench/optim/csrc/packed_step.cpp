@@ -7,7 +7,8 @@
 // NOTE: hand-written rather than left to inductor: the compiled step tiles 16 fp32 lanes against
 // mixed fp32/bf16 stores and writes the uint8 byte planes with masked stores, and measured 0.43-0.85x
 // of torch.optim.AdamW(fused=True) although it moves fewer bytes. Here one loop reads each byte
-// once: 16-bit value + byte planes + states in, the same out, the gradient read once.
+// once: 16-bit value + byte planes + states in, the same out, the gradient read once, per segment
+// where autograd left it (a fused group's parameters: no flat copy of the gradients).
 //
 // Every operation mirrors workbench/optim/split_merge.py and update.py (the eager path) in the same
 // order, each rounded once (built with -ffp-contract=off: no implicit fused multiply-add), so the
