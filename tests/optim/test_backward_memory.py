@@ -89,5 +89,8 @@ def test_step_in_backward_never_raises_the_peak_on_cuda(options):
     peaks = _peaks("cuda", dtype, width=2048, batch=8192, **options)
     assert peaks["backend"] == "triton_kernel"
     ordinary, backward_only, inside = peaks["ordinary"], peaks["backward only"], peaks["in backward"]
-    assert backward_only[0] == ordinary[0]  # max_memory_allocated: the ordinary peak is in backward
-    assert inside[0] <= ordinary[0], (inside, ordinary)
+    # max_memory_allocated: the ordinary peak is in backward (the step adds at most its coefficients' block)
+    assert ordinary[0] - backward_only[0] <= 512
+    # at most the 9 coefficients of the step (one 512-byte block of the caching allocator), made at the first
+    # parameter's update
+    assert inside[0] <= ordinary[0] + 512, (inside, ordinary)
