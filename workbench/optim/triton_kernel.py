@@ -36,9 +36,10 @@ turned a +0.0 gradient into +0.0 where ``torch.neg`` gives -0.0, and exp_avg = (
 (1 - beta1) came out +0.0 where eager keeps -0.0. Reproduced on CPU from the test's seeded inputs: the
 positions where the gradient is +0.0 and exp_avg was -0.0 are exactly the ones the run listed, and as
 many (bf16+8 and bf16+7 SR: 2, at 2000 and 20324; bf16+16 and bf16+15 SR: 1, at 26491; fp16+8 and fp16+7
-SR: 25, first at 2000, 4663, 5444, 9630, 12090). Emulating eager CUDA's candidate differences instead
-(each multiply-add contracted into an FMA, division by a reciprocal, an fp32 square root) changes
-hundreds to thousands of other values and none of those. The kernel now negates by flipping the sign bit.
+SR: 25, first at 2000, 4663, 5444, 9630, 12090); the values printed in the log are those of that case.
+The eager-CUDA candidates emulated first, on the first algorithm's inputs (each multiply-add contracted into
+an FMA, a division by a reciprocal, an fp32 square root), change tens to thousands of values each, not a
+few special ones. The kernel now negates by flipping the sign bit.
 
 On CUDA it is compiled by Triton at the first call of each format (seconds, then in Triton's cache).
 CPU tensors run through Triton's interpreter (numpy, slow): that is how its tests run on a machine
