@@ -9,10 +9,10 @@ from outside leaves its log. `gpu_run unpack` takes every archive a part writes.
 - `tests`, about 2: every CUDA-only test (`pytest -m cuda`, 17 tests; there 11 of them took 33.7 s and the
   other 6 took 23.6 s on 8 pytest-xdist workers, run here one after another). Files: tests.log, tests.xml
   (JUnit), tests-<device>.tar.gz.
-- `kernels`, about 3 (not yet run on a GPU): the packed throughput table at 1e8 parameters in 64 tensors,
-  every width, the peers and each format's compiled step (`kernels_command`; the notebook's Fig 3 cell timed
-  3 widths at this size, compiled too, in 17 s there). Files: kernels.log, kernels.csv, kernels.backward.csv,
-  kernels-<device>.tar.gz.
+- `kernels`, about 4 (not yet run on a GPU): the packed throughput table at 1e8 parameters in 64 tensors,
+  eleven widths (byte planes, dense words with and without SR, fp16, bf16 moments), the peers and each
+  format's compiled step (`kernels_command`; the notebook's Fig 3 cell timed 3 widths at this size, compiled
+  too, in 17 s there). Files: kernels.log, kernels.csv, kernels.backward.csv, kernels-<device>.tar.gz.
 - `memory`, about 5 (not yet run on a GPU): `gpu_memory`, CalcGraph's zoo and the advisor suite against
   max_memory_allocated and max_memory_reserved. Files: memory.log, memory-zoo.csv, memory-advisor.csv,
   memory-decisions.csv, memory-<device>.tar.gz.
@@ -56,7 +56,13 @@ def kernels_command(device: str, csv: Path, *, smoke: bool = False) -> list[str]
     size, tensors = (65_536, 4) if smoke else (100_000_000, 64)
     command = ["-m", "workbench.experiments.packed_bit_optimizers.speed", "--device", device, "--sizes", str(size),
                "--tensors", str(tensors), "--csv", str(csv)]
-    return command + (["--threads", "1", "--repeats", "2", "--no-backward"] if smoke else ["--peers", "--compiled-too"])
+    if smoke:
+        return command + ["--threads", "1", "--repeats", "2", "--no-backward"]
+    # Every kind of width the Triton step takes (byte planes 8/16, dense words with and without stochastic
+    # rounding, fp16), bf16 moments for the 1.4x target, then the peers and each format's compiled step.
+    configs = ["bf16+8", "bf16+16", "bf16+8 bf16 states", "bf16+1", "bf16+4", "bf16+7 SR", "bf16+12",
+               "bf16+13 SR", "bf16+15 SR", "fp16+8", "fp16+13 SR"]
+    return command + ["--repeats", "15", "--configs", *configs, "--peers", "--compiled-too"]
 
 
 def _say(log: Path, text: str) -> None:
