@@ -6,9 +6,9 @@ what it finished, writes at most 8 files to OUTDIR and streams its log there as 
 from outside leaves its log. `gpu_run unpack` takes every archive a part writes. Expected minutes on an H100
 (from the 2026-11-26 run's logs where they say; `part.json` records each run's own seconds):
 
-- `tests`, about 2: every CUDA-only test (`pytest -m cuda`, 17 tests; there 11 of them took 33.7 s and the
-  other 6 took 23.6 s on 8 pytest-xdist workers, run here one after another). Files: tests.log, tests.xml
-  (JUnit), tests-<device>.tar.gz.
+- `tests`, about 3: every CUDA-only test (`pytest -m cuda`, 38 tests, most of them Triton kernel builds, on 8
+  pytest-xdist workers; on 2026-11-26 the 17 tests of that day took 33.7 s and 23.6 s in two runs). Files: tests.log,
+  tests.xml (JUnit), tests-<device>.tar.gz.
 - `kernels`, about 4 (not yet run on a GPU): the packed throughput table at 1e8 parameters in 64 tensors,
   eleven widths (byte planes, dense words with and without SR, fp16, bf16 moments), the peers and each
   format's compiled step (`kernels_command`; the notebook's Fig 3 cell timed 3 widths at this size, compiled
@@ -25,6 +25,7 @@ from outside leaves its log. `gpu_run unpack` takes every archive a part writes.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -119,7 +120,10 @@ def _command(part: str, out: Path, device: str, profile: str, paths: list[str]) 
     """The part's command line and the files it leaves in `out` (besides its log)."""
     python = [sys.executable, "-u"]
     if part == "tests":
-        return ([*python, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", "-rA", "-v",
+        # NOTE: the image has pytest-xdist: 8 workers compile the Triton kernels' many specializations in
+        # parallel (each process keeps its own CUDA allocator statistics, so memory tests are not disturbed).
+        workers = ["-n", "8"] if importlib.util.find_spec("xdist") and profile != "smoke" else []
+        return ([*python, "-m", "pytest", "-m", "cuda", *workers, "-p", "no:cacheprovider", "-rA", "-v",
                  "--continue-on-collection-errors", f"--junitxml={out / 'tests.xml'}", *(paths or ["tests"])],
                 [out / "tests.xml"])
     if part == "kernels":
