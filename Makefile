@@ -42,8 +42,8 @@ test: $(STAMP) hooks
 	$(PY) -m pytest -q
 
 # The Jupyter stack a bare CUDA PyTorch image lacks (papermill, nbclient, ipykernel, nbconvert and their
-# dependencies), as Python 3.12 wheels at the versions installed here; carry WHEELS to the GPU machine and run
-# `python3 -m workbench.report.gpu_run run <notebook> --wheels wheels` there (README, "Profiles").
+# dependencies, extras included), as Python 3.12 wheels at the versions installed here. `gpu_run pack` downloads
+# them itself; `gpu_run pack --wheels-from wheels` reuses these (README, "Profiles").
 WHEELS ?= wheels
 wheels: $(STAMP)
 	$(PY) -m workbench.report.gpu_run wheels --dest $(WHEELS)

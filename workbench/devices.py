@@ -51,6 +51,10 @@ def _cpu_model() -> str:
 
 
 def _git_commit() -> str | None:
+    # NOTE: a copy of the checkout on another machine (gpu_run, run.sh) names its commit here: git reads none
+    # there, or the commit of a repository the copy happens to sit in.
+    if os.environ.get("WORKBENCH_COMMIT"):
+        return os.environ["WORKBENCH_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=repo_root(),

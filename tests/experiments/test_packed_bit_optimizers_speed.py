@@ -1,21 +1,32 @@
-"""Fig 3's update throughput of the packed-bit notebook: format-name configs, the bytes counted per step,
-the bandwidth-share ratio the ledger reads, and the figures' toy-scale mark (Memory Efficient Mixed
-Precision Optimizers, Lewandowski & Kosson)."""
+"""Fig 3's update throughput of the packed-bit notebook: format-name configs, the step timed as a training
+loop runs it (new gradient tensors each step) with the kernel alone beside it, the two independent timings,
+the bytes counted per step, the bandwidth-share ratio the ledger reads, and the figures' toy-scale mark
+(Memory Efficient Mixed Precision Optimizers, Lewandowski & Kosson)."""
 
 import matplotlib.pyplot as plt
 import pytest
+import torch
 
 from workbench.experiments.packed_bit_optimizers import plot_throughput, step_throughput, throughput_share_ratio
+from workbench.experiments.packed_bit_optimizers.speed import steps_in_a_row, training_step
+from workbench.optim import PackedAdamW
 
 
 def test_throughput_takes_format_names_and_gives_the_share_ratio(one_thread):
     df = step_throughput(numel=4096, n_tensors=2, configs=["bf16+8", ("bf16", 16)], repeats=2, compile=False,
                          progress=False, bandwidth=1e9)
-    assert list(df["method"]) == ["torch AdamW fused (fp32)", "Packed AdamW bf16+8 fused eager",
-                                  "Packed AdamW bf16+16 fused eager"]
-    assert list(df["bytes_per_param"]) == [28.0, 2 + 2 + 2 + 2 + 16, 2 + 2 + 2 + 4 + 16]
+    steps = ["torch AdamW fused (fp32)", "Packed AdamW bf16+8 fused eager", "Packed AdamW bf16+16 fused eager"]
+    assert list(df["method"]) == steps + [f"{m} (kernel alone)" for m in steps[1:]]
+    assert list(df["timed"]) == ["step"] * 3 + ["kernel"] * 2
+    assert list(df["bytes_per_param"]) == [28.0, 2 + 2 + 2 + 2 + 16, 2 + 2 + 2 + 4 + 16] + [24.0, 26.0]
     # a 4096-value step takes microseconds: each timed sample runs many steps in a row
     assert df["calls_per_sample"].nunique() == 1 and df["calls_per_sample"].iloc[0] > 1
+    # both timings, each with its spread and bandwidth fraction
+    for column in ("median_s", "ratio_lo", "ratio_hi", "bandwidth_fraction", "inarow_median_s", "ratio_inarow_lo",
+                   "ratio_inarow_hi", "bandwidth_fraction_inarow"):
+        assert df[column].notna().all() and (df[column] > 0).all(), column
+    assert (df["ratio_inarow_lo"] <= df["ratio_inarow"]).all() and (df["ratio_inarow"] <= df["ratio_inarow_hi"]).all()
+    assert df["ratio_paired"].iloc[0] == df["ratio_inarow"].iloc[0] == 1.0
     value, lo, hi = throughput_share_ratio(df, "Packed AdamW bf16+8 fused eager")
     row = df.iloc[1]
     # bytes/s over torch's bytes/s = steps/s ratio x bytes ratio
@@ -30,6 +41,20 @@ def test_throughput_takes_format_names_and_gives_the_share_ratio(one_thread):
     plt.close("all")
 
 
+def test_a_training_step_hands_the_optimizer_new_gradient_tensors_each_step():
+    opt, step = training_step(lambda ps: PackedAdamW(ps, extra_bits=8, fused=True), [40, 24], torch.bfloat16,
+                              torch.device("cpu"))
+    params = opt.param_groups[0]["params"]
+    seen = []
+    for _ in range(3):
+        step()
+        seen.append([p.grad.data_ptr() for p in params])
+    assert seen[0] != seen[1] and seen[0] == seen[2]  # two sets made beforehand, alternated
+    assert all(opt.state[p]["step"] == 3 for p in params)
+    times = steps_in_a_row(step, 4, 3, torch.device("cpu"))
+    assert len(times) == 3 and all(t > 0 for t in times)
+
+
 def test_compiled_too_times_the_compiled_step_beside_the_kernel(one_thread):
     # the hand-written kernel's gain over the torch.compile'd step of the same format, in the same run
     from workbench.optim import cpu_kernel
@@ -40,5 +65,22 @@ def test_compiled_too_times_the_compiled_step_beside_the_kernel(one_thread):
     df = step_throughput(numel=4096, n_tensors=2, configs=["bf16+8"], repeats=2, progress=False, bandwidth=1e9,
                          compiled_too=True)
     assert list(df["method"]) == ["torch AdamW fused (fp32)", "Packed AdamW bf16+8 fused cpu kernel",
-                                  "Packed AdamW bf16+8 fused compiled"]
+                                  "Packed AdamW bf16+8 fused compiled",
+                                  "Packed AdamW bf16+8 fused cpu kernel (kernel alone)",
+                                  "Packed AdamW bf16+8 fused compiled (kernel alone)"]
     assert df["median_s"].notna().all()
+
+
+def test_the_cpu_table_times_the_optimizer_step_beside_the_kernel(one_thread):
+    from workbench.experiments.packed_bit_optimizers.cpu_bench import kernel_throughput
+    from workbench.experiments.packed_bit_optimizers.speed import _config
+    from workbench.optim import cpu_kernel
+
+    if not cpu_kernel.available():
+        pytest.skip("needs the C++ kernel")
+    df = kernel_throughput(numel=4096, threads=1, repeats=3, compiled=False, n_tensors=2,
+                           formats=[(torch.bfloat16, 8, False, torch.float32)])
+    assert list(df["method"]) == ["torch AdamW fused (fp32)", "step bf16+8 (cpu kernel)", "kernel bf16+8"]
+    assert (df["ratio"] > 0).all() and (df["ratio_lo"] <= df["ratio_hi"]).all() and df["load_before"].notna().all()
+    # a notebook profile names bf16 moments in the format's text
+    assert _config("bf16+8 bf16 states")[1] == {"state_dtype": torch.bfloat16}

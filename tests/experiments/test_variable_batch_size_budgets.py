@@ -57,22 +57,27 @@ def test_execute_sweep_and_agreement():
     assert (ok.max_abs_diff < 1e-4).all() and (ok.executed_min_s <= ok.executed_s).all()
     assert (ok.executed_s <= ok.executed_max_s).all() and all(len(r) == 2 for r in ok.rounds)
     assert (ok.executed_peak_bytes > ok.input_bytes).all()
+    # measured with the request handed over and included: within each plan's prediction and budget
+    assert (ok.executed_peak_bytes <= ok.peak_bytes).all() and ok.within_budget.all() and not ok.refused.any()
     assert executed[~executed.feasible].executed_s.isna().all()
     agree = exp.agreement(executed, statistic="min").set_index("method")
     assert set(agree.index) == {m for m in exp.METHODS if executed[executed.method == m].feasible.any()}
     assert agree.loc["fbs", "time_ratio_vs_fbs_median"] == pytest.approx(1.0)
     assert (agree.time_ratio_min <= agree.time_ratio_median).all()
     assert (agree.time_ratio_median <= agree.time_ratio_max).all()
-    assert agree.loc["vbs", "points"] == 2
+    assert agree.loc["vbs", "points"] == 2 and (agree.memory_ratio_max <= 1).all()
+    assert (agree.over_budget == 0).all() and (agree.refused == 0).all()
 
 
 def test_agreement_compares_like_with_like():
-    rows = [{"network": "n", "request": 2, "budget_units": 10, "method": m, "feasible": True, "time_per_image_s": 1.0,
-             "executed_s": e, "executed_min_s": lo, "executed_peak_bytes": 150.0, "peak_bytes": 100.0,
-             "input_bytes": 50.0, "steps": 4, "max_abs_diff": 0.0}
-            for m, e, lo in (("vbs", 3.0, 1.5), ("fbs", 2.0, 1.0))]
+    rows = [{"network": "n", "request": 2, "budget_units": 10, "budget_bytes": 140.0, "method": m, "feasible": True,
+             "refused": False, "time_per_image_s": 1.0, "executed_s": e, "executed_min_s": lo,
+             "executed_peak_bytes": 150.0, "peak_bytes": 100.0, "input_bytes": 50.0, "steps": 4, "max_abs_diff": 0.0}
+            for m, e, lo in (("vbs", 3.0, 1.5), ("fbs", 2.0, 1.0), ("greedy", 1.0, 1.0))]
     frame = pd.DataFrame(rows)
+    frame.loc[2, "refused"] = True  # the executor refused Greedy-VBS's plan: not run, counted
     median = exp.agreement(frame, statistic="median").set_index("method")
     assert median.loc["vbs", "time_ratio_median"] == 3.0 and median.loc["vbs", "time_ratio_vs_fbs_median"] == 1.5
     assert exp.agreement(frame, statistic="min").set_index("method").loc["vbs", "time_ratio_median"] == 1.5
-    assert median.loc["vbs", "memory_ratio_max"] == 1.5 and median.loc["vbs", "memory_ratio_excl_request_max"] == 1.0
+    assert median.loc["vbs", "memory_ratio_max"] == 1.5 and median.loc["vbs", "over_budget"] == 1
+    assert median.loc["greedy", "points"] == 0 and list(median.refused) == [0, 1, 0]

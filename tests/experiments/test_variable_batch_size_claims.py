@@ -53,39 +53,62 @@ def test_fig1_time_falls_with_batch():
     assert verdict(c, _time_vs_batch(0.5), verdicts=False) == "not run at this scale"
 
 
-def _layer_memory(lo_mib: float, hi_mib: float, network: str = "resnet50") -> dict:
-    totals = [hi_mib * 2**20, lo_mib * 2**20, (lo_mib + hi_mib) / 2 * 2**20]
-    return {"layer_memory": pd.DataFrame({"network": [network] * 3, "name": ["a", "b", "c"], "total_bytes": totals})}
+def _layer_memory(conv1: float = 10.7, res2a: float = 2.3, least: float = 1.07, network: str = "resnet50",
+                  kinds: bool = True) -> dict:
+    """ResNet-50's layer groups at batch 1 (MiB): conv1, the pool after it, res2a_branch2a (layer1_0's
+    body), a smaller convolution and the classifier, which is no convolution and smaller still."""
+    names = ["conv1", "maxpool", "layer1_0.body", "layer4_0.body.3", "fc"]
+    totals = [conv1, 5.8, res2a, least, 0.01]
+    df = pd.DataFrame({"network": [network] * 5, "name": names, "total_bytes": [t * 2**20 for t in totals]})
+    if kinds:
+        df["kind"] = ["Conv2d", "MaxPool2d", "Conv2d", "Conv2d", "Linear"]
+    return {"layer_memory": df}
 
 
-def test_fig2_range_is_judged_only_at_the_papers_scale():
-    small, large = claim("ResNet-50's least memory-hungry"), claim("ResNet-50's most memory-hungry")
-    assert small.made_on == large.made_on == "gpu"
-    records = _layer_memory(1.07, 10.7)
-    assert measured(small, records, PAPER_SCALE) == pytest.approx(1.07)
-    assert measured(large, records, PAPER_SCALE) == pytest.approx(10.7)
-    assert verdict(small, records, PAPER_SCALE) == verdict(large, records, PAPER_SCALE) == "reproduced"
+def test_fig2_reads_the_layers_the_paper_names_at_its_scale_only():
+    conv1, res2a = claim("ResNet-50's conv1 needs 10.7 MB"), claim("ResNet-50's res2a_branch2a needs about 2.3 MB")
+    least = claim("ResNet-50's least memory-hungry convolution layer")
+    assert conv1.made_on == res2a.made_on == least.made_on == "gpu"
+    records = _layer_memory()
+    assert [measured(c, records, PAPER_SCALE) for c in (conv1, res2a, least)] == pytest.approx([10.7, 2.3, 1.07])
+    assert all(verdict(c, records, PAPER_SCALE) == "reproduced" for c in (conv1, res2a, least))
+    # each row names the layer it measured: conv1 is conv1 even where another layer is larger
+    big = _layer_memory(conv1=6.7, least=1.7)
+    big["layer_memory"].loc[3, "total_bytes"] = 11.0 * 2**20
+    assert measured(conv1, big, PAPER_SCALE) == pytest.approx(6.7)
+    assert "conv1" in conv1.measure(big, PAPER_SCALE).scale
+    assert "layer1_0.body" in res2a.measure(records, PAPER_SCALE).scale
+    got = least.measure(_layer_memory(least=1.71), PAPER_SCALE)  # the classifier (0.01) is no convolution
+    assert got.value == pytest.approx(1.71) and "layer4_0.body.3" in got.scale
     # two-sided: within 25%, partly within a further 50% of the band's edge, either side
-    assert verdict(large, _layer_memory(1.07, 10.7 * 1.25), PAPER_SCALE) == "reproduced"
-    assert verdict(large, _layer_memory(1.07, 10.7 * 1.25 * 1.4), PAPER_SCALE) == "partly"
-    assert verdict(large, _layer_memory(1.07, 10.7 * 0.75 * 0.6), PAPER_SCALE) == "partly"
-    assert verdict(large, _layer_memory(1.07, 3.6), PAPER_SCALE) == "not reproduced"
-    assert verdict(small, _layer_memory(4.0, 10.7), PAPER_SCALE) == "not reproduced"
-    assert verdict(large, records, PAPER_SCALE, device_class="cpu") == "other device"
-    # any other scale (or another network) is not the paper's MB
-    assert verdict(large, records, PARAMS) == "not run at this scale"
-    assert verdict(large, records, {**PAPER_SCALE, "width": 0.5}) == "not run at this scale"
-    assert verdict(large, _layer_memory(1.07, 10.7, "googlenet"), PAPER_SCALE) == "not run at this scale"
+    assert verdict(conv1, _layer_memory(conv1=10.7 * 1.25), PAPER_SCALE) == "reproduced"
+    assert verdict(conv1, _layer_memory(conv1=10.7 * 1.25 * 1.4), PAPER_SCALE) == "partly"
+    assert verdict(conv1, _layer_memory(conv1=6.7), PAPER_SCALE) == "partly"
+    assert verdict(conv1, _layer_memory(conv1=3.6), PAPER_SCALE) == "not reproduced"
+    assert verdict(res2a, _layer_memory(res2a=5.0), PAPER_SCALE) == "not reproduced"
+    assert verdict(least, _layer_memory(least=1.71), PAPER_SCALE) == "partly"
+    assert verdict(least, _layer_memory(least=4.0), PAPER_SCALE) == "not reproduced"
+    assert verdict(conv1, records, PAPER_SCALE, device_class="cpu") == "other device"
+    # any other scale, another network, a record without the layer or without kinds: not measured
+    assert verdict(conv1, records, PARAMS) == "not run at this scale"
+    assert verdict(conv1, records, {**PAPER_SCALE, "width": 0.5}) == "not run at this scale"
+    assert verdict(conv1, _layer_memory(network="googlenet"), PAPER_SCALE) == "not run at this scale"
+    gone = _layer_memory()
+    gone["layer_memory"] = gone["layer_memory"][gone["layer_memory"].name != "layer1_0.body"]
+    assert verdict(res2a, gone, PAPER_SCALE) == "not run at this scale"
+    assert verdict(least, _layer_memory(kinds=False), PAPER_SCALE) == "not run at this scale"
 
 
 # --- Table II, the shrinking gains and Fig 7 ---------------------------------------------------
 
 
-def _table_ii(tight: float, loose: float = 1.0, lo=None, hi=None, network: str = "googlenet") -> dict:
+def _table_ii(tight: float, loose: float = 1.0, lo=None, hi=None, network: str = "googlenet",
+              within_tight: int = 3) -> dict:
     lo = tight if lo is None else lo
     hi = tight if hi is None else hi
     return {"table_ii": pd.DataFrame([{
-        "network": network, "points_tight": 3, "points_loose": 2, "executed_tight_pct": tight,
+        "network": network, "points_tight": 3, "points_loose": 2, "within_tight": within_tight, "within_loose": 2,
+        "executed_tight_pct": tight,
         "executed_tight_lo": lo, "executed_tight_hi": hi, "executed_loose_pct": loose,
         "executed_loose_lo": loose, "executed_loose_hi": loose}])}
 
@@ -109,6 +132,24 @@ def test_table_ii_gain_uses_the_papers_definition_and_is_two_sided():
     assert all(float(exp.reduction_pct(1.0, t)) < 100 for t in (1e-9, 0.5))
     loose = claim("MobileNet-v1: throughput gain over FBS, memory > 35 MB")
     assert loose.paper == 1.61 and measured(loose, _table_ii(5.0, 1.6, network="mobilenet_v1")) == 1.6
+
+
+def test_table_ii_counts_only_budgets_where_both_plans_stayed_within_them():
+    c = claim("GoogLeNet: throughput gain over FBS, memory < 30 MB")
+    assert "2 of 3 budgets" in c.measure(_table_ii(60.0, within_tight=2), PARAMS).scale
+    # none stayed within: table_ii leaves the executed gain empty, and nothing is judged
+    assert verdict(c, _table_ii(np.nan, within_tight=0)) == "not run at this scale"
+    sweep = pd.DataFrame([
+        {"network": "googlenet", "request": 12, "budget_units": u, "ratio": 1.0, "paper_mb": 20.0,
+         "budget_bytes": 100, "method": m, "feasible": True, "time_per_image_s": t, "max_batch": 2,
+         "executed_peak_bytes": peak, "within_budget": peak <= 100, "rounds": [t] * 3}
+        for u, over in ((1, False), (2, True))
+        for m, t, peak in (("vbs", 1.0, 120 if over else 90), ("fbs", 3.0, 95), ("greedy", 2.0, 99))])
+    gain = exp.gains(sweep)
+    assert list(gain.within_budget_vs_fbs) == [True, False]
+    assert gain.executed_gain_vs_fbs_pct.notna().tolist() == [True, False]  # over its budget: not a gain
+    row = exp.table_ii(gain).iloc[0]
+    assert (row.points_tight, row.within_tight) == (2, 1) and row.executed_tight_pct == pytest.approx(200 / 3)
 
 
 def test_gains_shrink_as_memory_grows():
@@ -284,7 +325,7 @@ def _agreement(ratio: float, lo: float, hi: float, vs_fbs: float = 1.0, memory: 
     return {"agreement": pd.DataFrame([{
         "method": "vbs", "points": 6, "time_ratio_median": ratio, "time_ratio_min": lo, "time_ratio_max": hi,
         "time_ratio_vs_fbs_median": vs_fbs, "time_ratio_vs_fbs_min": vs_fbs, "time_ratio_vs_fbs_max": vs_fbs,
-        "memory_ratio_excl_request_max": memory, "memory_ratio_excl_request_min": memory}])}
+        "memory_ratio_max": memory, "memory_ratio_min": memory, "over_budget": int(memory > 1), "refused": 0}])}
 
 
 def test_targets():
@@ -308,9 +349,14 @@ def test_targets():
     assert verdict(phases, _agreement(1, 1, 1, vs_fbs=1.2)) == "partly"
     assert verdict(phases, _agreement(1, 1, 1, vs_fbs=1.5)) == "not reproduced"
     memory = claim("Measured peak memory of VBS plans")
-    assert verdict(memory, _agreement(1, 1, 1, memory=1.0)) == "reproduced"
-    assert verdict(memory, _agreement(1, 1, 1, memory=1.2)) == "partly"
-    assert verdict(memory, _agreement(1, 1, 1, memory=2.0)) == "not reproduced"
+    assert "request included" in memory.unit
+    assert verdict(memory, _agreement(1, 1, 1, memory=0.97), device_class="cpu") == "reproduced"
+    assert verdict(memory, _agreement(1, 1, 1, memory=1.0)) == "reproduced"  # boundary
+    assert verdict(memory, _agreement(1, 1, 1, memory=1.01)) == "not reproduced"
+    assert "1 over their budget, 0 refused" in memory.measure(_agreement(1, 1, 1, memory=1.2), PARAMS).scale
+    old = _agreement(1, 1, 1)  # a results.json of before: the ratio without the request
+    old["agreement"] = old["agreement"].drop(columns=["memory_ratio_max"])
+    assert verdict(memory, old) == "not run at this scale"
     assert all(c.source == "target" and "our target" in c.paper for c in (planner, time_ratio, phases, memory))
 
 

@@ -66,6 +66,24 @@ def test_layer_memory_has_every_layer_group_with_its_real_input(measured):
     assert first.in_bytes == t.inp[t.names.index("layer1_0"), 0] > 0  # the group's input, not the tables' 0
     conv1 = fig2[fig2.name == "conv1"].iloc[0]
     assert conv1.in_bytes == 3 * 32 * 32 * 4 and conv1.network == "resnet50"
+    assert "kind" not in fig2  # only where the model's kinds are given
+
+
+def test_layer_kinds_name_what_each_layer_group_is(measured):
+    models, layers = measured
+    kinds = exp.layer_kinds(models["resnet50"])
+    fig2 = exp.layer_memory(layers["resnet50"], network="resnet50", kinds=kinds)
+    by_name = fig2.set_index("name").kind
+    assert by_name["conv1"] == "Conv2d" and by_name["maxpool"] == "MaxPool2d" and by_name["fc"] == "Linear"
+    assert by_name["layer1_0.body"] == "Conv2d"  # the paper's res2a_branch2a: a 1x1 convolution
+    assert models["resnet50"].get_submodule("layer1_0.body.0").kernel_size == (1, 1)
+    assert kinds["layer1_0"] == "" and (fig2.kind != "").all()  # groups are not rows of Fig 2
+    assert (by_name[by_name.index.str.contains("shortcut")] == "Conv2d").all()
+
+
+def test_layer_memory_of_a_network_without_branches(measured):
+    _, layers = measured
+    t = layers["resnet50"]
     plain = exp.layer_memory(layers["mobilenet_v1"], batch=2)
     assert len(plain) == layers["mobilenet_v1"].n_layers and (plain.group == "").all()
     with pytest.raises(ValueError, match="batch"):

@@ -1,6 +1,7 @@
 """Inputs shared by the packed-step kernels' tests (``test_cpu_kernel``, ``test_triton_kernel``).
 
-Every byte-plane format, Adam(W) and SGD variants, ordinary values with special ones mixed in (zeros,
+Every byte-plane format, every width in dense words (``ALL_FORMATS``), Adam(W) and SGD variants, ordinary
+values with special ones mixed in (zeros,
 subnormals, infinities, NaNs, the largest finite values, rounding ties) or random bit patterns everywhere.
 """
 
@@ -9,6 +10,7 @@ import math
 import torch
 
 from workbench.optim.formats import storage_bits
+from workbench.optim.packing import pack
 from workbench.optim.update import adam_math, sgd_math
 
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -16,6 +18,9 @@ BF16, FP16 = torch.bfloat16, torch.float16
 FORMATS = [(BF16, 8, False), (BF16, 16, False), (BF16, 7, True), (BF16, 15, True), (FP16, 8, False),
            (FP16, 7, True)]
 NO_PLANES = [(BF16, 0, False), (FP16, 0, False)]  # k = 0: the 16-bit value alone (the CPU kernel takes them)
+# every format a packed optimizer takes: k = 0..16 (bf16) or 0..13 (fp16), with and without stochastic rounding
+ALL_FORMATS = [(dtype, k, sr) for dtype, full in ((BF16, 16), (FP16, 13)) for sr in (False, True)
+               for k in range(full + 1)]
 MATHS = [
     (adam_math, {"decoupled": True}),
     (adam_math, {"decoupled": False}),
@@ -45,8 +50,15 @@ def random_patterns(n, dtype, g):
 
 
 def inputs(n, dtype, k, sr, state_dtype, n_states, g, *, garbage=False):
-    """Ordinary values with special ones mixed in, or (``garbage``) random bit patterns everywhere."""
-    planes = torch.randint(0, 256, (storage_bits(k, sr) // 8, n), dtype=torch.uint8, generator=g)
+    """Ordinary values with special ones mixed in, or (``garbage``) random bit patterns everywhere.
+
+    The extra bits: byte planes (a ``(bits // 8, n)`` uint8 tensor; no row for k = 0) for 0, 8 and 16 stored
+    bits, else dense int32 words (zero bits past the last value, as ``packing.pack`` leaves them)."""
+    bits = storage_bits(k, sr)
+    if bits in (0, 8, 16):
+        planes = torch.randint(0, 256, (bits // 8, n), dtype=torch.uint8, generator=g)
+    else:
+        planes = pack(torch.randint(0, 2**bits, (n,), dtype=torch.int32, generator=g), bits)
     if garbage:
         return (random_patterns(n, dtype, g), random_patterns(n, dtype, g), planes,
                 [random_patterns(n, state_dtype, g) for _ in range(n_states)])

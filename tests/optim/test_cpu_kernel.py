@@ -16,6 +16,8 @@ from kernel_cases import (BF16, FORMATS, KEY, MATHS, NO_PLANES, assert_same_bits
 
 from workbench.optim import cpu_kernel
 from workbench.optim.formats import storage_bits
+from workbench.optim.kernel_args import GradSegments
+from workbench.optim.rng import shift_key
 from workbench.optim.update import adam_math, chunked_update, packed_update, sgd_math
 
 
@@ -102,6 +104,32 @@ def test_offset_and_planes_tensor_match_packed_update(kernel, one_thread):
     packed_update(a[0], grad, list(a[1].unbind(0)), a[2], coef_for(adam_math), KEY, offset=777, **static)
     cpu_kernel.packed_update_cpu(b[0], grad, b[1], b[2], coef_for(adam_math), torch.tensor(KEY), offset=777, **static)
     assert_same_bits([a[0], a[1], *a[2]], [b[0], b[1], *b[2]])
+
+
+@pytest.mark.parametrize("fmt", [(BF16, 8, False), (BF16, 15, True)], ids=fmt_id)
+def test_a_fused_groups_gradients_read_in_place_equal_the_per_parameter_step(kernel, one_thread, fmt):
+    # GradSegments: each parameter's gradient where autograd left it (32-value-aligned segments of the flat
+    # buffers, padding between them), against the eager step on each parameter alone
+    dtype, k, sr = fmt
+    offsets, lengths = (0, 64, 160, 256), (37, 96, 1, 70)
+    g = torch.Generator().manual_seed(7)
+    half, _, planes, states = inputs(352, dtype, k, sr, torch.float32, 2, g)
+    grads = [(torch.randn(n, generator=g) * 1e-3).to(dtype) for n in lengths]
+    static = dict(math_fn=adam_math, extra_bits=k, stochastic_rounding=sr, master_rounding="stochastic",
+                  options={"decoupled": True})
+    ref = [half.clone(), [p.clone() for p in planes], [s.clone() for s in states]]
+    got = [half.clone(), [p.clone() for p in planes], [s.clone() for s in states]]
+    segments = GradSegments(offsets, tuple(grads), gather=lambda: pytest.fail("gathered into a flat copy"))
+    cpu_kernel.packed_update_cpu(got[0], segments, got[1], got[2], coef_for(adam_math), KEY, offset=5, **static)
+    for at, n, grad in zip(offsets, lengths, grads, strict=True):
+        def part(run, at=at, n=n):
+            return run[0][at: at + n], [p[at: at + n] for p in run[1]], [s[at: at + n] for s in run[2]]
+
+        h, extra, st = part(ref)
+        chunked_update(h, grad, extra, st, coef_for(adam_math), shift_key(KEY, 5 + at), bits=storage_bits(k, sr),
+                       **static)
+        want, have = part(ref), part(got)
+        assert_same_bits([want[0], *want[1], *want[2]], [have[0], *have[1], *have[2]], nan_at=widened_apart(grad))
 
 
 def test_updates_the_kernel_does_not_take_are_named():

@@ -56,9 +56,9 @@ def _train(model, opt, batches, rank=0, world=1, *, in_backward=False):
             opt.zero_grad()
 
 
-def _packed(model, *, sr=False):
+def _packed(model, *, sr=False, seed=3):
     # bf16 + 16 bits is an exact fp32 master; with stochastic rounding, 7 bits + the flag (one byte plane)
-    return PackedAdamW(model.parameters(), lr=LR, extra_bits=7 if sr else 16, stochastic_rounding=sr, seed=3)
+    return PackedAdamW(model.parameters(), lr=LR, extra_bits=7 if sr else 16, stochastic_rounding=sr, seed=seed)
 
 
 def _packed_sgd(model):
@@ -132,9 +132,10 @@ def _on_rank(rank, world, ckpt):
     out["scaler_refused"] = _error(lambda: step_in_backward(third, _packed(third),
                                                             grad_scale=torch.amp.GradScaler("cpu")))
     out["words_refused"] = _error(lambda: PackedAdamW(twin.parameters(), extra_bits=5))
-    # torch.distributed.checkpoint: save on 2 ranks (stochastic rounding: a byte plane with the flag bit)
+    # torch.distributed.checkpoint: save on 2 ranks (stochastic rounding: a byte plane with the flag bit), the
+    # rounding seed drawn from torch's generator (seed=None, the default), as a user's run has it
     model = _shard(_model())
-    opt = _packed(model, sr=True)
+    opt = _packed(model, sr=True, seed=None)
     _train(model, opt, _batches(), rank, world)
     dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
              checkpoint_id=ckpt)
@@ -142,11 +143,13 @@ def _on_rank(rank, world, ckpt):
                     for p in model.parameters()]
     out["saved_params"] = [p.full_tensor() for p in model.parameters()]
     fresh = _shard(nn.Sequential(nn.Linear(12, 15), nn.ReLU(), nn.Linear(15, 3)).to(torch.bfloat16))
-    fresh_opt = _packed(fresh, sr=True)
+    fresh_opt = _packed(fresh, sr=True, seed=None)
+    out["seed_drawn_apart"] = fresh_opt.seed != opt.seed
     sd = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_opt)}
     dcp.load(sd, checkpoint_id=ckpt)
     set_model_state_dict(fresh, sd["model"])
     set_optimizer_state_dict(fresh, fresh_opt, sd["optim"])
+    out["seed_restored"] = fresh_opt.seed == opt.seed
     _train(model, opt, _batches(2), rank, world)  # and both continue alike (same seed: same rounding bits)
     _train(fresh, fresh_opt, _batches(2), rank, world)
     out["reload_equal"] = all(torch.equal(p.to_local(), q.to_local())
@@ -231,7 +234,8 @@ def test_dense_words_are_refused_for_dtensor_parameters(ranks):
 
 
 def test_checkpoint_reloads_exactly_on_two_ranks_and_continues_alike(ranks):
-    assert all(r["reload_equal"] for r in ranks[0])
+    # without seed=: the resumed optimizer drew another rounding seed, and the checkpoint gives it the saved one
+    assert all(r["seed_drawn_apart"] and r["seed_restored"] and r["reload_equal"] for r in ranks[0])
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -290,3 +294,34 @@ def test_state_dicts_shape_byte_planes_like_the_parameter_and_load_the_old_layou
         twin.load_state_dict(saved)
         q = next(twin_model.parameters())
         assert torch.equal(twin.state[q]["extra"], opt.state[p]["extra"])
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("path", ["state_dict", "dcp"])
+def test_the_rounding_seed_survives_every_checkpoint_path_without_an_explicit_seed(tmp_path, path):
+    # issue 37: get_optimizer_state_dict kept "state" and "param_groups" only, so the seed of seed=None was lost
+    # and a resumed run rounded with another one
+    model = _model()
+    opt = _packed(model, sr=True, seed=None)
+    _train(model, opt, _batches(2))
+    torch.manual_seed(123)  # the resumed process draws another seed
+    resumed_model = _model()
+    resumed = _packed(resumed_model, sr=True, seed=None)
+    torch.manual_seed(456)
+    resumed.seed = int(torch.randint(0, 2**31 - 1, ()))
+    assert resumed.seed != opt.seed
+    if path == "state_dict":
+        resumed_model.load_state_dict(model.state_dict())
+        resumed.load_state_dict(opt.state_dict())
+    else:
+        dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
+                 checkpoint_id=tmp_path)
+        sd = {"model": get_model_state_dict(resumed_model), "optim": get_optimizer_state_dict(resumed_model, resumed)}
+        dcp.load(sd, checkpoint_id=tmp_path)
+        set_model_state_dict(resumed_model, sd["model"])
+        set_optimizer_state_dict(resumed_model, resumed, sd["optim"])
+    assert resumed.seed == opt.seed and "sr_seed" not in resumed.param_groups[0]
+    _train(model, opt, _batches(3)[2:])
+    _train(resumed_model, resumed, _batches(3)[2:])
+    for p, q in zip(model.parameters(), resumed_model.parameters(), strict=True):
+        assert torch.equal(p, q)

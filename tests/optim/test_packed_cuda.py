@@ -1,5 +1,6 @@
-"""The packed optimizers on CUDA (Lewandowski & Kosson, 3.1): the Triton-compiled fused step against
-the eager CPU step bit for bit, and parity with torch's fused CUDA AdamW. Skipped without a GPU.
+"""The packed optimizers on CUDA (Lewandowski & Kosson, 3.1): the hand-written Triton step (fused and per
+parameter) and the torch.compile'd one against the eager CPU step bit for bit, and parity with torch's fused
+CUDA AdamW. Skipped without a GPU.
 (The compiled step inside backward on CUDA is in tests/optim/test_update.py.)"""
 
 import pytest
@@ -33,23 +34,30 @@ def _run(opt, params, grads):
         opt.zero_grad()
 
 
-# byte planes (8, 16 stored bits), dense words (9 bits: 8 + SR flag), every random option, bf16 moments
+# byte planes (8, 16 stored bits), dense words (9 bits: 7 + SR flag; 12 bits), every random option, bf16 moments
 FORMATS = [
     (BF16, 8, dict()),
     (BF16, 16, dict()),
     (FP16, 8, dict(stochastic_rounding=True)),
     (BF16, 7, dict(stochastic_rounding=True, master_rounding="stochastic", state_dtype=BF16)),
+    (BF16, 12, dict(amsgrad=True, maximize=True)),
 ]
+# the CUDA steps a user gets: the hand-written Triton kernel (compile=None), fused and per parameter, and the
+# torch.compile'd step (compile=True)
+BACKENDS = [(True, None, "triton_kernel"), (False, None, "triton_kernel"), (True, True, "compiled")]
 
 
+@pytest.mark.parametrize(("fused", "compile_", "backend"), BACKENDS, ids=["kernel fused", "kernel per parameter",
+                                                                           "compiled fused"])
 @pytest.mark.parametrize(("dtype", "k", "kw"), FORMATS)
-def test_triton_fused_step_equals_eager_cpu_step(dtype, k, kw):
+def test_cuda_steps_equal_the_eager_cpu_step(dtype, k, kw, fused, compile_, backend):
     grads = _grads(dtype, 3)
     out = []
-    for device, compile_ in (("cpu", False), ("cuda", True)):
+    for device, comp in (("cpu", False), ("cuda", compile_)):
         params = _params(dtype, device)
-        opt = PackedAdamW(params, lr=1e-2, weight_decay=0.1, extra_bits=k, fused=True, compile=compile_, seed=3,
-                          **kw)
+        opt = PackedAdamW(params, lr=1e-2, weight_decay=0.1, extra_bits=k, fused=fused, compile=comp, seed=3, **kw)
+        if device == "cuda":
+            assert opt.step_backend() == backend
         _run(opt, params, grads)
         out.append([(p.detach().cpu().view(torch.int16), {n: t.cpu() for n, t in opt.state[p].items()
                                                            if torch.is_tensor(t)}) for p in params])

@@ -1,19 +1,19 @@
 """Reference reports (issue 22): reports/reference/<device>/<name>/ shown beside a build, claim by claim; the
-archive that brings one back from a GPU machine; and the gpu_run script, dry-run on a CPU at smoke sizes."""
+archive that brings one back from a GPU machine, and the references committed in the repository."""
 
 import io
 import json
-import os
+import shutil
 import subprocess
 import tarfile
 
 import pytest
-import torch
 
 from workbench.devices import repo_root
-from workbench.report import gpu_run, reference, write_index
+from workbench.report import reference, write_index
+from workbench.report.archive import bundle, bundle_part, listing_text, unpack, write_listing
 from workbench.report.reference import (
-    bundle, commit_relation, cuda_memory_rows, device_slug, read_references, unpack, write_reference,
+    commit_relation, cuda_memory_rows, device_slug, read_references, write_reference,
 )
 from workbench.report.results import UsageError
 
@@ -173,57 +173,6 @@ def test_unpack_refuses_members_outside_the_reference_layout(tmp_path, member):
     assert not (tmp_path / "root").exists()
 
 
-def test_wheels_are_the_jupyter_stack_at_this_environment_s_versions(capsys):
-    wanted = gpu_run.wheel_requirements()
-    names = {w.split("==")[0] for w in wanted}
-    assert {"papermill", "nbclient", "nbconvert", "ipykernel", "jupyter-client", "pyzmq", "tornado"} <= names
-    assert not names & {"torch", "numpy", "pandas", "matplotlib"}  # already in a CUDA PyTorch image
-    assert all(w.split("==")[1] for w in wanted)
-    assert gpu_run.main(["wheels", "--print"]) == 0 and "papermill==" in capsys.readouterr().out
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-def test_run_refuses_cuda_where_there_is_none(tmp_path, capsys):
-    assert gpu_run.main(["run", "tour", "--out", str(tmp_path / "o"), "--reference", str(tmp_path / "r")]) == 2
-    assert "CUDA is not available here" in capsys.readouterr().err
-
-
-def test_dry_run_on_cpu_at_smoke_sizes_then_unpack(tmp_path, capsys):
-    """The script a GPU machine runs, on this CPU at toy sizes: build, keep as reference, archive, bring back."""
-    path_before = os.environ.get("PATH")
-    code = gpu_run.main(["run", "tour", "--profile", "smoke", "--device", "cpu", "--out", str(tmp_path / "build"),
-                         "--reference", str(tmp_path / "ref"), "--bundle", str(tmp_path / "bundle"),
-                         "--commit", "abc1234", "--wheels", str(tmp_path / "no-wheels")])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    assert os.environ.get("PATH") == path_before  # the python shim is gone with the run
-    (folder,) = (tmp_path / "ref").glob("*/tour")
-    files = {p.name for p in folder.iterdir()}
-    assert {"results.json", "run.json", "tour.html", "memory_trace.png"} <= files
-    run = json.loads((folder / "run.json").read_text())
-    env = run["environment"]
-    assert env["commit"] == "abc1234" and run["profile"] == "smoke" and env["device"] == "cpu"
-    assert run["status"] == "ok" and env["cell_seconds"] and run["overrides"] == {"device": "cpu"}
-    (archive,) = (tmp_path / "bundle").glob("*.tar.gz")
-    assert gpu_run.main(["unpack", str(archive), "--reports", str(tmp_path / "reports")]) == 0
-    assert (tmp_path / "reports" / "reference" / folder.parent.name / "tour" / "tour.html").is_file()
-    assert "abc1234" in (tmp_path / "reports" / "index.html").read_text()
-
-
-def test_a_notebook_past_its_deadline_is_kept_as_a_failed_reference(tmp_path, capsys):
-    """--deadline stops a notebook that would overrun a machine's time limit; what it finished comes back."""
-    code = gpu_run.main(["run", "tour", "--profile", "smoke", "--device", "cpu", "--deadline", "3",
-                         "--out", str(tmp_path / "build"), "--reference", str(tmp_path / "ref"),
-                         "--bundle", str(tmp_path / "bundle"), "--commit", "abc1234"])
-    out = capsys.readouterr().out
-    assert code == 1 and "ran past --deadline 3 s" in out, out
-    (folder,) = (tmp_path / "ref").glob("*/tour")
-    run = json.loads((folder / "run.json").read_text())
-    assert run["status"] == "failed" and "DeadlineExceeded" in run["error"]
-    assert run["environment"]["device"] == "cpu" and run["environment"]["torch"] == torch.__version__
-    assert folder.parent.name.startswith("cpu") and len(list((tmp_path / "bundle").glob("*.tar.gz"))) == 1
-
-
 def test_unpack_refuses_a_folder_whose_run_json_has_no_environment(tmp_path):
     path = tmp_path / "plain.tar.gz"
     with tarfile.open(path, "w:gz") as tar:
@@ -231,29 +180,95 @@ def test_unpack_refuses_a_folder_whose_run_json_has_no_environment(tmp_path):
             info = tarfile.TarInfo(f"nvidia-h200/tour/{name}")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    with pytest.raises(UsageError, match="holds no environment"):
+    with pytest.raises(UsageError, match="no run.json .or part.json. holding an environment"):
         unpack(path, tmp_path / "root")
     assert not list((tmp_path / "root").glob("nvidia-h200/*"))
 
 
-def test_install_wheels_installs_only_what_this_python_lacks(tmp_path, monkeypatch):
-    """On the GPU image the carried wheels fill gaps and never shadow the image's own packages."""
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    for name in ("papermill-2.7.0-py3-none-any.whl", "no_such_dist_here-1.0-py3-none-any.whl"):
-        (wheels / name).write_bytes(b"")  # never opened: pip is replaced below
-    missing = iter([["papermill"], []])  # missing at first, importable once installed
-    monkeypatch.setattr(gpu_run, "_missing", lambda: next(missing))
-    calls = []
-    monkeypatch.setattr(gpu_run.subprocess, "run", lambda command, check: calls.append(command))
-    monkeypatch.setattr(gpu_run.sys, "path", list(gpu_run.sys.path))
-    monkeypatch.setenv("PYTHONPATH", "")
-    site = tmp_path / "site"
-    assert gpu_run.install_wheels(wheels, site) == site
-    (command,) = calls
-    assert command[-1] == str(wheels / "no_such_dist_here-1.0-py3-none-any.whl")  # papermill is installed here
-    assert "--no-index" in command and "--no-deps" in command and command[command.index("--target") + 1] == str(site)
-    assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == str(site)
-    with pytest.raises(UsageError, match="no wheels in"):
-        monkeypatch.setattr(gpu_run, "_missing", lambda: ["papermill"])
-        gpu_run.install_wheels(tmp_path / "none", tmp_path / "other-site")
+def test_a_newer_reference_removes_its_old_figures_and_keeps_everything_else(reports, tmp_path):
+    folder = reports / "reference" / "nvidia-h200" / "tour"
+    newer = shutil.copytree(folder, tmp_path / "newer" / "nvidia-h200" / "tour")
+    (newer / "memory_trace.png").unlink()  # the same reference, no longer drawing memory_trace.png
+    results = json.loads((newer / "results.json").read_text())
+    (newer / "results.json").write_text(json.dumps({**results, "figures": []}))
+    (folder / "notes.md").write_text("mine")
+    unpack(bundle(newer, tmp_path / "out"), reports / "reference")
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.md", "results.json", "run.json", "tour.html"]
+
+
+def test_a_part_folder_round_trips_and_is_listed(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "tests.log").write_text("17 passed")
+    (out / "tests.xml").write_text("<testsuite/>")
+    record = {"status": "ok", "seconds": 95.0, "made": "2026-11-27 10:00:00", "commit": "abc1234",
+              "environment": {"device_name": "NVIDIA H100 80GB HBM3", "device": "cuda"}}
+    archive = bundle_part([out / "tests.log", out / "tests.xml", out / "elsewhere.log"], record,
+                          "nvidia-h100-80gb-hbm3", "tests", out)
+    assert archive.name == "tests-nvidia-h100-80gb-hbm3.tar.gz"
+    root = tmp_path / "reports" / "reference"
+    (folder,) = unpack(archive, root)
+    assert sorted(p.name for p in folder.iterdir()) == ["part.json", "tests.log", "tests.xml"]
+    assert json.loads((folder / "part.json").read_text())["files"] == ["tests.log", "tests.xml"]
+    assert write_listing(root) == root / "README.md"
+    listing = (root / "README.md").read_text()
+    assert "part `tests`: ok in 95.0 s" in listing and "NVIDIA H100 80GB HBM3" in listing
+
+
+def test_the_listing_leaves_a_readme_of_yours_alone(reports):
+    (reports / "reference" / "README.md").write_text("my own notes")
+    assert write_listing(reports / "reference") is None
+    assert (reports / "reference" / "README.md").read_text() == "my own notes"
+
+
+COMMITTED = repo_root() / "reports" / "reference"
+H100 = "nvidia-h100-80gb-hbm3"
+
+
+def test_the_h100_references_are_committed_listed_and_shown_beside_a_build(tmp_path):
+    """The 2026-11-26 H100 run (built from 012f1da) as unpacked from its archives: four notebooks, their
+    commit as run.json records it, results.json's wrong git_commit kept and explained, never rewritten."""
+    found = read_references(COMMITTED)
+    h100 = {name: refs[0] for name, refs in found.items() for r in refs if r["slug"] == H100}
+    assert sorted(h100) == ["efficient_densenet", "packed_bit_optimizers", "tour", "variable_batch_size"]
+    for ref in h100.values():
+        assert ref["environment"]["commit"].startswith("012f1da") and ref["environment"]["status"] == "ok"
+        assert ref["results"]["environment"]["git_commit"] == "08a6345"  # as the machine wrote it
+        assert (ref["folder"] / f"{ref['name']}.html").is_file() and not list(ref["folder"].glob("*.ipynb"))
+    listing = (COMMITTED / "README.md").read_text()
+    assert listing == listing_text(COMMITTED), "reports/reference/README.md is stale: run gpu_run unpack"
+    assert "Not built on this device: advisor, calcgraph, optorch." in listing and "08a6345" in listing
+    reports = tmp_path / "reports"
+    head = reference.checkout_commit()
+    _report(reports / "cpu" / "tour", device="cpu", device_name="CPU (test)", commit=head, claims=CPU_CLAIMS)
+    shutil.copytree(COMMITTED, reports / "reference")
+    write_index(reports)
+    page = (reports / "cpu" / "index.html").read_text()
+    section = page[page.index("Beside the reference"):]
+    assert "NVIDIA H100 80GB HBM3" in section and "012f1da" in section and "git_commit 08a6345" in section
+    if head is not None:  # a git checkout holding 012f1da in its history
+        assert "older commit (012f1da" in section
+
+
+def test_unpack_reads_no_more_than_its_limit_even_inside_a_header(tmp_path, monkeypatch):
+    """A tar header can itself be huge (a pax record): the stream under the member checks stops it."""
+    from workbench.report import archive
+
+    monkeypatch.setattr(archive, "MAX_ARCHIVE_BYTES", 2**20)
+    path = tmp_path / "header.tar.gz"
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("nvidia-h200/tour/run.json")
+        info.pax_headers = {"comment": "x" * 4 * 2**20}
+        tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(UsageError, match=r"unpacks to more than \d+ MiB"):
+        unpack(path, tmp_path / "root")
+
+
+def test_unpack_takes_an_uncompressed_tar_too(reports, tmp_path):
+    folder = reports / "reference" / "nvidia-h200" / "tour"
+    path = tmp_path / "plain.tar"
+    with tarfile.open(path, "w") as tar:
+        for file in sorted(folder.iterdir()):
+            tar.add(file, arcname=f"nvidia-h200/tour/{file.name}")
+    (target,) = unpack(path, tmp_path / "elsewhere")
+    assert (target / "run.json").read_bytes() == (folder / "run.json").read_bytes()

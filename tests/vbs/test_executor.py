@@ -60,7 +60,9 @@ def test_executor_equals_the_model(net, nets):
         plans = _plans(synthetic_tables(model, batch, seed), batch)
         assert any(len(bs) > 1 for p in plans.values() for bs in p.layer_batches.values())
         for name, p in plans.items():
-            result = vbs.run(model, vbs.Plan.from_json(p.to_json()), x, measure_memory=name == "vbs_mid")
+            # NOTE: synthetic tables, not this model's sizes: its memory is not what they predict
+            result = vbs.run(model, vbs.Plan.from_json(p.to_json()), x, measure_memory=name == "vbs_mid",
+                             check_memory=False)
             torch.testing.assert_close(result.outputs, want, msg=name)
             assert result.seconds > 0 and result.predicted_peak_bytes == p.peak_bytes
             if name == "vbs_mid":
@@ -137,7 +139,7 @@ def test_custom_forwards_run_correctly(net):
         want = model(x)
     tables = synthetic_tables(model, 5, 1)
     for p in [*_plans(tables, 5).values(), _phased(model)]:
-        result = vbs.run(model, p, x, measure_memory=False)
+        result = vbs.run(model, p, x, measure_memory=False, check_memory=False)
         assert result.checked
         torch.testing.assert_close(result.outputs, want)
 
@@ -147,22 +149,22 @@ def test_a_stage_that_mixes_samples_is_refused_by_name():
     x = torch.randn(5, 3, 8, 8)
     p = _phased(model)
     with pytest.raises(vbs.ExecutionMismatch, match=r"stage 1 '1' gives other outputs in phases of \[2, 2, 1\]"):
-        vbs.run(model, p, x)
-    ex = vbs.Executor(model, p)
+        vbs.run(model, p, x, check_memory=False)
+    ex = vbs.Executor(model, p, check_memory=False)
     with pytest.raises(vbs.ExecutionMismatch, match="No outputs are returned"):
         ex(x)
     # only an explicit opt-out returns the (different) outputs
-    unchecked = vbs.run(model, p, x, check=False, measure_memory=False)
+    unchecked = vbs.run(model, p, x, check=False, measure_memory=False, check_memory=False)
     assert not unchecked.checked
     with torch.no_grad():
         assert not torch.allclose(unchecked.outputs, model(x))
-    whole = vbs.run(model, vbs.fixed_batch_plan(synthetic_tables(model, 5, 0), batch=5, size=5), x)
+    whole = vbs.run(model, vbs.fixed_batch_plan(synthetic_tables(model, 5, 0), batch=5, size=5), x, check_memory=False)
     assert whole.checked
 
 
 def test_a_trace_that_no_longer_matches_the_forward_is_refused():
     model = nn.Sequential(nn.Conv2d(3, 4, 1), Scale(), nn.Flatten()).eval()
-    ex = vbs.Executor(model, _phased(model))
+    ex = vbs.Executor(model, _phased(model), check_memory=False)
     model[1].factor = 2.0  # the stages were traced with 1.0
     with pytest.raises(vbs.ExecutionMismatch, match="torch.fx's trace of Sequential does not compute"):
         ex(torch.randn(5, 3, 4, 4))
@@ -170,7 +172,7 @@ def test_a_trace_that_no_longer_matches_the_forward_is_refused():
 
 def test_a_stage_that_departs_from_the_forward_is_named(nets):
     model = nets["linear"]()
-    ex = vbs.Executor(model, _phased(model))
+    ex = vbs.Executor(model, _phased(model), check_memory=False)
     ex.stages[2].module = nn.Sequential(nn.MaxPool2d(2), nn.Identity())  # "5": was a MaxPool2d(2) alone...
     ex.stages[3].module = nn.Sequential(nn.Conv2d(32, 4, 1), nn.ReLU())  # "6": other weights
     with pytest.raises(vbs.ExecutionMismatch, match="stage 3 '6' does not reproduce its part of Sequential"):
@@ -182,14 +184,14 @@ def test_the_check_costs_one_forward_on_the_first_batch_only(nets):
     calls = []
     model.register_forward_hook(lambda *a: calls.append(1))
     x = torch.randn(5, 3, 8, 8)
-    ex = vbs.Executor(model, _phased(model))
+    ex = vbs.Executor(model, _phased(model), check_memory=False)
     first = ex(x)
     assert len(calls) == 1 and ex.checked
     torch.testing.assert_close(ex(x), first)
     assert len(calls) == 1
-    vbs.run(model, _phased(model), x)
+    vbs.run(model, _phased(model), x, check_memory=False)
     assert len(calls) == 2
-    vbs.run(model, _phased(model), x, check=False)
+    vbs.run(model, _phased(model), x, check=False, check_memory=False)
     assert len(calls) == 2
 
 
@@ -197,7 +199,7 @@ def test_inputs_changed_in_place_are_checked_against_the_original():
     model = nn.Sequential(nn.ReLU(inplace=True), nn.Conv2d(3, 4, 1)).eval()  # the first layer writes into x
     x = torch.randn(5, 3, 4, 4)
     want = model(x.clone())
-    result = vbs.run(model, _phased(model), x, measure_memory=False)
+    result = vbs.run(model, _phased(model), x, measure_memory=False, check_memory=False)
     torch.testing.assert_close(result.outputs, want)
 
 
@@ -216,4 +218,4 @@ def test_the_least_memory_plan_executes(net, nets):
     p = vbs.least_memory_plan(tables, batch=4)
     x = torch.randn(4, 3, 8, 8)
     with torch.no_grad():
-        torch.testing.assert_close(vbs.run(model, p, x, measure_memory=False).outputs, model(x))
+        torch.testing.assert_close(vbs.run(model, p, x, measure_memory=False, check_memory=False).outputs, model(x))

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from workbench import vbs
+from workbench.measure import AllocatorMeter
 from workbench.measure import Timing
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,6 +52,23 @@ def test_measure_layers_reads_activation_bytes(nets):
     assert tables.out[1, 0] == (4 + 5 + 2) * 8 * 8 * 4  # the merged output
     assert tables.ws[1].sum() == 0 and np.all(tables.time[0] > 0)
     assert np.all(tables.branches[1][1].time > 0) and tables.branches[1][1].inp[1, 0] == 3 * 8 * 8 * 4
+
+
+def test_workspace_is_the_allocators_peak_beyond_the_output(nets):
+    """ws is what the allocator hands out beyond the output while the layer runs, read per call from
+    one profiled pass: equal to AllocatorMeter's reading of the same call (oneDNN's convolution
+    scratch included, which no tensor tracker sees)."""
+    model = nets["linear"]()
+    x = torch.randn(2, 3, 16, 16)
+    tables = vbs.measure_layers(model, x[0], 2, repeats=1, warmup=1)
+    stages = vbs.stages_of(model)
+    with torch.no_grad():
+        for i, stage in enumerate(stages):
+            with AllocatorMeter("cpu") as meter:
+                y = stage(x)
+            assert tables.ws[i, 1] == max(meter.peak_bytes - y.numel() * 4, 0), stage.name
+            x = y
+    assert tables.ws[1, 1] > 0  # the 8 -> 32 convolution's scratch
 
 
 def test_every_batch_size_is_warmed_and_rounds_interleave_batch_sizes(nets, monkeypatch):

@@ -8,8 +8,12 @@
 ``options``: ``PackedOptions``, the keyword options of every packed optimizer, declared once.
 ``fused``: the flat buffers of the fused step ("Fused" in 3.1) and ``select_step``, the one place
 where the update's backend (compiled, eager) is chosen.
-``packed``: PackedSGD, PackedAdamW, PackedAdam (per-parameter or fused flat step; fp32 or bf16
-states; truncated or stochastic master rounding; amsgrad, maximize; torch.amp.GradScaler).
+``triton_kernel`` (source: ``triton_source``): the hand-written Triton step, CUDA, every width; ``cpu_kernel``:
+the hand-written C++ step, CPU, byte planes; ``kernel_args``: their argument checks and ``GradSegments``.
+``packed``: PackedOptimizer, what the packed optimizers share (per-parameter or fused flat step; fp32 or bf16
+states; truncated or stochastic master rounding; torch.amp.GradScaler; state dicts).
+``algorithms``: PackedSGD, PackedAdamW, PackedAdam (amsgrad, maximize as torch.optim).
+``layout``: the memory order parameters are stepped in (channels_last and other dense layouts).
 ``state_check``: state dicts validated before loading.
 ``backward``: step_in_backward (the update runs inside backward, gradients freed at once; 3.2), with
 clipping, loss scaling and gradient accumulation in the hook and misuse refused (4.1).
@@ -18,17 +22,12 @@ clipping, loss scaling and gradient accumulation in the hook and misuse refused 
 that torch.distributed.checkpoint reshards) and why step_in_backward is refused under DDP (issue 20).
 """
 
+from workbench.optim.algorithms import PackedAdam, PackedAdamW, PackedSGD, master_weight
 from workbench.optim.applied import AppliedGradient
 from workbench.optim.backward import StepInBackwardHandle, step_in_backward
 from workbench.optim.fused import select_step
 from workbench.optim.options import PackedOptions
-from workbench.optim.packed import (
-    PackedAdam,
-    PackedAdamW,
-    PackedOptimizer,
-    PackedSGD,
-    master_weight,
-)
+from workbench.optim.packed import PackedOptimizer
 from workbench.optim.packing import pack, packed_words, unpack
 from workbench.optim.split_merge import merge, split, stochastic_round
 

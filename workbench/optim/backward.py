@@ -27,6 +27,10 @@ What an ordinary loop does between backward and ``optimizer.step()`` moves into 
   backward, so gradient memory is back to that of an ordinary step for those N micro-batches
   (``workbench.experiments.packed_bit_optimizers.accumulation_memory``).
 
+Parameters that become trainable after registration (unfrozen, or a layer added to the model and to the
+optimizer with ``add_param_group``) are hooked at the model's next forward and updated from then on, as an
+ordinary ``step()`` would update them; a trainable parameter the optimizer does not manage is refused there.
+
 Refused with an error naming the fix, instead of changing training silently: a second backward that
 would update a parameter again before the model's next forward, a clip (or any read) of a gradient
 already applied (``p.grad`` is an :class:`~workbench.optim.applied.AppliedGradient` until the next
@@ -98,6 +102,7 @@ class StepInBackwardHandle:
         self.hooks: list[Any] = []
         self.steps = self.skipped = self.forwards = 0
         self._params = params
+        self._hooked = {id(p) for p in params}
         self._packed = isinstance(optimizer, PackedOptimizer)
         self._inside = False
         self._marked: list[torch.Tensor] = []
@@ -133,10 +138,26 @@ class StepInBackwardHandle:
     def _on_forward(self, module: nn.Module, args: Any) -> None:
         # a micro-batch is a forward with gradients on (an evaluation under no_grad is not one)
         if _backward_id() == -1 and torch.is_grad_enabled():
+            self._adopt(module)
             refuse_under_ddp(self._params)
             self.forwards += 1
             self._task = None
             self._clear_marks()
+
+    def _adopt(self, model: nn.Module) -> None:
+        """Hook the parameters that became trainable since registration (unfrozen, or a layer added with
+        ``optimizer.add_param_group``), as an ordinary ``step()`` would update them; refuse those not in the
+        optimizer (their gradients would pile up with no step to use them)."""
+        hooked = self._hooked
+        new = [p for p in model.parameters() if p.requires_grad and id(p) not in hooked]
+        if not new:
+            return
+        _check_params(self.optimizer, new, self.grad_scale, names=dict(
+            (id(p), name) for name, p in model.named_parameters()), later=True)
+        for p in new:
+            self.hooks.append(p.register_post_accumulate_grad_hook(self._hook))
+            hooked.add(id(p))
+        self._params.extend(new)
 
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         # a hook on each output fires as a backward enters the model, before any parameter's update
@@ -259,6 +280,36 @@ def _check_number(name: str, value: Any) -> None:
         raise ValueError(f"{name}={value!r}: allowed finite numbers > 0 (or None)")
 
 
+def _check_params(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], grad_scale: Any, *,
+                  names: dict[int, Any], later: bool = False) -> None:
+    """Raise for trainable parameters step_in_backward cannot update (``later``: found at a forward after
+    registration, named by their names in the model)."""
+    when = " (trainable since step_in_backward was registered)" if later else ""
+    managed = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    missing = [names.get(id(p)) for p in params if id(p) not in managed]
+    if missing:
+        raise ValueError(f"parameters {missing[:5]} of the model{when} are not in the optimizer: their gradients "
+                         "would pile up with no step to use them; add them with optimizer.add_param_group("
+                         "{'params': [...]}) before the forward, or freeze them (requires_grad_(False))")
+    low = [p for p in params if p.dtype != torch.float32]
+    if grad_scale is not None and low and not isinstance(optimizer, PackedOptimizer):
+        raise ValueError(
+            f"grad_scale with {type(optimizer).__name__} on {low[0].dtype} parameters (e.g. parameter "
+            f"{names.get(id(low[0]))}): unscaling 16-bit gradients in place loses them (torch.amp.GradScaler refuses "
+            "too); use a packed optimizer (PackedAdamW, PackedSGD), which unscales in fp32 inside its step, or fp32 "
+            "parameters")
+    if isinstance(grad_scale, torch.amp.GradScaler) and any(is_sharded(p) for p in params):
+        raise ValueError("grad_scale is a GradScaler but the model's parameters are DTensors (FSDP2): each rank "
+                         "would check only its shard for inf/NaN and ranks could disagree on skipping the step; "
+                         "use a static float grad_scale, or an ordinary optimizer.step() with the GradScaler")
+    held = [names.get(id(p)) for p in params if p.grad is not None]
+    if held:
+        raise RuntimeError(
+            f"parameters {held[:5]}{when} already hold a .grad: step_in_backward would update with only the new "
+            "gradient and silently drop the accumulated one; call optimizer.zero_grad(set_to_none=True) first "
+            "(to accumulate, use step_in_backward(..., accumulate=N))")
+
+
 def step_in_backward(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -291,27 +342,8 @@ def step_in_backward(
     elif grad_scale is not None:
         _check_number("grad_scale", grad_scale)
     refuse_ddp(model)
-    managed = {id(p) for g in optimizer.param_groups for p in g["params"]}
     params = [p for p in model.parameters() if p.requires_grad]
-    missing = [i for i, p in enumerate(params) if id(p) not in managed]
-    if missing:
-        raise ValueError(f"parameters {missing[:5]} of the model are not in the optimizer")
-    low = [i for i, p in enumerate(params) if p.dtype != torch.float32]
-    if grad_scale is not None and low and not isinstance(optimizer, PackedOptimizer):
-        raise ValueError(
-            f"grad_scale with {type(optimizer).__name__} on {params[low[0]].dtype} parameters (e.g. parameter "
-            f"{low[0]}): unscaling 16-bit gradients in place loses them (torch.amp.GradScaler refuses too); use a "
-            "packed optimizer (PackedAdamW, PackedSGD), which unscales in fp32 inside its step, or fp32 parameters")
-    if isinstance(grad_scale, torch.amp.GradScaler) and any(is_sharded(p) for p in params):
-        raise ValueError("grad_scale is a GradScaler but the model's parameters are DTensors (FSDP2): each rank "
-                         "would check only its shard for inf/NaN and ranks could disagree on skipping the step; "
-                         "use a static float grad_scale, or an ordinary optimizer.step() with the GradScaler")
-    held = [i for i, p in enumerate(params) if p.grad is not None]
-    if held:
-        raise RuntimeError(
-            f"parameters {held[:5]} already hold a .grad: step_in_backward would update with only the new "
-            "gradient and silently drop the accumulated one; call optimizer.zero_grad(set_to_none=True) first "
-            "(to accumulate, use step_in_backward(..., accumulate=N))")
+    _check_params(optimizer, params, grad_scale, names={id(p): i for i, p in enumerate(params)})
     handle = StepInBackwardHandle(optimizer, params, clip_value=clip_value, grad_scale=grad_scale,
                                   accumulate=accumulate)
     # NOTE: a step pre-hook refuses outside calls instead of replacing ``optimizer.step``: an LR

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from workbench.optim.formats import storage_bits
-from workbench.optim.kernel_args import byte_plane_reason, planes_of
+from workbench.optim.kernel_args import GradSegments, as_flat, flat_args_reason, planes_of
 from workbench.optim.update import adam_math, chunked_update, sgd_math
 
 __all__ = ["available", "build_flags", "kernel_update", "packed_update_cpu", "supports", "unsupported_reason"]
@@ -129,10 +129,10 @@ def unsupported_reason(
     unknown = sorted(k for k in options if k not in known and not (k in _OFF_ONLY and not options[k]))
     if unknown or scaled:
         return f"options the kernel does not implement: {unknown + (['scaled'] if scaled else [])}"
-    return byte_plane_reason(half, grad, extra, states, coef, device_type="cpu", extra_bits=extra_bits,
-                             stochastic_rounding=stochastic_rounding, master_rounding=master_rounding,
-                             n_states=2 if math_fn is adam_math else int(bool(options.get("momentum"))),
-                             n_coef=9 if math_fn is adam_math else 4, planes=(0, 1, 2))
+    return flat_args_reason(half, grad, extra, states, coef, device_type="cpu", extra_bits=extra_bits,
+                            stochastic_rounding=stochastic_rounding, master_rounding=master_rounding,
+                            n_states=2 if math_fn is adam_math else int(bool(options.get("momentum"))),
+                            n_coef=9 if math_fn is adam_math else 4, planes=(0, 1, 2))
 
 
 def supports(half, grad, extra, states, coef, **static) -> bool:
@@ -171,8 +171,9 @@ def _run(half, grad, extra, states, coef, key, *, math_fn, extra_bits, stochasti
         math = 0 if options.get("decoupled", False) else 1  # AdamW, Adam
     else:
         math = 2  # SGD
+    grads, offsets = (list(grad.grads), list(grad.offsets)) if isinstance(grad, GradSegments) else ([grad], [0])
     torch.ops.workbench_packed_cpu.step(
-        half, grad, list(planes_of(extra, storage_bits(extra_bits, stochastic_rounding))), list(states), coef,
+        half, grads, offsets, list(planes_of(extra, storage_bits(extra_bits, stochastic_rounding))), list(states), coef,
         0 if key is None else int(key), int(offset),
         int(extra_bits), bool(stochastic_rounding), master_rounding == "stochastic", math,
         bool(options.get("momentum", False)), bool(options.get("nesterov", False)), bool(options.get("first", False)),
@@ -182,9 +183,10 @@ def _run(half, grad, extra, states, coef, key, *, math_fn, extra_bits, stochasti
 def kernel_update(fallback: Callable | None = None, **static: Any) -> Callable:
     """The flat step ``(half, grad, extra, states, coef, key)`` with :func:`packed_update`'s keywords bound.
 
-    The calling convention of :func:`workbench.optim.update.compiled_update`'s result: each call runs
-    the C++ kernel when it is available and takes the update, else ``fallback`` (e.g. the compiled
-    step; None: :func:`workbench.optim.update.chunked_update`, the eager step).
+    The calling convention of :func:`workbench.optim.update.compiled_update`'s result (``grad`` may also be a
+    fused group's :class:`~workbench.optim.kernel_args.GradSegments`, read in place): each call runs the C++
+    kernel when it is available and takes the update, else ``fallback`` (e.g. the compiled step; None:
+    :func:`workbench.optim.update.chunked_update`, the eager step) on the flat gradient.
     """
     if fallback is None:
         bits = storage_bits(static["extra_bits"], static["stochastic_rounding"])
@@ -196,6 +198,6 @@ def kernel_update(fallback: Callable | None = None, **static: Any) -> Callable:
         if available() and supports(half, grad, extra, states, coef, **static):
             _run(half, grad, extra, states, coef, key, **static)
         else:
-            fallback(half, grad, extra, states, coef, key)
+            fallback(half, as_flat(grad), extra, states, coef, key)
 
     return update

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from workbench.optim.layout import logical_planes, planes_in_order
 from workbench.optim.packing import extra_storage, is_byte_aligned
 
 if torch.distributed.is_available():
@@ -107,7 +108,7 @@ def new_moment(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A zero state shaped like ``p`` (a DTensor over the local shard for a DTensor parameter)."""
     if isinstance(p, DTensor):
         return _sharded_zeros(p, (), dtype)
-    return torch.zeros(p.shape, dtype=dtype, device=p.device)
+    return torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)  # p's layout (``layout``)
 
 
 def _local_box(p: DTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -141,15 +142,17 @@ def _plane_layout(p: torch.Tensor, key: str, value: torch.Tensor) -> bool:
 
 
 def state_dict_layout(p: torch.Tensor, key: str, value: Any) -> Any:
-    """A state as a state dict shows it: byte planes ``(planes, *p.shape)`` (a view), the rest as kept."""
+    """A state as a state dict shows it: byte planes ``(planes, *p.shape)`` (a view, logical indexing), the rest
+    as kept."""
     if torch.is_tensor(value) and not isinstance(value, DTensor) and _plane_layout(p, key, value):
-        return value.view(value.shape[0], *p.shape)
+        return logical_planes(value, p)
     return value
 
 
 def load_layout(p: torch.Tensor, key: str, value: Any) -> Any:
     """A saved state (checked by ``state_check``) as the optimizer keeps it for ``p``: a copy on
-    ``p``'s device; byte planes back to the kept layout; a full tensor cut to ``p``'s local shard."""
+    ``p``'s device; byte planes back to the kept layout and moments laid out like ``p`` (``layout``); a full
+    tensor cut to ``p``'s local shard."""
     if not torch.is_tensor(value):
         return value
     planes = _plane_layout(p, key, value)
@@ -168,8 +171,12 @@ def load_layout(p: torch.Tensor, key: str, value: Any) -> Any:
         return zeros
     if isinstance(value, DTensor):
         value = value.full_tensor()
-    value = value.to(p.device).clone()
-    return value.reshape(value.shape[0], p.numel()) if planes else value
+    value = value.to(p.device)
+    if planes:
+        return planes_in_order(value, p)
+    if key != "extra" and tuple(value.shape) == tuple(p.shape):
+        return torch.empty_like(p, dtype=value.dtype).copy_(value)
+    return value.clone()
 
 
 def refuse_ddp(model: nn.Module) -> None:

@@ -11,9 +11,11 @@ per-parameter state entries stay views of the buffers (``state_dict`` looks the 
 Unlike the paper's fused kernels (8 and 16 extra bits only), every width is supported.
 
 Which code runs an update is chosen in one place, :func:`select_step`: ``fused=True`` asks for the
-fastest step available on the device (the hand-written Triton kernel on CUDA, the hand-written C++
-kernel on CPU, for byte-plane formats; else the ``torch.compile``d update, with the eager update as
-fallback where compile is unavailable); ``STEP_BACKENDS`` lists the candidates, fastest first.
+fastest step available on the device (the hand-written Triton kernel on CUDA, every format; the
+hand-written C++ kernel on CPU, byte-plane formats; else the ``torch.compile``d update, with the eager
+update as fallback where compile is unavailable); ``STEP_BACKENDS`` lists the candidates, fastest first.
+The per-parameter step (unfused groups, ``step_in_backward``) runs the same hand-written kernels on one
+parameter, which allocate nothing, else the eager update in bounded chunks.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from typing import Any
 
 import torch
 
+from .kernel_args import GradSegments, as_flat
+from .layout import grad_in_order, in_layout, memory_order
 from .packing import extra_storage
 from .update import chunked_update, compiled_update
 
-__all__ = ["FlatGroup", "STEP_BACKENDS", "StepSpec", "compile_available", "compiled_step", "cpu_kernel_step",
-           "eager_step", "lazy_backend", "select_step"]
+__all__ = ["FlatGroup", "PER_PARAMETER_BACKENDS", "STEP_BACKENDS", "StepSpec", "compile_available", "compiled_step",
+           "cpu_kernel_step", "eager_step", "lazy_backend", "select_step"]
 
 #: An update: ``step(half, grad, extra, states, coef, key)`` changes ``half``, ``extra`` and ``states``
 #: in place (``workbench.optim.update.packed_update``'s positional arguments; ``key`` an int or None).
@@ -79,7 +83,7 @@ def eager_step(device: torch.device, spec: StepSpec) -> Step:
     """The eager update in chunks (``update.chunked_update``): available everywhere."""
 
     def step(half, grad, extra, states, coef, key):
-        chunked_update(half, grad, extra, states, coef, key, bits=spec.bits, **spec.static)
+        chunked_update(half, as_flat(grad), extra, states, coef, key, bits=spec.bits, **spec.static)
 
     return step
 
@@ -94,20 +98,20 @@ def compiled_step(device: torch.device, spec: StepSpec) -> Step | None:
     def step(half, grad, extra, states, coef, key):
         if key is not None:
             key = torch.tensor(key, dtype=torch.int32, device=half.device)
-        update(half, grad, extra, states, coef, key)
+        update(half, as_flat(grad), extra, states, coef, key)
 
     return step
 
 
-def lazy_backend(module: str, attr: str) -> Callable[[torch.device, StepSpec], Step | None]:
-    """A backend imported at its first use: ``module.attr(device, spec)``; None while it cannot be imported."""
+def lazy_backend(module: str, attr: str) -> Callable[..., Step | None]:
+    """A backend imported at its first use: ``module.attr(device, spec, **kw)``; None while it cannot be imported."""
 
-    def backend(device: torch.device, spec: StepSpec) -> Step | None:
+    def backend(device: torch.device, spec: StepSpec, **kw: Any) -> Step | None:
         try:
             fn = getattr(importlib.import_module(module), attr)
         except ImportError:
             return None
-        return fn(device, spec)
+        return fn(device, spec, **kw)
 
     return backend
 
@@ -146,6 +150,12 @@ STEP_BACKENDS: list[tuple[str, Callable[[torch.device, StepSpec], Step | None]]]
     ("compiled", compiled_step),
     ("eager", eager_step),
 ]
+#: The per-parameter step's kernels (unfused groups, ``step_in_backward``): ``backend(device, spec, fallback=)``
+#: returns a step that runs the kernel where it takes the update and ``fallback`` (the eager update) else.
+PER_PARAMETER_BACKENDS: list[tuple[str, Callable[..., Step | None]]] = [
+    ("triton_kernel", lazy_backend("workbench.optim.triton_kernel", "triton_step")),
+    ("cpu_kernel", cpu_kernel_step),
+]
 _FAILED: set[tuple[str, str]] = set()  # (backend, device type) whose build failed: skipped from then on
 
 
@@ -153,10 +163,16 @@ def _guarded(name: str, device: torch.device, step: Step, fallback: Step) -> Ste
     # NOTE: a toolchain can pass compile_available and still fail to build (a broken compiler, a
     # Triton/driver mismatch). torch raises those as TorchDynamoException before running anything,
     # so the eager update can take over that call and, with a warning, every later one.
+    failed = []
+
     def run(*args):
+        if failed:
+            fallback(*args)
+            return
         try:
             step(*args)
         except torch._dynamo.exc.TorchDynamoException as e:
+            failed.append(e)
             _FAILED.add((name, device.type))
             warnings.warn(f"the {name} packed update failed to build on {device.type} ({type(e).__name__}: "
                           f"{str(e).splitlines()[0]}); using the eager update from now on", stacklevel=3)
@@ -171,20 +187,24 @@ def select_step(device: torch.device, spec: StepSpec, *, fused: bool, compile: b
     ``compile=False``: the eager update. ``compile=True``: the compiled update (RuntimeError where
     torch.compile is unavailable). ``compile=None``: for ``fused`` groups the first backend of
     :data:`STEP_BACKENDS` that serves ``spec`` on ``device`` (the fastest available), for the
-    others (one update per parameter) the hand-written CPU kernel where it takes the spec, else the eager
-    update.
+    others (one update per parameter) the first of :data:`PER_PARAMETER_BACKENDS` (the hand-written
+    kernels: Triton on CUDA, C++ on CPU) that takes the spec, with the eager update for what they refuse.
     """
     device = torch.device(device)
     eager = eager_step(device, spec)
     if compile is False:
         return "eager", eager
     if compile is None and not fused:
-        # NOTE: one call per parameter: the C++ kernel has no temporaries and no per-shape compile, and gives
-        # the eager bits; the eager step runs ~30 ops per 32768-value chunk (3000 chunks for 1e8 parameters,
-        # which CalcGraph's fake-tensor plan of a step then traces one by one: 135 s, against 0.3 s). The
-        # compiled step would compile per shape, and Triton's kernel cannot run on fake tensors.
-        step = cpu_kernel_step(device, spec, fallback=eager)
-        return ("cpu_kernel", step) if step is not None else ("eager", eager)
+        # NOTE: one call per parameter: the hand-written kernels have no temporaries and no per-shape
+        # compile, and give the eager bits; the eager step runs ~30 ops per chunk (CHUNK values on CPU: 3000
+        # chunks for 1e8 parameters, which CalcGraph's fake-tensor plan of a step then traces one by one:
+        # 135 s, against 0.3 s; on CUDA, CUDA_CHUNK values with ~43 MB of temporaries on top of live
+        # activations inside backward, issue 33). Both kernels skip fake tensors (nothing to allocate).
+        for name, backend in PER_PARAMETER_BACKENDS:
+            step = backend(device, spec, fallback=eager)
+            if step is not None:
+                return name, step
+        return "eager", eager
     if compile is True:
         step = compiled_step(device, spec)
         if step is None:
@@ -201,12 +221,13 @@ def select_step(device: torch.device, spec: StepSpec, *, fused: bool, compile: b
 
 
 # NOTE: the fused path rebinds each ``p.data`` to a view of the group's flat buffer (as apex's
-# flat-buffer optimizers do). Gradients are copied into a flat gradient buffer unless they already
-# are its views (``zero_grad(set_to_none=False)`` keeps them so); the optimizer holds that buffer
-# only weakly, so ``zero_grad(set_to_none=True)`` frees it with the gradients. A group where some
+# flat-buffer optimizers do). The hand-written kernels read each gradient where autograd left it
+# (``grad_segments``); for the compiled and eager steps, gradients are copied into a flat gradient buffer
+# unless they already are its views (``zero_grad(set_to_none=False)`` keeps them so), which the optimizer
+# holds only weakly, so ``zero_grad(set_to_none=True)`` frees it with the gradients. A group where some
 # parameter has no gradient takes the per-parameter path, which computes the same update.
 class FlatGroup:
-    """Flat buffers of one fused param group; params, grads and states become views into them."""
+    """Flat buffers of one fused param group; params and states become views into them."""
 
     def __init__(self, params: list[torch.Tensor], state: dict, keys: list[str], bits: int,
                  state_dtype: torch.dtype):
@@ -216,6 +237,7 @@ class FlatGroup:
             self.offsets.append(off)
             off += (p.numel() + 31) // 32 * 32
         self.total = off
+        self._offsets = tuple(self.offsets)
         dev, dtype = params[0].device, params[0].dtype
         self.half = torch.zeros(off, dtype=dtype, device=dev)
         shape, edtype = extra_storage(off, bits, aligned=True)
@@ -223,23 +245,24 @@ class FlatGroup:
         self.states = {k: torch.zeros(off, dtype=state_dtype, device=dev) for k in keys}
         self._grad: weakref.ref | None = None
         for p, o in zip(params, self.offsets, strict=True):
+            # each segment in its parameter's memory order, viewed with its strides (``layout``)
             n, st = p.numel(), state[p]
-            view = self.half[o : o + n]
-            view.copy_(p.detach().reshape(-1))
-            p.data = view.view_as(p)
+            self.half[o : o + n].copy_(memory_order(p.detach()))
+            p.data = self.half.as_strided(p.shape, p.stride(), o)
             for k in keys:
-                self.states[k][o : o + n].copy_(st[k].reshape(-1))
-                st[k] = self.states[k][o : o + n].view_as(p)
+                self.states[k][o : o + n].copy_(memory_order(in_layout(st[k], p)))
+                st[k] = self.states[k].as_strided(p.shape, p.stride(), o)
             seg = self._extra_view(o, n)
             seg.copy_(st["extra"])
             st["extra"] = seg
-        # data pointers every view must keep; checked each step in plain integers (cheap)
-        self._expect = [
-            (p, self.half[o:].data_ptr(), state[p]["extra"].data_ptr(),
-             tuple(self.states[k][o:].data_ptr() for k in keys))
-            for p, o in zip(params, self.offsets, strict=True)
-        ]
+        # what every parameter must keep for the buffers to stay its own: its storage, and the very state
+        # dict and state tensors made here (identity checks, cheap each step)
+        self._expect = [(p, state[p], self.half[o:].data_ptr(), state[p]["extra"], tuple(state[p][k] for k in keys))
+                        for p, o in zip(params, self.offsets, strict=True)]
+        self._contiguous = [p.is_contiguous() for p in params]
         self._item = self.half.element_size()
+        #: the extra bits as the update takes them: byte planes as 1-D views, or the words
+        self.extra_arg = list(self.extra.unbind(0)) if self.extra.dtype == torch.uint8 else self.extra
 
     def _extra_view(self, o: int, n: int) -> torch.Tensor:
         if self.extra.dtype == torch.uint8:
@@ -248,29 +271,35 @@ class FlatGroup:
         return self.extra[ws : ws + (n * self.bits + 31) // 32]
 
     def valid(self, state: dict) -> bool:
-        for p, hp, ep, sps in self._expect:
-            st = state.get(p)
-            if st is None or p.data_ptr() != hp or "extra" not in st or st["extra"].data_ptr() != ep:
+        for p, st, hp, extra, views in self._expect:
+            if state.get(p) is not st or st.get("extra") is not extra or p.data_ptr() != hp:
                 return False
-            if any(st[k].data_ptr() != sp for k, sp in zip(self.keys, sps, strict=True)):
+            if any(st.get(k) is not v for k, v in zip(self.keys, views, strict=True)):
                 return False
         return True
+
+    def grad_segments(self) -> GradSegments:
+        """The gradients where autograd left them, as the kernels read them (``kernel_args.GradSegments``)."""
+        grads = tuple(g if plain and g.is_contiguous() else grad_in_order(g, p)
+                      for p, plain, g in zip(self.params, self._contiguous, (p.grad for p in self.params),
+                                             strict=True))
+        return GradSegments(self._offsets, grads, self.gather_grads)
 
     def gather_grads(self) -> torch.Tensor:
         """The flat gradient: reused when every ``.grad`` is still its view, else copied into a new one."""
         buf = self._grad() if self._grad is not None else None
         if buf is not None:
             base = buf.data_ptr()
-            if all(p.grad.data_ptr() == base + o * self._item
+            if all(p.grad.data_ptr() == base + o * self._item and p.grad.stride() == p.stride()
                    for p, o in zip(self.params, self.offsets, strict=True)):
                 return buf
         buf = torch.empty(self.total, dtype=self.half.dtype, device=self.half.device)
         end = 0
         for p, o in zip(self.params, self.offsets, strict=True):
             buf[end:o].zero_()  # padding between segments: a defined value, never read back
-            view = buf[o : o + p.numel()]
-            view.copy_(p.grad.reshape(-1))
-            p.grad = view.view_as(p)
+            view = buf.as_strided(p.shape, p.stride(), o)
+            view.copy_(p.grad)
+            p.grad = view
             end = o + p.numel()
         buf[end:].zero_()
         self._grad = weakref.ref(buf)

@@ -1,20 +1,58 @@
 """Argument checks shared by the hand-written packed-step kernels (``cpu_kernel``, ``triton_kernel``).
 
-Both take :func:`workbench.optim.update.packed_update`'s flat arguments for byte-plane formats (8 or 16
-stored bits, Lewandowski & Kosson section 3.1's fused 8- and 16-bit layouts); what each refuses beyond
-that (algorithms, options) stays in its own module.
+Both take :func:`workbench.optim.update.packed_update`'s flat arguments (Lewandowski & Kosson section 3.1):
+the extra bits as uint8 byte planes (8 or 16 stored bits, the fused layouts) or, for the Triton kernel,
+as dense int32 words (Fig 1: any width, values packed LSB-first across word boundaries); with 0 stored bits
+(k = 0) there is no extra storage. What each kernel refuses beyond that (algorithms, options) stays in its
+own module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from workbench.optim.formats import FORMATS, storage_bits
+from workbench.optim.packing import packed_words
 
-__all__ = ["byte_plane_reason", "planes_of"]
+__all__ = ["GradSegments", "as_flat", "extra_layout", "flat_args_reason", "planes_of"]
+
+
+@dataclass(frozen=True)
+class GradSegments:
+    """A fused group's gradient as autograd left it: ``grads[i]`` (1-D, in its parameter's memory order) is the
+    gradient of the stream's values ``offsets[i] .. offsets[i] + grads[i].numel() - 1``.
+
+    The hand-written kernels read each segment in place; a step that needs one flat gradient tensor (the
+    compiled and eager updates) calls ``gather()``, which copies them into one (``fused.FlatGroup.gather_grads``).
+    # NOTE: the flat copy each step cost a read and a write of every gradient, and a fresh allocation where
+    # ``zero_grad(set_to_none=True)`` (torch's default) left new gradient tensors: 0.5-0.6x of torch's fused
+    # AdamW step on CPU (issue 34) where the kernel alone was 1.16x.
+    """
+
+    offsets: tuple[int, ...]
+    grads: tuple[torch.Tensor, ...]
+    gather: Callable[[], torch.Tensor]
+
+
+def as_flat(grad: torch.Tensor | GradSegments) -> torch.Tensor:
+    """The flat gradient: ``grad`` itself, or the segments gathered into one tensor."""
+    return grad.gather() if isinstance(grad, GradSegments) else grad
+
+
+def _grad_ok(grad: Any, half: torch.Tensor) -> bool:
+    n, dtype, device = half.numel(), half.dtype, half.device
+    if not isinstance(grad, GradSegments):
+        return _flat_ok(grad, dtype, n, device)
+    end = 0
+    for at, g in zip(grad.offsets, grad.grads, strict=True):
+        if at < end or at + g.numel() > n or not _flat_ok(g, dtype, g.numel(), device):
+            return False
+        end = at + g.numel()
+    return True
 
 
 def planes_of(extra: Any, bits: int | None = None) -> Any:
@@ -27,38 +65,53 @@ def planes_of(extra: Any, bits: int | None = None) -> Any:
     return extra
 
 
+def extra_layout(extra: Any, bits: int) -> str:
+    """How ``extra`` holds ``bits`` stored bits per value: "none" (0 bits), "planes" or "words"."""
+    if bits == 0:
+        return "none"
+    return "words" if torch.is_tensor(extra) and extra.dtype == torch.int32 else "planes"
+
+
 def _flat_ok(t: Any, dtype: torch.dtype, n: int, device: torch.device) -> bool:
     return (torch.is_tensor(t) and t.device == device and t.dtype == dtype and t.numel() == n
             and t.is_contiguous())
 
 
-def byte_plane_reason(
+def flat_args_reason(
     half: torch.Tensor, grad: torch.Tensor, extra: Any, states: Sequence[torch.Tensor], coef: torch.Tensor, *,
     device_type: str, extra_bits: int, stochastic_rounding: bool, master_rounding: str, n_states: int, n_coef: int,
-    planes: tuple[int, ...] = (1, 2),
+    planes: tuple[int, ...] = (1, 2), words: bool = False,
 ) -> str | None:
     """Why a kernel on ``device_type`` cannot take these flat tensors (None when it can).
 
-    ``half``/``grad``: contiguous bf16/fp16 of one size; ``extra``: as many uint8 byte planes as one of
-    ``planes`` allows (or their 2-D tensor; with 0 planes, k = 0, the empty extra storage); ``n_states``
-    fp32 or bf16 states; ``coef``: ``n_coef`` fp32 values; all on one device.
+    ``half``/``grad``: contiguous bf16/fp16 of one size (or ``grad`` as :class:`GradSegments`); ``extra``: as
+    many uint8 byte planes as one of ``planes`` allows (or their 2-D tensor; with 0 planes, k = 0, the empty
+    extra storage), or with ``words`` the ``packed_words(n, bits)`` contiguous int32 words of any width;
+    ``n_states`` fp32 or bf16 states; ``coef``: ``n_coef`` fp32 values; all on one device.
     """
     if not torch.is_tensor(half) or half.device.type != device_type or half.dtype not in FORMATS:
         return f"half must be a bf16/fp16 {device_type.upper()} tensor"
     n, device = half.numel(), half.device
-    if not _flat_ok(half, half.dtype, n, device) or not _flat_ok(grad, half.dtype, n, device):
-        return f"half and grad must be contiguous {device_type.upper()} tensors of one dtype and size"
+    if not _flat_ok(half, half.dtype, n, device) or not _grad_ok(grad, half):
+        return (f"half and grad must be contiguous {device_type.upper()} tensors of one dtype and size (or the grad "
+                "segments of a fused group, each contiguous, in order, within half)")
     if master_rounding not in ("truncate", "stochastic"):
         return f"master_rounding={master_rounding!r}"
     if isinstance(extra_bits, bool) or not isinstance(extra_bits, int) or not 0 <= extra_bits <= FORMATS[half.dtype][0]:
         return f"extra_bits={extra_bits!r} out of range for {half.dtype}"
     bits = storage_bits(extra_bits, stochastic_rounding)
-    extra = planes_of(extra, bits)
-    if not isinstance(extra, list | tuple) or bits % 8 or bits // 8 not in planes or len(extra) != bits // 8:
-        return (f"{bits} stored bits: the kernel takes byte planes "
-                f"({' or '.join(str(8 * p) for p in planes)} stored bits) only")
-    if not all(_flat_ok(p, torch.uint8, n, device) for p in extra):
-        return "byte planes must be contiguous uint8 tensors of the parameters' size on their device"
+    layout = extra_layout(extra, bits)
+    if layout == "words" and words:
+        if not _flat_ok(extra, torch.int32, packed_words(n, bits), device):
+            return (f"dense words must be a contiguous int32 tensor of packed_words({n}, {bits}) = "
+                    f"{packed_words(n, bits)} words on the parameters' device")
+    elif layout != "none" or 0 not in planes:
+        extra = planes_of(extra, bits)
+        if not isinstance(extra, list | tuple) or bits % 8 or bits // 8 not in planes or len(extra) != bits // 8:
+            takes = f"byte planes ({' or '.join(str(8 * p) for p in planes)} stored bits)"
+            return f"{bits} stored bits: the kernel takes {takes}{' or dense int32 words' if words else ''} only"
+        if not all(_flat_ok(p, torch.uint8, n, device) for p in extra):
+            return "byte planes must be contiguous uint8 tensors of the parameters' size on their device"
     if len(states) != n_states:
         return f"expected {n_states} state tensors, got {len(states)}"
     if states and (states[0].dtype not in (torch.float32, torch.bfloat16)

@@ -1,4 +1,5 @@
-"""PackedSGD / PackedAdamW / PackedAdam: optimizers for fp16/bf16 models without an fp32 master copy.
+"""PackedOptimizer: what PackedSGD / PackedAdamW / PackedAdam (``workbench.optim.algorithms``) share, optimizers
+for fp16/bf16 models without an fp32 master copy.
 
 Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 3.1.
 Each parameter is the 16-bit tensor the model uses; the optimizer keeps only the next k bits of
@@ -14,12 +15,12 @@ moments in bf16, ``master_rounding="stochastic"`` rounds the kept master value s
 
 ``fused=True`` ("Fused" in 3.1): a group's halves, extra bits and states live in flat buffers
 (``workbench.optim.fused``), and one flat update runs over the whole group, by the fastest step
-available on the device (``fused.select_step``: for byte-plane formats the hand-written kernels,
-``triton_kernel`` on CUDA and ``cpu_kernel`` on CPU; else ``torch.compile``d, or the eager update where
-compile is unavailable; ``compile=True``/``False`` forces the compiled or the eager one). All give
-the same result (bit for bit; compiled code reads 16-bit patterns through exact float conversions,
-so only NaN payloads could differ). The per-parameter step (used by ``step_in_backward``) of a fused
-group, or with ``compile=True``, is compiled too, with dynamic shapes (one kernel per format).
+available on the device (``fused.select_step``: the hand-written kernels, ``triton_kernel`` on CUDA for
+every format and ``cpu_kernel`` on CPU for byte-plane formats; else ``torch.compile``d, or the eager update
+where compile is unavailable; ``compile=True``/``False`` forces the compiled or the eager one). All give
+the same result (bit for bit; NaN payloads are the device's). The per-parameter step (unfused groups and
+``step_in_backward``) runs the same hand-written kernel on one parameter, else the eager update in bounded
+chunks; with ``compile=True`` it is compiled, with dynamic shapes (one kernel per format).
 
 Drop-in for torch.optim: ``amsgrad`` and ``maximize`` as in torch.optim.AdamW/SGD (the running max
 of the second moment is one more state, ``max_exp_avg_sq``); ``foreach``/``capturable``/
@@ -39,20 +40,21 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from workbench.optim.distributed import (
     check_shardable, is_sharded, like_param, local, new_extra, new_moment, shard_offset, state_dict_layout,
 )
 from workbench.optim.formats import SUPPORTED_DTYPES, check_format, storage_bits
 from workbench.optim.fused import FlatGroup, StepSpec, select_step
+from workbench.optim.layout import grad_in_order, in_layout, is_dense, memory_order
 from workbench.optim.options import PackedOptions, check_real, takes_options
 from workbench.optim.packing import extra_storage
 from workbench.optim.rng import mix_key, shift_key
 from workbench.optim.split_merge import merge
 from workbench.optim.state_check import load_checked
-from workbench.optim.update import adam_math, sgd_math
 
-__all__ = ["PackedOptimizer", "PackedSGD", "PackedAdamW", "PackedAdam", "master_weight"]
+__all__ = ["PackedOptimizer"]
 
 
 def _extra_arg(extra: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
@@ -78,6 +80,7 @@ class PackedOptimizer(torch.optim.Optimizer):
         self._flat: dict[int, FlatGroup] = {}
         self._index: dict[int, tuple[int, int]] = {}  # id(param) -> (group index, flat offset)
         self._coef_cache: dict[int, tuple[Any, torch.Tensor]] = {}
+        self._steps: dict[tuple, Callable] = {}  # the selected update per format and options (``_select``)
         seed = opts.seed
         # NOTE: the random bits of stochastic rounding are a hash of (seed, group, step, position),
         # so the seed (drawn from torch's global generator when not given) is the whole RNG state.
@@ -102,6 +105,10 @@ class PackedOptimizer(torch.optim.Optimizer):
                 )
             check_format(p.dtype, k)
             check_shardable(p, self._bits(group), f"parameter {i} of group {gi} (shape {tuple(p.shape)})")
+            if not is_dense(local(p)):
+                raise ValueError(f"parameter {i} of group {gi} (shape {tuple(p.shape)}, strides {p.stride()}) has "
+                                 "gaps or overlaps in memory: packed optimizers update parameters in their memory "
+                                 "order (contiguous, channels_last or any dense layout); make it .contiguous()")
         if group["fused"] and len({(p.dtype, p.device) for p in group["params"]}) > 1:
             raise ValueError(f"fused=True needs one dtype and device per group; group {gi} mixes them")
         self._check_group(group)
@@ -170,15 +177,23 @@ class PackedOptimizer(torch.optim.Optimizer):
         if "extra" not in st:
             return p.detach().float()
         group = self._group_of(p)
-        return like_param(p, merge(local(p.detach()), local(st["extra"]), extra_bits=group["extra_bits"],
-                                   stochastic_rounding=group["stochastic_rounding"]))
+        half = local(p.detach())
+        out = torch.empty_like(half, dtype=torch.float32)
+        memory_order(out).copy_(merge(memory_order(half), local(st["extra"]), extra_bits=group["extra_bits"],
+                                      stochastic_rounding=group["stochastic_rounding"]))
+        return like_param(p, out)
 
     def state_dict(self) -> dict[str, Any]:
         sd = super().state_dict()
         params = [p for g in self.param_groups for p in g["params"]]
         for i, st in sd["state"].items():  # torch numbers the parameters across groups, in order
             sd["state"][i] = {k: state_dict_layout(params[i], k, v) for k, v in st.items()}
+        # NOTE: the seed is the whole RNG state of stochastic rounding. torch.distributed.checkpoint's
+        # get_optimizer_state_dict keeps only "state" and "param_groups" (a top-level entry is dropped and a
+        # resumed run rounds with another seed), so every group carries it too; load_state_dict reads either.
         sd["sr_seed"] = self.seed
+        for g in sd["param_groups"]:
+            g["sr_seed"] = self.seed
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -187,6 +202,7 @@ class PackedOptimizer(torch.optim.Optimizer):
         load_checked(self, state_dict)
         self._flat.clear()
         self._coef_cache.clear()
+        self._steps.clear()
         self._index.clear()
         for gi in range(len(self.param_groups)):
             self._index_group(gi)
@@ -210,7 +226,13 @@ class PackedOptimizer(torch.optim.Optimizer):
         hit = self._coef_cache.get(id(group))
         if hit is not None and hit[0] == (vals, device):
             return hit[1]
-        coef = torch.tensor(vals, dtype=torch.float32, device=device)
+        coef = torch.tensor(vals, dtype=torch.float32)
+        if device.type == "cuda" and not isinstance(coef, FakeTensor):
+            # NOTE: pinned and non-blocking: a pageable copy would wait for the GPU to finish all queued work
+            # at every step (the bias corrections change every step)
+            coef = coef.pin_memory().to(device, non_blocking=True)
+        else:
+            coef = coef.to(device)
         self._coef_cache[id(group)] = ((vals, device), coef)
         return coef
 
@@ -225,6 +247,33 @@ class PackedOptimizer(torch.optim.Optimizer):
                       options=self._options(group, step), scaled=scaled)
         spec = StepSpec(static, self._bits(group), dtype, group["state_dtype"], dynamic)
         return select_step(device, spec, fused=group["fused"], compile=self.compile)
+
+    def _update(self, group: dict, step: int, dtype: torch.dtype, device: torch.device, *, dynamic: bool,
+                scaled: bool = False) -> Callable:
+        """The update a step runs (``_select``'s), chosen once per format and options (not at every step)."""
+        options = self._options(group, step)
+        k = (group["extra_bits"], group["stochastic_rounding"], group["master_rounding"], group["state_dtype"],
+             group["fused"], tuple(sorted(options.items())), dtype, device, dynamic, scaled)
+        update = self._steps.get(k)
+        if update is None:
+            update = self._steps[k] = self._select(group, step, dtype, device, dynamic=dynamic, scaled=scaled)[1]
+        return update
+
+    def flat_update(self, group_index: int = 0) -> Callable[[], None]:
+        """The fused group's update alone, as :meth:`step` runs it: the kernel over the flat buffers with the
+        gradients the parameters hold now, without the step's checks and bookkeeping (the step count stays).
+        For timing the kernel beside ``step()``; the group must have taken one fused step."""
+        group, flat = self.param_groups[group_index], self._flat.get(group_index)
+        if flat is None or not flat.valid(self.state):
+            raise RuntimeError(f"param group {group_index} has no flat buffers: flat_update needs a group with "
+                               "fused=True after one step()")
+        step = self.state[group["params"][0]]["step"]
+        grad = flat.grad_segments()
+        coef = self._coef(group, step + 1, flat.half.device, None)
+        key = mix_key(self.seed, group_index, step) if self._random(group) else None
+        states = [flat.states[k] for k in flat.keys]
+        update = self._update(group, step, flat.half.dtype, flat.half.device, dynamic=flat.extra.dtype == torch.uint8)
+        return lambda: update(flat.half, grad, flat.extra_arg, states, coef, key)
 
     def step_backend(self, group_index: int = 0, *, per_parameter: bool = False) -> str:
         """Name of the update backend a step of this param group runs (``fused.select_step``)."""
@@ -262,9 +311,14 @@ class PackedOptimizer(torch.optim.Optimizer):
             tail = self._tail(grad_scale, clip_value)
             coef = self._coef(group, step + 1, half.device, tail)
             key = shift_key(mix_key(self.seed, gi, step), offset + shard_offset(p)) if self._random(group) else None
-            states = [local(st[k]).view(-1) for k in self._state_keys(group)]
-            update = self._select(group, step, p.dtype, half.device, dynamic=True, scaled=tail is not None)[1]
-            update(half.view(-1), local(p.grad).reshape(-1), _extra_arg(local(st["extra"])), states, coef, key)
+            states = []
+            for k in self._state_keys(group):
+                if local(st[k]).stride() != half.stride():  # a state laid out otherwise (``layout``): once
+                    st[k] = in_layout(st[k], p)
+                states.append(memory_order(local(st[k])))
+            update = self._update(group, step, p.dtype, half.device, dynamic=True, scaled=tail is not None)
+            update(memory_order(half), grad_in_order(local(p.grad), half), _extra_arg(local(st["extra"])), states,
+                   coef, key)
         st["step"] = step + 1
         self._mark_stepped()
 
@@ -305,117 +359,13 @@ class PackedOptimizer(torch.optim.Optimizer):
         if flat is None or not flat.valid(self.state):
             flat = self._flat[gi] = FlatGroup(group["params"], self.state, list(self._state_keys(group)),
                                                bits, group["state_dtype"])
-        grad = flat.gather_grads()
+        grad = flat.grad_segments()  # read in place by the kernels, gathered into one tensor by the other steps
         coef = self._coef(group, step + 1, flat.half.device, tail)
         key = mix_key(self.seed, gi, step) if self._random(group) else None
         states = [flat.states[k] for k in flat.keys]
         # byte planes: dynamic shapes (one kernel per format); dense words: static (see update.py)
-        update = self._select(group, step, flat.half.dtype, flat.half.device,
-                              dynamic=flat.extra.dtype == torch.uint8, scaled=tail is not None)[1]
-        update(flat.half, grad, _extra_arg(flat.extra), states, coef, key)
+        update = self._update(group, step, flat.half.dtype, flat.half.device,
+                              dynamic=flat.extra.dtype == torch.uint8, scaled=tail is not None)
+        update(flat.half, grad, flat.extra_arg, states, coef, key)
         for p in group["params"]:
             self.state[p]["step"] += 1
-
-
-class PackedSGD(PackedOptimizer):
-    """SGD (torch.optim.SGD semantics) on fp16/bf16 parameters plus k packed extra bits.
-
-    The momentum buffer (in groups with momentum) is kept in ``state_dtype``. Keyword options
-    (``extra_bits`` required): :class:`PackedOptions`.
-    """
-
-    @takes_options
-    def __init__(self, params: Iterable, lr: float, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
-                 **options: Any) -> None:
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
-                        weight_decay=weight_decay, nesterov=nesterov, maximize=bool(maximize))
-        super().__init__(params, defaults, **options)
-
-    def _check_group(self, group):
-        check_real("momentum", group["momentum"])
-        check_real("dampening", group["dampening"])
-        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
-            raise ValueError("nesterov needs momentum > 0 and dampening = 0")
-
-    def _state_keys(self, group):
-        # NOTE: per group, as torch.optim.SGD: a group may set momentum when the default has none.
-        return ("momentum_buffer",) if group["momentum"] != 0 else ()
-
-    def _coef_values(self, group, step):
-        return [group["lr"], group["weight_decay"], group["momentum"], 1.0 - group["dampening"]]
-
-    def _options(self, group, step):
-        return dict(momentum=group["momentum"] != 0, nesterov=group["nesterov"], first=step == 0,
-                    maximize=bool(group.get("maximize", False)))
-
-    def _math(self):
-        return sgd_math
-
-
-class PackedAdamW(PackedOptimizer):
-    """AdamW (torch.optim.AdamW semantics) on fp16/bf16 parameters plus k packed extra bits.
-
-    ``decoupled=False`` gives Adam (L2 weight decay added to the gradient); see :class:`PackedAdam`.
-    ``state_dtype=torch.bfloat16`` keeps both moments in bf16 (4 instead of 8 bytes per parameter).
-    ``amsgrad=True`` keeps the running max of the second moment as a third state (``max_exp_avg_sq``,
-    4 more bytes per parameter in fp32); ``maximize=True`` ascends. Keyword options (``extra_bits``
-    required): :class:`PackedOptions`.
-    """
-
-    @takes_options
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
-                 maximize: bool = False, decoupled: bool = True, **options: Any) -> None:
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=bool(amsgrad),
-                        maximize=bool(maximize), decoupled=decoupled)
-        super().__init__(params, defaults, **options)
-
-    def _check_group(self, group):
-        betas = group["betas"]
-        if len(betas) != 2:
-            raise ValueError(f"betas={betas} must be a pair")
-        for i, b in enumerate(betas):
-            try:
-                check_real(f"betas[{i}]", b, high=1.0, high_open=True)
-            except ValueError as e:
-                raise ValueError(f"betas={betas} must lie in [0, 1): {e}") from None
-        check_real("eps", group["eps"])
-
-    def _state_keys(self, group):
-        return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
-
-    def _coef_values(self, group, step):
-        b1, b2 = group["betas"]
-        lr, wd = group["lr"], group["weight_decay"]
-        return [1.0 - lr * wd, wd, 1.0 - b1, b2, 1.0 - b2, math.sqrt(1.0 - b2**step),
-                group["eps"], lr / (1.0 - b1**step), b1]
-
-    def _options(self, group, step):
-        return dict(decoupled=group["decoupled"], amsgrad=bool(group.get("amsgrad", False)),
-                    maximize=bool(group.get("maximize", False)))
-
-    def _math(self):
-        return adam_math
-
-
-class PackedAdam(PackedAdamW):
-    """Adam (torch.optim.Adam semantics, L2 weight decay) with packed extra bits.
-
-    Keyword options (``extra_bits`` required): :class:`PackedOptions`.
-    """
-
-    @takes_options
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
-                 maximize: bool = False, **options: Any) -> None:
-        # NOTE: past PackedAdamW's constructor, which takes ``decoupled``: Adam refuses it as an
-        # unknown keyword, as before.
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=bool(amsgrad),
-                        maximize=bool(maximize), decoupled=False)
-        PackedOptimizer.__init__(self, params, defaults, **options)
-
-
-def master_weight(optimizer: PackedOptimizer, p: torch.Tensor) -> torch.Tensor:
-    """Function form of :meth:`PackedOptimizer.master_weight`."""
-    return optimizer.master_weight(p)

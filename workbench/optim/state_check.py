@@ -13,6 +13,7 @@ was expected and found. :func:`load_checked` then loads it (the packed optimizer
 
 from __future__ import annotations
 
+import numbers
 from copy import deepcopy
 from itertools import chain
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from workbench.optim.options import PackedOptions
 if TYPE_CHECKING:
     from workbench.optim.packed import PackedOptimizer
 
-__all__ = ["LATER_KEYS", "check_state_dict", "load_checked"]
+__all__ = ["LATER_KEYS", "check_state_dict", "load_checked", "saved_seed"]
 
 # NOTE: keys added after state dicts were first saved, with the value an older state dict means
 # (torch.optim fills its own new keys the same way, with setdefault in __setstate__).
@@ -72,8 +73,8 @@ def check_state_dict(optimizer: PackedOptimizer, state_dict: Any) -> None:
     every hyperparameter and option key of this optimizer's groups, the same number of parameters,
     and values the optimizer accepts (``validate_group``); each saved per-parameter state has
     exactly the keys a step creates (``step``, ``extra``, the algorithm's moments), an int step and
-    tensors of the expected shape and dtype for that parameter and group; no state entry belongs to
-    no saved parameter.
+    tensors of the expected shape and dtype for that parameter and group; no parameter id listed twice;
+    no state entry belongs to no saved parameter; the stochastic-rounding seed (:func:`saved_seed`).
     """
     name = type(optimizer).__name__
     if not isinstance(state_dict, dict) or not isinstance(state_dict.get("state"), dict) \
@@ -85,6 +86,11 @@ def check_state_dict(optimizer: PackedOptimizer, state_dict: Any) -> None:
     if len(groups) != len(optimizer.param_groups):
         raise ValueError(f"{name}.load_state_dict: the state dict has {len(groups)} param groups, the optimizer "
                          f"{len(optimizer.param_groups)}")
+    ids = [pid for g in groups if isinstance(g, dict) for pid in g.get("params", ())]
+    twice = sorted({pid for pid in ids if ids.count(pid) > 1}, key=repr)
+    if twice:
+        raise ValueError(f"{name}.load_state_dict: parameter ids {twice[:5]} are listed more than once in the "
+                         "param groups: each parameter belongs to one group, once")
     for gi, (saved, ours) in enumerate(zip(groups, optimizer.param_groups, strict=True)):
         where = f"{name}.load_state_dict: param group {gi}"
         packed = [k for k in PackedOptions.GROUP if k in ours]
@@ -116,6 +122,29 @@ def check_state_dict(optimizer: PackedOptimizer, state_dict: Any) -> None:
                          "get_optimizer_state_dict(model, optimizer) and set_optimizer_state_dict (keys are names)")
 
 
+def saved_seed(optimizer: PackedOptimizer, state_dict: dict[str, Any]) -> int | None:
+    """The stochastic-rounding seed a state dict carries (None for one saved before seeds were): its top-level
+    ``sr_seed``, or every param group's (``torch.distributed.checkpoint``'s ``get_optimizer_state_dict`` keeps
+    only "state" and "param_groups", so ``state_dict()`` writes the seed into each group as well).
+
+    Raises ValueError for a seed that is not an int (1.5 is not truncated, True is not 1) or for groups that
+    disagree, naming the value.
+    """
+    name = type(optimizer).__name__
+    found = {"sr_seed": state_dict["sr_seed"]} if "sr_seed" in state_dict else {}
+    found.update({f"param group {gi}'s sr_seed": g["sr_seed"] for gi, g in enumerate(state_dict["param_groups"])
+                  if isinstance(g, dict) and "sr_seed" in g})
+    for where, value in found.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"{name}.load_state_dict: {where}={value!r} ({type(value).__name__}): the "
+                             "stochastic-rounding seed must be an int (the seed= the optimizer was built with)")
+    values = {int(v) for v in found.values()}
+    if len(values) > 1:
+        raise ValueError(f"{name}.load_state_dict: the stochastic-rounding seeds disagree: {found}; a state dict "
+                         "saved by one packed optimizer carries one seed")
+    return values.pop() if values else None
+
+
 def load_checked(optimizer: PackedOptimizer, state_dict: Any) -> None:
     """Check ``state_dict`` (:func:`check_state_dict`), then load it into ``optimizer``.
 
@@ -124,9 +153,11 @@ def load_checked(optimizer: PackedOptimizer, state_dict: Any) -> None:
     # parameter's device and layout: ``distributed.load_layout``).
     """
     check_state_dict(optimizer, state_dict)
+    seed = saved_seed(optimizer, state_dict)  # validated before anything changes
     sd = dict(state_dict)
     saved_state = sd.pop("state")
-    seed = sd.pop("sr_seed", None)
+    sd.pop("sr_seed", None)
+    sd["param_groups"] = [{k: v for k, v in g.items() if k != "sr_seed"} for g in sd["param_groups"]]
     saved_ids = list(chain.from_iterable(g["params"] for g in sd["param_groups"]))
     torch.optim.Optimizer.load_state_dict(optimizer, dict(sd, state={}))
     for g in optimizer.param_groups:
@@ -139,4 +170,4 @@ def load_checked(optimizer: PackedOptimizer, state_dict: Any) -> None:
             optimizer.state[p] = {k: load_layout(p, k, v) if torch.is_tensor(v) else deepcopy(v)
                                   for k, v in saved_state[pid].items()}
     if seed is not None:
-        optimizer.seed = int(seed)
+        optimizer.seed = seed

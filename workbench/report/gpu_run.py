@@ -1,37 +1,31 @@
 """Build reference reports on a bare CUDA machine: the `gpu` profile through the same notebooks (issue 22).
 
-Here, once (needs the network): the Jupyter stack a bare PyTorch image lacks, as wheels for Python 3.12::
+The whole round trip is three commands (README, "Profiles"): here, `python -m workbench.report.gpu_run pack
+gpu-pack` (a clean copy of the committed checkout, the wheels of the Jupyter stack and `run.sh`, see
+`gpu_pack`); there, `bash gpu-pack/run.sh PART "$OUT"` for each part (`gpu_parts`); here again,
+`python -m workbench.report.gpu_run unpack <archives>` into `reports/reference/` and the index.
 
-    make wheels                      # python -m workbench.report.gpu_run wheels --dest wheels
-
-There, on a fresh GPU machine holding this checkout and `wheels/`, one notebook per call (each call is
-limited in time; the gpu profile is sized for minutes per notebook)::
+`run` is what run.sh calls for notebooks, also usable alone on a machine holding a checkout and `wheels/`::
 
     python3 -m workbench.report.gpu_run run tour --wheels wheels --commit <sha> --deadline 540 --bundle "$OUT"
 
-`run` installs the carried wheels the machine lacks into a folder (reused by later calls on the same machine)
-when papermill or ipykernel is missing, gives the `workbench` kernel a `python` that is this interpreter,
-builds the report with the ordinary runner (`build_reports`: same notebooks, same checks, same results.json),
-keeps it as a reference folder (`reports/reference/<device-slug>/<name>/`, see `reference`) and writes it as
-one archive to `--bundle`.
-Back here::
-
-    python -m workbench.report.gpu_run unpack reference-nvidia-h200-tour.tar.gz   # into reports/reference/
-
-`--profile smoke --device cpu` is the dry run (a test does it): the same steps on a CPU at toy sizes.
-`--deadline` stops a notebook past that many seconds and keeps what it finished as a failed report, so a
-call on a time-limited machine always brings something back.
+It installs the carried wheels the machine needs (`gpu_wheels`), gives the `workbench` kernel a `python` that
+is this interpreter, builds the report with the ordinary runner (`build_reports`: same notebooks, same checks,
+same results.json), keeps it as a reference folder (`reports/reference/<device-slug>/<name>/`, see
+`reference`) and writes it as one archive to `--bundle`. The commit given with `--commit` is the one recorded
+everywhere (run.json, and results.json through WORKBENCH_COMMIT): git would read none in a copy, or the commit
+of a repository the copy sits in. `--deadline` stops a notebook past that many seconds and keeps what it
+finished as a failed report, so a call on a time-limited machine always brings something back.
+`--profile smoke --device cpu` is the dry run (tests do it): the same steps on a CPU at toy sizes.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.metadata
 import os
+import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -39,143 +33,41 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ..devices import repo_root
-from .reference import REFERENCE, bundle, checkout_commit, unpack, write_reference
+from .archive import unpack, write_listing
+from .gpu_wheels import (
+    JUPYTER_STACK, ON_IMAGE, download_wheels, install_wheels, prepend_path, wheel_requirements,
+)
+from .reference import REFERENCE, checkout_commit, write_reference
 from .results import PROFILES, UsageError
 
-__all__ = ["JUPYTER_STACK", "ON_IMAGE", "wheel_requirements", "install_wheels", "main"]
+__all__ = ["JUPYTER_STACK", "ON_IMAGE", "wheel_requirements", "install_wheels", "check_device", "check_commit",
+           "run", "main"]
 
-# What running a notebook headlessly needs beyond PyTorch (papermill, the kernel, the HTML export), and the
-# optional peer that is pure Python; their dependencies are found from this environment's metadata.
-JUPYTER_STACK = ("papermill", "nbclient", "nbformat", "nbconvert", "ipykernel", "jupyter_client", "torch-optimi")
-# NOTE: what the workplace's CUDA image holds already (KINDS.md, "Python packages already there", read
-# 2026-11-17); `make wheels` does not carry these, and `install_wheels` never installs a carried wheel whose
-# distribution the machine has, so the image's own builds are never shadowed. Others are carried.
-ON_IMAGE = frozenset(
-    "absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi "
-    "charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cycler cython einops filelock "
-    "fonttools frozenlist fsspec h11 h5py httpcore httpx huggingface-hub hypothesis idna iniconfig jinja2 joblib "
-    "kiwisolver lightning lightning-utilities markdown markdown-it-py markupsafe matplotlib mdurl ml-dtypes mpmath "
-    "msgpack multidict networkx ninja numpy packaging pandas pillow pip pluggy propcache protobuf psutil pyarrow "
-    "pygments pyparsing pytest python-dateutil pytorch-lightning pyyaml regex requests rich safetensors "
-    "scikit-learn scipy setuptools six sortedcontainers sympy tabulate threadpoolctl toolz torch torchvision tqdm "
-    "triton typing-extensions urllib3 werkzeug wheel wrapt yarl zipp".split())
-PYTHON_VERSION = "3.12"  # the GPU image's interpreter
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "manylinux1_x86_64")
-_NEEDED = ("papermill", "nbclient", "nbconvert", "ipykernel", "jupyter_client", "zmq")
-_TARGET_MARKERS = {"python_version": PYTHON_VERSION, "python_full_version": f"{PYTHON_VERSION}.0",
-                   "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
-                   "platform_machine": "x86_64", "implementation_name": "cpython",
-                   "platform_python_implementation": "CPython", "extra": ""}
+DEVICE_PATTERN = re.compile(r"cpu|cuda(?::[0-9]+)?")
+COMMIT_PATTERN = re.compile(r"[0-9a-fA-F]{4,40}")
 
 
-def _canonical(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
+def check_device(device: str) -> str:
+    """`device` if it names a device this project runs on (cpu, cuda, cuda:N) that is here, else UsageError."""
+    import torch
+
+    if not isinstance(device, str) or not DEVICE_PATTERN.fullmatch(device):
+        raise UsageError(f"--device {device!r}: expected cpu, cuda or cuda:N")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: CUDA is not available here (torch {torch.__version__}); "
+                         f"use --device cpu for a dry run")
+    return device
 
 
-def wheel_requirements(roots=JUPYTER_STACK, *, skip=ON_IMAGE) -> list[str]:
-    """`name==version` for `roots` and everything they require (on Linux, Python 3.12, no extras), at the
-    versions installed here, less what `skip` names. A root not installed here is refused."""
-    from packaging.requirements import Requirement
-
-    versions: dict[str, str] = {}
-    todo = list(roots)
-    while todo:
-        name = todo.pop()
-        key = _canonical(name)
-        if key in versions:
-            continue
-        try:
-            dist = importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            if name in roots:
-                raise UsageError(f"{name} is not installed here: run `make install` (or pip install {name}) "
-                                 f"before `make wheels`") from None
-            versions[key] = ""  # an optional dependency absent here: the target must bring it
-            continue
-        versions[key] = dist.version
-        for text in dist.requires or []:
-            requirement = Requirement(text)
-            if requirement.marker is None or requirement.marker.evaluate(_TARGET_MARKERS):
-                todo.append(requirement.name)
-    return sorted(f"{k}=={v}" for k, v in versions.items() if v and k not in skip)
-
-
-def download_wheels(dest: Path, requirements: list[str]) -> None:
-    """`pip download` of `requirements` as binary wheels for the GPU image's Python and platform."""
-    dest.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-               "--python-version", PYTHON_VERSION, "--implementation", "cp", "-d", str(dest)]
-    for platform in PLATFORMS:
-        command += ["--platform", platform]
-    subprocess.run([*command, *requirements], check=True)
-    # NOTE: pip refuses an install given two versions of one distribution; wheels of an earlier `make wheels`
-    # at other versions are removed.
-    wanted = {(_canonical(r.split("==")[0]), r.split("==")[1]) for r in requirements}
-    for wheel in dest.glob("*.whl"):
-        name, version = wheel.name.split("-")[:2]
-        if (_canonical(name), version) not in wanted:
-            wheel.unlink()
-
-
-def _missing() -> list[str]:
-    found = []
-    for module in _NEEDED:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            found.append(module)
-    return found
-
-
-def _installed(name: str) -> bool:
-    try:
-        importlib.metadata.distribution(name)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-def _use_site(site: Path) -> None:
-    """Put `site` first on the import path of this process and of the kernels it starts."""
-    if str(site) not in sys.path:
-        sys.path.insert(0, str(site))
-    importlib.invalidate_caches()
-    _prepend("PYTHONPATH", site)
-    _prepend("JUPYTER_PATH", site / "share" / "jupyter")  # nbconvert's HTML templates
-
-
-def install_wheels(wheels: Path | None, site: Path) -> Path | None:
-    """Make papermill, the kernel and nbconvert importable. A `site` left by an earlier call on the same
-    machine is used first; when something is still missing, the wheels in `wheels` whose distributions this
-    Python lacks are installed into `site` (no index, no dependency resolution), so nothing the image has
-    is shadowed. Returns `site` when it is in use, None when nothing was missing."""
-    if not _missing():
-        return None
-    if site.is_dir():
-        _use_site(site)
-        if not _missing():
-            return site
-    files = sorted(wheels.glob("*.whl")) if wheels is not None and wheels.is_dir() else []
-    if not files:
-        raise UsageError(f"{', '.join(_missing())} not importable and no wheels in {wheels}: run `make wheels` "
-                         f"where pip works and carry the wheels folder")
-    wanted = [f for f in files if not _installed(f.name.split("-")[0])]
-    if wanted:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wanted)], check=True)
-    _use_site(site)
-    still = _missing()
-    if still:
-        raise UsageError(f"{', '.join(still)} still not importable after installing {wheels}: the wheels do not "
-                         f"match this Python ({sys.version.split()[0]}); rebuild them with `make wheels`")
-    return site
-
-
-def _prepend(variable: str, path: Path) -> None:
-    parts = [p for p in os.environ.get(variable, "").split(os.pathsep) if p]
-    if str(path) not in parts:
-        os.environ[variable] = os.pathsep.join([str(path), *parts])
+def check_commit(commit: str | None) -> str:
+    """The commit to record: `commit`, else WORKBENCH_COMMIT, else this checkout's own (UsageError if none)."""
+    commit = commit or os.environ.get("WORKBENCH_COMMIT") or checkout_commit()
+    if not commit:
+        raise UsageError("--commit: this copy is not a git checkout of its own, so it knows no commit; pass the "
+                         "commit it holds (run.sh passes the one `pack` copied)")
+    if not COMMIT_PATTERN.fullmatch(commit):
+        raise UsageError(f"--commit {commit!r}: expected a git commit, 4 to 40 hexadecimal digits")
+    return commit.lower()
 
 
 def _python_shim(folder: Path) -> None:
@@ -184,25 +76,17 @@ def _python_shim(folder: Path) -> None:
     shim = folder / "python"
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     shim.chmod(0o755)
-    _prepend("PATH", folder)
+    prepend_path("PATH", folder)
 
 
 @contextmanager
-def _environment_restored():
+def environment_restored():
     saved = dict(os.environ)
     try:
         yield
     finally:
         os.environ.clear()
         os.environ.update(saved)
-
-
-def _check_device(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: CUDA is not available here (torch {torch.__version__}); "
-                         f"use --device cpu for a dry run")
 
 
 def _where(device: str) -> dict:
@@ -246,33 +130,50 @@ def _deadline(seconds: float | None, name: str):
         signal.signal(signal.SIGALRM, previous)
 
 
+def _shown_paths(out: Path, scratch: Path, profile: str, name: str) -> dict[str, str]:
+    """The build's temporary folders as the HTML shows them: the report's folder in the build."""
+    built = re.escape(str(out.resolve()))
+    return {rf"{built}/{re.escape(profile)}/\.staging-{re.escape(name)}-[0-9]+-[0-9a-f]+": f"reports/{profile}/{name}",
+            built: "reports", re.escape(str(scratch.resolve())): "build"}
+
+
 def run(names: list[str], *, profile: str = "gpu", device: str | None = None, commit: str | None = None,
         out: Path | None = None, reference: Path | None = None, bundle_dir: Path | None = None,
         wheels: Path | None = None, site: Path | None = None, deadline: float | None = None,
         overrides: dict | None = None) -> list[dict]:
     """Build `names` one after another at `profile`, keep each as a reference folder (and an archive in
     `bundle_dir`). `device` overrides the profile's device (`cpu` for a dry run); `deadline` is each notebook's
-    time limit in seconds. Returns one dict per notebook: name, status, seconds, error, reference, archive."""
+    time limit in seconds. Everything is checked before any work. Returns one dict per notebook: name, status,
+    seconds, error, reference, archive. Sets WORKBENCH_COMMIT (the caller restores the environment)."""
+    from .archive import bundle
     from .parameters import load_profile
+    from .runner import available_notebooks
 
     if deadline is not None and not 0 < deadline <= 86400:
         raise UsageError(f"--deadline {deadline}: expected seconds in 0..86400 (exclusive of 0)")
     overrides = dict(overrides or {})
     if device is not None:
-        overrides["device"] = device
+        overrides["device"] = check_device(device)
+    if profile not in PROFILES:
+        raise UsageError(f"--profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    known = available_notebooks(repo_root() / "notebooks")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"unknown notebook(s) {', '.join(map(repr, unknown))}; expected some of {', '.join(known)}")
     devices = {name: str(overrides.get("device", load_profile(name, profile).get("device", ""))) for name in names}
     for chosen in devices.values():
-        _check_device(chosen)
+        if chosen:
+            check_device(chosen)
+    os.environ["WORKBENCH_COMMIT"] = commit = check_commit(commit)  # devices.environment records it
     scratch = Path(tempfile.mkdtemp(prefix="workbench-gpu-"))
     try:
         install_wheels(wheels, site or Path(tempfile.gettempdir()) / "workbench-gpu-site")
         _python_shim(scratch / "bin")
-        _prepend("PYTHONPATH", repo_root())  # the kernel imports this checkout's workbench, installed or not
+        prepend_path("PYTHONPATH", repo_root())  # the kernel imports this checkout's workbench, installed or not
         from .runner import build_reports
 
         out = out or scratch / "reports"
         reference = reference or repo_root() / "reports" / REFERENCE
-        commit = commit or os.environ.get("WORKBENCH_COMMIT") or checkout_commit()
         done = []
         for name in dict.fromkeys(names):
             try:
@@ -284,7 +185,8 @@ def run(names: list[str], *, profile: str = "gpu", device: str | None = None, co
             for row in rows:
                 folder, kept, archive = out / profile / row.name, None, None
                 if (folder / "run.json").is_file():
-                    kept = write_reference(folder, reference, commit=commit, environment=_where(devices[row.name]))
+                    kept = write_reference(folder, reference, commit=commit, environment=_where(devices[row.name]),
+                                           shown_paths=_shown_paths(out, scratch, profile, row.name))
                     archive = bundle(kept, bundle_dir) if bundle_dir is not None else None
                 done.append({"name": row.name, "status": row.status, "seconds": row.seconds, "error": row.error,
                              "reference": kept, "archive": archive})
@@ -294,14 +196,16 @@ def run(names: list[str], *, profile: str = "gpu", device: str | None = None, co
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .gpu_pack import add_pack_parser
+    from .gpu_parts import add_part_parser
+
     parser = argparse.ArgumentParser(
         prog="python -m workbench.report.gpu_run", description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  make wheels   (python -m workbench.report.gpu_run wheels --dest wheels)\n"
-               "  python3 -m workbench.report.gpu_run run tour --wheels wheels --commit <sha> --deadline 540 "
-               "--bundle \"$OUT\"\n"
-               "  python -m workbench.report.gpu_run run tour --profile smoke --device cpu --bundle out/  (dry run)\n"
-               "  python -m workbench.report.gpu_run unpack out/reference-<device>-tour.tar.gz")
+        epilog="examples:\n  python -m workbench.report.gpu_run pack gpu-pack   (here; then on the GPU machine:\n"
+               "  bash gpu-pack/run.sh tests \"$OUT\")\n"
+               "  python -m workbench.report.gpu_run unpack reference-*.tar.gz tests-*.tar.gz\n"
+               "  python -m workbench.report.gpu_run run tour --profile smoke --device cpu --bundle out/  (dry run)")
     sub = parser.add_subparsers(dest="command", required=True)
     go = sub.add_parser("run", help="build notebooks at a profile and keep them as reference reports")
     go.add_argument("names", nargs="+", help="notebooks (one per call on a time-limited machine)")
@@ -319,13 +223,30 @@ def _parser() -> argparse.ArgumentParser:
     go.add_argument("--deadline", type=float, help="seconds per notebook; past it the run stops and is recorded "
                                                    "as failed with the cells it finished (under a call's limit)")
     go.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE")
-    back = sub.add_parser("unpack", help="put archives from `run` into reports/reference/ and rewrite the index")
+    back = sub.add_parser("unpack", help="put archives from run.sh (or `run`) into reports/reference/, rewrite "
+                                         "reports/reference/README.md and the index")
     back.add_argument("archives", nargs="+", type=Path)
     back.add_argument("--reports", type=Path, default=repo_root() / "reports")
     get = sub.add_parser("wheels", help="download the wheels a bare PyTorch image lacks (needs the network)")
     get.add_argument("--dest", type=Path, default=repo_root() / "wheels")
     get.add_argument("--print", dest="only_print", action="store_true", help="list the requirements only")
+    add_pack_parser(sub)
+    add_part_parser(sub)
     return parser
+
+
+def _unpack(archives: list[Path], reports: Path) -> None:
+    from .folders import locked
+    from .index import write_index
+
+    for archive in archives:
+        for target in unpack(archive, reports / REFERENCE):
+            print(f"reference: {target}")
+    listing = write_listing(reports / REFERENCE)
+    print(f"listing: {listing}" if listing else f"listing: {reports / REFERENCE / 'README.md'} was not written by "
+          f"unpack; left as it is")
+    with locked(reports):
+        print(f"index: {write_index(reports)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,16 +261,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{len(list(args.dest.glob('*.whl')))} wheels in {args.dest} (carry this folder to the GPU machine)")
             return 0
         if args.command == "unpack":
-            from .folders import locked
-            from .index import write_index
-
-            for archive in args.archives:
-                for target in unpack(archive, args.reports / REFERENCE):
-                    print(f"reference: {target}")
-            with locked(args.reports):
-                print(f"index: {write_index(args.reports)}")
+            _unpack(args.archives, args.reports)
             return 0
-        with _environment_restored():
+        if args.command in ("pack", "part"):
+            return args.handler(args)
+        with environment_restored():
             done = run(args.names, profile=args.profile, device=args.device, commit=args.commit, out=args.out,
                        reference=args.reference, bundle_dir=args.bundle, wheels=args.wheels, site=args.site,
                        deadline=args.deadline, overrides=_overrides(args.param))

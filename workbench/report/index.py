@@ -12,7 +12,9 @@ from pathlib import Path
 
 from .folders import GENERATOR, page_is_ours
 from .ledger import format_value, ledger_html, tally
-from .reference import REFERENCE, checkout_commit, commit_relation, cuda_memory_rows, read_references
+from .reference import (
+    REFERENCE, checkout_commit, commit_mismatch, commit_relation, cuda_memory_rows, read_references,
+)
 from .results import (
     _NOFOLLOW, _NONBLOCK, FAILED_RUN, INTERACTIVE, NAME_PATTERN, PROFILES, UsageError, _write_atomic, paper_citation,
     read_json_file,
@@ -198,6 +200,9 @@ def _reference_note(ref: dict, build_commit, up: str, against: str) -> str:
     relation = commit_relation(env.get("commit"), build_commit)
     if relation in _RELATION:
         text += (' <span class="stale">' + _e(_RELATION[relation].format(r=env.get("commit"), b=against)) + "</span>")
+    mismatch = commit_mismatch(ref)
+    if mismatch:
+        text += f' <span class="stale">{_e(mismatch)}.</span>'
     return f'<p class="note">{text}</p>'
 
 

@@ -11,34 +11,40 @@ reference folder holds what a reader needs to check a result without running any
     <name>.html      the executed notebook
     *.png            its figures
 
-The executed `.ipynb` stays out (the HTML shows the same outputs at a fraction of the size). A folder moves
-between machines as one `.tar.gz` (`bundle`, `unpack`), checked member by member; a folder whose run.json has
-no `environment` is not a reference folder and is never replaced.
+The executed `.ipynb` stays out (the HTML shows the same outputs at a fraction of the size). Beside the
+notebooks, `<device-slug>/<part>/` holds what `gpu_run`'s run.sh parts `tests`, `kernels` and `memory` left
+(`part.json`, their logs and tables). A folder moves between machines as one `.tar.gz` (`archive`). A folder
+is written file by file (`place_folder`): never through a symbolic link, never into a folder without a record
+of ours (run.json or part.json with an `environment`), and the files a reference did not write are kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
-import shutil
+import secrets
+import stat
 import subprocess
-import tarfile
 import time
 from pathlib import Path
 
-from .results import NAME_PATTERN, UsageError, _read_json, _write_atomic
+from .results import _NOFOLLOW, NAME_PATTERN, UsageError, _read_json
 
-__all__ = ["REFERENCE", "RUN_FILE", "device_slug", "gpu_driver", "write_reference", "bundle", "unpack",
-           "read_references", "commit_relation", "checkout_commit", "cuda_memory_rows"]
+__all__ = ["REFERENCE", "RUN_FILE", "PARTS", "PART_FILE", "device_slug", "gpu_driver", "place_folder",
+           "write_reference", "read_references", "read_parts", "commit_mismatch", "commit_relation",
+           "checkout_commit", "cuda_memory_rows"]
 
 REFERENCE = "reference"  # reports/reference/<device-slug>/<name>/
 RUN_FILE = "run.json"  # the runner's run record, with the reference's `environment` added
 SLUG_PATTERN = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
-_FILE_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.(json|html|png)")
-_MAX_MEMBER_BYTES = 64 * 2**20
-_STAGING = ".incoming-"
+FILE_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.(json|html|png)")  # a notebook reference's files
+# What `gpu_run`'s run.sh leaves besides notebooks: reports/reference/<device-slug>/<part>/, with part.json
+PARTS = ("tests", "kernels", "memory")
+PART_FILE = "part.json"
+PART_FILE_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.(json|csv|log|xml|txt)")
 
 
 def device_slug(device_name: str) -> str:
@@ -101,37 +107,114 @@ def _cell_seconds(notebook: Path) -> list[dict]:
 
 
 def _reference_run(path: Path) -> dict | None:
-    """The run record of a reference folder (`run.json` with an `environment` mapping), else None."""
-    run = _read_json(path) if path.is_file() and not path.is_symlink() else {}
-    return run if isinstance(run, dict) and isinstance(run.get("environment"), dict) else None
+    """The record of a reference folder (`run.json`, or a part's `part.json`, with an `environment` mapping),
+    else None."""
+    run = _read_json(path)
+    return run if isinstance(run.get("environment"), dict) else None
 
 
-def _is_reference(folder: Path) -> bool:
-    return folder.is_dir() and not folder.is_symlink() and _reference_run(folder / RUN_FILE) is not None
+def marker_file(name: str) -> str:
+    """The file that makes `<device-slug>/<name>/` ours: a part's `part.json`, a notebook's run.json."""
+    return PART_FILE if name in PARTS else RUN_FILE
 
 
-def _swap(staging: Path, target: Path) -> None:
-    """Put `staging` where `target` is; a `target` that is not a reference folder is refused, never replaced."""
-    if os.path.lexists(target):
-        if not _is_reference(target):
-            shutil.rmtree(staging, ignore_errors=True)
-            raise UsageError(f"{target} exists and is not a reference folder (no {RUN_FILE} with an environment); "
-                             f"move it out of the way")
-        old = target.with_name(f".old-{target.name}-{os.getpid()}")
-        os.replace(target, old)
-        os.replace(staging, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staging, target)
+def own_files(folder: Path) -> set[str]:
+    """The files of a reference folder that a reference writes (so may replace or remove): its record, and for
+    a notebook results.json, the HTML and the figures results.json names; for a part, the files its record
+    lists. Everything else in the folder is someone else's and is kept."""
+    name = folder.name
+    record = _reference_run(folder / marker_file(name)) or {}
+    if name in PARTS:
+        listed = record.get("files") if isinstance(record.get("files"), list) else []
+        return {PART_FILE, *(f for f in listed if isinstance(f, str) and PART_FILE_PATTERN.fullmatch(f))}
+    figures = _read_json(folder / "results.json").get("figures")
+    figures = [f for f in figures if isinstance(f, str)] if isinstance(figures, list) else []
+    return {RUN_FILE, "results.json", f"{name}.html", *(f for f in figures if FILE_PATTERN.fullmatch(f))}
+
+
+def check_target(root: Path, slug: str, name: str) -> None:
+    """Refuse (UsageError) to write `<root>/<slug>/<name>/` through a symbolic link, over something that is not
+    a folder, or into a folder that is not a reference folder of ours."""
+    for shown in (root, root / slug, root / slug / name):
+        if shown.is_symlink():
+            raise UsageError(f"{shown} is a symbolic link: reference reports are written only into real folders "
+                             f"(remove the link)")
+        if os.path.lexists(shown) and not shown.is_dir():
+            raise UsageError(f"{shown} exists and is not a folder; move it out of the way")
+    folder = root / slug / name
+    if folder.is_dir() and _reference_run(folder / marker_file(name)) is None:
+        raise UsageError(f"{folder} exists and is not a reference folder (no {marker_file(name)} with an "
+                         f"environment); move it out of the way")
+
+
+_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+
+
+def _subfolder(parent: int, name: str, shown: Path) -> int:
+    """A descriptor of folder `name` inside folder descriptor `parent`, made when missing, never a link."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, dir_fd=parent)
+    try:
+        return os.open(name, _DIR | _NOFOLLOW, dir_fd=parent)  # a link swapped in after check_target fails here
+    except OSError as exc:
+        raise UsageError(f"{shown}: not a real folder ({exc.strerror or exc}); reference reports are written only "
+                         f"into real folders") from None
+
+
+def place_folder(root: str | Path, slug: str, name: str, files: dict[str, bytes]) -> Path:
+    """Write `files` into `<root>/<slug>/<name>/` and return that folder. Files of the reference already there
+    (`own_files`) are replaced or, when `files` lacks them, removed; anything else in the folder stays. Nothing
+    is written through a symbolic link: the folders are opened without following one, each file is written
+    under a new name and renamed into place (a link of that name is replaced, not followed). The record goes
+    first, so a folder an interruption left half-written is still ours to rewrite."""
+    root = Path(root)
+    check_target(root, slug, name)
+    folder = root / slug / name
+    stale = own_files(folder) - set(files) if folder.is_dir() else set()
+    marker = marker_file(name)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    fds: list[int] = []
+    try:
+        fds.append(os.open(root.parent, _DIR))
+        for part, shown in ((root.name, root), (slug, root / slug), (name, folder)):
+            fds.append(_subfolder(fds[-1], part, shown))
+        for file in sorted(files, key=lambda f: f != marker):
+            _write_in(fds[-1], file, files[file])
+        for file in stale:
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.stat(file, dir_fd=fds[-1], follow_symlinks=False).st_mode):
+                    os.unlink(file, dir_fd=fds[-1])
+    except OSError as exc:
+        raise UsageError(f"{folder}: cannot write the reference ({exc.strerror or exc})") from None
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return folder
+
+
+def _write_in(folder: int, file: str, data: bytes) -> None:
+    """Write `file` inside folder descriptor `folder` under a new name, then rename it into place."""
+    temporary = f".incoming-{file}-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644, dir_fd=folder)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(temporary, file, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=folder)
+        raise
 
 
 def write_reference(report: str | Path, root: str | Path, *, commit: str | None = None,
-                    driver: str | None = None, environment: dict | None = None) -> Path:
+                    driver: str | None = None, environment: dict | None = None,
+                    shown_paths: dict[str, str] | None = None) -> Path:
     """Copy the report folder `report` (`reports/<profile>/<name>/`) to `<root>/<device-slug>/<name>/`, its
     run.json given the `environment` it ran in; returns that folder. `commit` names the checkout the notebook
     ran from (a copy without `.git`, such as a GPU machine's, records none of its own); `environment`
     (`workbench.devices.environment` of the device it ran on) fills what results.json does not say, e.g. for
-    a run that failed before saving."""
+    a run that failed before saving. `shown_paths` (regular expression -> text) rewrites paths in the HTML: the
+    build's temporary folder, which a reader has no use for, is shown as the report's folder in the build."""
     report, root = Path(report), Path(root)
     name = report.name
     results, run = _read_json(report / "results.json"), _read_json(report / "run.json")
@@ -139,86 +222,17 @@ def write_reference(report: str | Path, root: str | Path, *, commit: str | None 
         raise UsageError(f"{report} is not a report folder (no results.json or run.json)")
     env = _environment(results, run, commit=commit, driver=driver, fallback=environment)
     env["cell_seconds"] = _cell_seconds(report / f"{name}.ipynb")
-    slug = device_slug(env["device_name"] or "unknown device")
-    staging = root / slug / f"{_STAGING}{name}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     figures = results.get("figures") if isinstance(results.get("figures"), list) else []
-    wanted = ["results.json", f"{name}.html", *[f for f in figures if isinstance(f, str)]]
-    for file in dict.fromkeys(wanted):
-        if _FILE_PATTERN.fullmatch(file) and (report / file).is_file() and not (report / file).is_symlink():
-            shutil.copyfile(report / file, staging / file)
-    _write_atomic(staging / RUN_FILE, json.dumps({**run, "name": name, "environment": env}, indent=1, default=str))
-    target = root / slug / name
-    _swap(staging, target)
-    return target
-
-
-def bundle(folder: str | Path, dest: str | Path) -> Path:
-    """One `.tar.gz` of a reference folder, its members named `<device-slug>/<name>/<file>`."""
-    folder, dest = Path(folder), Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    slug, name = folder.parent.name, folder.name
-    path = dest / f"reference-{slug}-{name}.tar.gz"
-    with tarfile.open(path, "w:gz") as tar:
-        for file in sorted(folder.iterdir()):
-            if file.is_file() and not file.is_symlink() and _FILE_PATTERN.fullmatch(file.name):
-                tar.add(file, arcname=f"{slug}/{name}/{file.name}", recursive=False)
-    return path
-
-
-def unpack(archive: str | Path, root: str | Path) -> list[Path]:
-    """Extract a `bundle` archive into `<root>/<device-slug>/<name>/`, replacing that reference folder.
-
-    Every member must be a plain file named `<device-slug>/<name>/<file>.json|.html|.png` (no links, no other
-    folders, at most 64 MiB) and each folder must hold a run.json with its `environment`; otherwise nothing is
-    written (UsageError naming the member or the folder)."""
-    archive, root = Path(archive), Path(root)
-    try:
-        tar = tarfile.open(archive, "r:*")
-    except (OSError, tarfile.TarError) as exc:
-        raise UsageError(f"{archive}: not a reference archive ({exc})") from None
-    with tar:
-        members, folders = [], {}
-        for member in tar.getmembers():
-            parts = member.name.split("/")
-            if member.isdir() and len(parts) <= 2:
-                continue
-            ok = (member.isfile() and len(parts) == 3 and SLUG_PATTERN.fullmatch(parts[0]) is not None
-                  and NAME_PATTERN.fullmatch(parts[1]) is not None and _FILE_PATTERN.fullmatch(parts[2]) is not None
-                  and member.size <= _MAX_MEMBER_BYTES)
-            if not ok:
-                raise UsageError(f"{archive}: refusing member {member.name!r} (expected plain files "
-                                 f"<device-slug>/<name>/<file>.json|.html|.png of at most 64 MiB)")
-            members.append((member, parts))
-            folders.setdefault((parts[0], parts[1]), set()).add(parts[2])
-        missing = [f"{s}/{n}" for (s, n), files in folders.items() if RUN_FILE not in files]
-        if not folders or missing:
-            raise UsageError(f"{archive}: no reference folder with {RUN_FILE} "
-                             f"({', '.join(missing) or 'empty archive'})")
-        staged: dict[tuple[str, str], Path] = {}
-        try:
-            for member, (slug, name, file) in members:
-                staging = staged.setdefault((slug, name), root / slug / f"{_STAGING}{name}-{os.getpid()}")
-                if not staging.exists():
-                    staging.mkdir(parents=True)
-                source = tar.extractfile(member)
-                with source, open(staging / file, "wb") as out:
-                    shutil.copyfileobj(source, out)
-        except (OSError, tarfile.TarError) as exc:
-            for staging in staged.values():
-                shutil.rmtree(staging, ignore_errors=True)
-            raise UsageError(f"{archive}: cannot extract ({exc})") from None
-    bad = [f"{slug}/{name}" for (slug, name), staging in staged.items() if _reference_run(staging / RUN_FILE) is None]
-    if bad:
-        for staging in staged.values():
-            shutil.rmtree(staging, ignore_errors=True)
-        raise UsageError(f"{archive}: {', '.join(bad)}: {RUN_FILE} holds no environment (not a reference folder)")
-    targets = []
-    for (slug, name), staging in staged.items():
-        _swap(staging, root / slug / name)
-        targets.append(root / slug / name)
-    return targets
+    files = {}
+    for file in dict.fromkeys(["results.json", f"{name}.html", *[f for f in figures if isinstance(f, str)]]):
+        if FILE_PATTERN.fullmatch(file) and (report / file).is_file() and not (report / file).is_symlink():
+            files[file] = (report / file).read_bytes()
+    page = f"{name}.html"
+    for pattern, shown in (shown_paths or {}).items():
+        if page in files:
+            files[page] = re.sub(pattern.encode(), shown.encode(), files[page])
+    files[RUN_FILE] = json.dumps({**run, "name": name, "environment": env}, indent=1, default=str).encode()
+    return place_folder(root, device_slug(env["device_name"] or "unknown device"), name, files)
 
 
 def read_references(root: str | Path) -> dict[str, list[dict]]:
@@ -240,6 +254,37 @@ def read_references(root: str | Path) -> dict[str, list[dict]]:
                 "slug": device.name, "name": folder.name, "folder": folder, "environment": env,
                 "results": _read_json(folder / "results.json"), "run": run})
     return found
+
+
+def read_parts(root: str | Path) -> dict[str, list[dict]]:
+    """What run.sh's parts left under `root`, by device slug: each a dict of part, folder and its record."""
+    root, found = Path(root), {}
+    if not root.is_dir() or root.is_symlink():
+        return found
+    for device in sorted(root.iterdir()):
+        if device.is_dir() and not device.is_symlink() and SLUG_PATTERN.fullmatch(device.name):
+            for part in PARTS:
+                record = _reference_run(device / part / PART_FILE) if not (device / part).is_symlink() else None
+                if record is not None:
+                    found.setdefault(device.name, []).append({"part": part, "folder": device / part,
+                                                              "record": record})
+    return found
+
+
+def commit_mismatch(ref: dict) -> str | None:
+    """A note when the commit results.json recorded is not the reference's (run.json's, given to `gpu_run run
+    --commit`); None when they agree or one is missing. Neither file is changed: both stay as written."""
+    saved = ref["results"].get("environment") if isinstance(ref["results"].get("environment"), dict) else {}
+    recorded, commit = saved.get("git_commit"), ref["environment"].get("commit")
+    if not recorded or not commit:
+        return None
+    short, long = sorted((str(recorded).lower(), str(commit).lower()), key=len)
+    if long.startswith(short):
+        return None
+    commit = str(commit)[:12]
+    return (f"results.json records git_commit {recorded}, not the reference's commit {commit} (run.json's, given "
+            f"to gpu_run with --commit): git read {recorded} from the repository the copy of the checkout sat in; "
+            f"{commit} is the commit the notebook ran from. Both files are kept as written")
 
 
 _COMMIT = re.compile(r"[0-9a-fA-F]{4,40}")
@@ -275,17 +320,21 @@ def commit_relation(reference: str | None, build: str | None, repo: str | Path |
 
 
 def checkout_commit(repo: str | Path | None = None) -> str | None:
-    """The short commit of the checkout (None outside a git checkout, e.g. a copy on a GPU machine)."""
+    """The short commit of the checkout: None outside a git checkout of its own, e.g. a copy on a GPU machine,
+    also one that sits inside another repository's work tree (whose commit is not this copy's)."""
     if repo is None:
         from ..devices import repo_root
 
         repo = repo_root()
     try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              timeout=10)
+        done = subprocess.run(["git", "rev-parse", "--show-toplevel", "--short", "HEAD"], cwd=repo,
+                              capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
+    lines = done.stdout.split()
+    if done.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != Path(repo).resolve():
+        return None
+    return lines[1]
 
 
 def _numbers(rows: list, column: str) -> list[float]:

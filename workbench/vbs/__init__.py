@@ -21,12 +21,17 @@ Example::
 `smallest_budget` is the least memory a request fits in (what `plan`'s error names). The layers
 are read from the model's real forward (`torch.fx`, `stages_of`); the executor checks its first
 batch against `model(x)` and raises `ExecutionMismatch` rather than return wrong outputs.
+
+A plan's `peak_bytes` is what the executor allocates, the request included: the DP's accounting
+plus the copies a PyTorch executor needs to gather or split phases (`flow`). The executor keeps
+every sample in one place between steps, refuses a plan it cannot run within that prediction
+(`UnexecutablePlan`), and `measure_peak` reads the allocator's own count to check it.
 """
 
 from .baselines import fbs, fbs_peak, fixed_batch_plan, greedy_vbs
-from .dynamic_program import DEFAULT_RESOLUTION, MAX_TABLE_CELLS, Planner, dp, plan
-from .executor import ExecutionMismatch, Executor, RunResult, run, tolerances
-from .floor import least_memory_plan, smallest_budget
+from .dynamic_program import DEFAULT_RESOLUTION, MAX_TABLE_CELLS, Planner, dp, plan, smallest_budget
+from .executor import ExecutionMismatch, Executor, RunResult, UnexecutablePlan, measure_peak, run, tolerances
+from .floor import least_memory_plan
 from .graph import Decomposition, Stage, decompose, run_stages, stages_of
 from .layers import LayerProfile, measure_layers, unit_for
 from .schedule import Plan, Step, check_request, uniform_step
@@ -35,5 +40,5 @@ __all__ = [
     "DEFAULT_RESOLUTION", "MAX_TABLE_CELLS", "Decomposition", "ExecutionMismatch", "Executor", "LayerProfile",
     "Plan", "Planner", "RunResult", "Stage", "Step", "check_request", "decompose", "dp", "fbs", "fbs_peak",
     "fixed_batch_plan", "greedy_vbs", "least_memory_plan", "measure_layers", "plan", "run", "run_stages",
-    "smallest_budget", "stages_of", "tolerances", "uniform_step", "unit_for",
+    "smallest_budget", "stages_of", "tolerances", "uniform_step", "unit_for", "UnexecutablePlan", "measure_peak",
 ]

@@ -8,16 +8,20 @@
 
 # NOTE: both are scored with exactly the DP's memory accounting (`workbench.vbs.schedule`):
 # pending inputs of the request and finished outputs stay resident, chunk by chunk, and a branch
-# group holds its input and output while its branches run. FBS is therefore a schedule the DP
-# also considers, so the DP is never slower than FBS (a test checks it); Greedy-VBS processes a
-# layer in phases smaller than the request without passing them on, which is outside the DP's
-# space of nested schedules, so Greedy-VBS is sometimes faster than the DP.
+# group holds its input and output while its branches run; and, like the DP's plans, with the
+# executor's copies (`workbench.vbs.flow`): a plan's peak is what the executor allocates. FBS is a
+# schedule the DP also considers, so the DP is never slower than FBS (a test checks it);
+# Greedy-VBS processes a layer in phases smaller than the request without passing them on,
+# which is outside the DP's space of nested schedules, so Greedy-VBS is sometimes faster.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from .flow import Flow, account, table_sizes
 from .layers import LayerProfile
 from .schedule import Plan, Step, check_request, uniform_step
 
@@ -26,7 +30,7 @@ __all__ = ["fbs", "greedy_vbs", "fbs_peak", "fixed_batch_plan"]
 
 def fixed_batch_plan(layers: LayerProfile, *, batch: int, size: int, memory: int | None = None) -> Plan:
     """All layers at batch `size` (phases of `size`, the last one the remainder), not checked
-    against a budget; its `peak` is the memory it needs under the DP's accounting."""
+    against a budget; its `peak` is the memory it needs (the DP's accounting, executed)."""
     check_request(layers, memory, batch)
     if not isinstance(size, (int, np.integer)) or not 1 <= size <= batch:
         raise ValueError(f"size must be an int in 1..{batch} (the request), got {size!r}")
@@ -39,7 +43,7 @@ def fixed_batch_plan(layers: LayerProfile, *, batch: int, size: int, memory: int
         steps.extend(uniform_step(layers, i, q, reserved) for i in range(n))
         finished += int(layers.out[last, q - 1])
         done += q
-    plan = Plan("fbs", 0, int(batch), layers.unit_bytes, list(layers.names), steps)
+    plan, _ = account(Plan("fbs", 0, int(batch), layers.unit_bytes, list(layers.names), steps), table_sizes(layers))
     plan.memory = int(memory) if memory is not None else plan.peak
     return plan
 
@@ -78,17 +82,21 @@ def greedy_vbs(layers: LayerProfile, *, memory: int, batch: int) -> Plan:
     """Greedy-VBS: layer by layer over all `batch` samples, each with its largest feasible batch."""
     check_request(layers, memory, batch)
     steps: list[Step] = []
+    flow = Flow(table_sizes(layers), batch)
+    last = layers.n_layers - 1
     for i in range(layers.n_layers):
-        chosen = None
         for g in range(batch, 0, -1):
-            trial = _greedy_layer(layers, i, g, batch)
-            if max(s.peak for s in trial) <= memory:
-                chosen = trial
+            trial = flow.copy()  # the layer's phases follow the previous layer's chunks
+            done = [trial.run(s) for s in _greedy_layer(layers, i, g, batch)]
+            if max(max(s.peak for s in done), trial.finish(layers.n_layers) if i == last else 0) <= memory:
+                flow = trial
+                steps.extend(done)
                 break
-        if chosen is None:
+        else:
             hold = int(layers.inp[i, batch - 1] + layers.out[i, batch - 1])
             raise ValueError(f"Greedy-VBS is infeasible: memory={memory} units ({memory * layers.unit_bytes} "
                              f"bytes) for a request of {batch}; layer {layers.names[i]!r} holds {hold} units of "
-                             f"inputs and outputs for all {batch} samples and cannot run even one sample")
-        steps.extend(chosen)
+                             f"inputs and outputs for all {batch} samples and fits at no batch size (the "
+                             f"executor's copies counted)")
+    steps[-1] = replace(steps[-1], executed=max(steps[-1].executed, flow.finish(layers.n_layers)))
     return Plan("greedy", int(memory), int(batch), layers.unit_bytes, list(layers.names), steps)

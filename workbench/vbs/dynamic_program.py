@@ -19,6 +19,12 @@ merge overhead. Branches run one after another, each in its own phases.
 
 `dp` is the DP alone (the paper's VBS); `plan` returns the fastest of the DP and both baselines.
 
+Executed memory. A plan's predicted peak is what the executor allocates (`workbench.vbs.flow`):
+the DP's accounting plus the copies a PyTorch executor makes to gather a phase from several
+tensors or to free the consumed part of one. Where those copies do not fit the budget, the DP's
+plan for a smaller budget is taken (the largest one whose execution fits), down to the
+least-memory nested schedule; so a plan never needs more than its budget as executed.
+
 # NOTE: the DP is optimal only among the paper's *nested* schedules: every phase of recurrence (2)
 # carries its samples through L_i..L_j before the next phase starts. Schedules outside that space
 # exist: Greedy-VBS runs a layer in several phases over the whole request before the next layer.
@@ -34,14 +40,17 @@ merge overhead. Branches run one after another, each in its own phases.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from .baselines import fbs, greedy_vbs
-from .floor import least_memory_plan, need, padded, reserves, smallest_budget
+from .baselines import fbs, fixed_batch_plan, greedy_vbs
+from .floor import METHOD_NAMES, baseline_floor, least_memory_plan, need, padded, reserves
+from .flow import account, table_sizes
 from .layers import LayerProfile
 from .schedule import Plan, Step, check_request
 
-__all__ = ["Planner", "dp", "plan", "MAX_TABLE_CELLS", "DEFAULT_RESOLUTION"]
+__all__ = ["Planner", "dp", "plan", "smallest_budget", "MAX_TABLE_CELLS", "DEFAULT_RESOLUTION"]
 
 MAX_TABLE_CELLS = 15_000_000
 DEFAULT_RESOLUTION = 256
@@ -163,15 +172,21 @@ class Planner:
             self.branch_chains[s], self.branch_need[s] = chains, needs
         self.base = base
         self.main = _Chain(base, padded(layers.inp), padded(layers.out))
+        self._nested: dict[int, list[Plan]] = {}
 
     def curve(self, batch: int) -> np.ndarray:
-        """The DP's seconds per sample for budgets 0..memory (inf where infeasible)."""
+        """The DP's seconds per sample for budgets 0..memory in its own accounting (inf where
+        infeasible), before the executor's copies (see `plan`)."""
         self._check_batch(batch)
         return self.main.opt[self.main.n - 1][0, batch].copy()
 
     def smallest_feasible(self, batch: int) -> int | None:
+        """The least budget in 0..memory in which `plan` finds a plan (as executed), or None."""
         finite = np.flatnonzero(np.isfinite(self.curve(batch)))
-        return int(finite[0]) if finite.size else None
+        for m in range(int(finite[0]) if finite.size else self.memory + 1, self.memory + 1):
+            if self._executable(m, batch) is not None:
+                return m
+        return None
 
     def _check_batch(self, batch: int) -> None:
         if not isinstance(batch, (int, np.integer)) or not 1 <= batch <= self.layers.max_batch:
@@ -183,11 +198,33 @@ class Planner:
         m = self.memory if memory is None else memory
         if not isinstance(m, (int, np.integer)) or not 0 <= m <= self.memory:
             raise ValueError(f"memory must be an int in 0..{self.memory} for this Planner, got {m!r}")
-        if not np.isfinite(self.main.value(batch, m)):
+        found = self._executable(int(m), int(batch))
+        if found is None:
             raise ValueError(_infeasible(self.layers, int(m), batch, "the DP",
                                          smallest_budget(self.layers, batch=batch, method="dp")))
-        steps = self._opt(self.main, None, 0, self.main.n - 1, batch, int(m), int(m))
-        return Plan("vbs", int(m), int(batch), self.layers.unit_bytes, list(self.layers.names), steps)
+        return found
+
+    def _executable(self, memory: int, batch: int) -> Plan | None:
+        """The fastest nested schedule found that executes within `memory`: the DP's plan at the
+        largest budget <= `memory` whose executed peak fits, FBS's schedule (a nested one too, so
+        the DP is never slower than FBS) or the least-memory schedule; None if none fits."""
+        sizes, budget = table_sizes(self.layers), memory
+        if batch not in self._nested:  # FBS's schedules at every size, and the least-memory one
+            self._nested[batch] = [*(fixed_batch_plan(self.layers, batch=batch, size=q) for q in range(1, batch + 1)),
+                                   least_memory_plan(self.layers, batch=batch)]
+        found = [p for p in self._nested[batch] if p.peak <= memory]
+        while budget >= 0 and np.isfinite(self.main.value(batch, budget)):
+            steps = self._opt(self.main, None, 0, self.main.n - 1, batch, budget, budget)
+            p, _ = account(Plan("vbs", memory, batch, self.layers.unit_bytes, list(self.layers.names), steps), sizes)
+            peak = p.peak  # the DP's accounting or the executor's, the higher
+            if peak <= memory:
+                found.insert(0, p)
+                break
+            budget -= peak - memory  # the copies' excess: the DP plans again with that much less
+        if not found:
+            return None
+        best = min(found, key=lambda p: p.time_per_sample)  # the first of equals: the DP's own
+        return replace(best, method="vbs", memory=memory)
 
     # reconstruction (Algorithm 1, "keep track of the optimal choice at each step")
     def _opt(self, chain: _Chain, where, i: int, j: int, b: int, m: int, total: int) -> list[Step]:
@@ -223,6 +260,32 @@ def _infeasible(layers: LayerProfile, memory: int, batch: int, what: str, smalle
     return (f"memory={memory} units ({memory * layers.unit_bytes} bytes) is infeasible for {what} with a "
             f"request of {batch}; the smallest feasible budget is {smallest} units ({smallest * layers.unit_bytes} "
             f"bytes)")
+
+
+def smallest_budget(layers: LayerProfile, *, batch: int, method: str = "any") -> int:
+    """The smallest memory (in `layers`' units) in which `method` serves a request of `batch`, as
+    executed: "dp" (the DP, `dp`), "fbs", "greedy" (`greedy_vbs`) or "any" (the least of the
+    three, the smallest budget `plan` accepts).
+
+    Every budget from it up is served. FBS's and Greedy-VBS's are exact (`baseline_floor`). The
+    DP's is bounded without the memory axis (the least-memory nested schedule or FBS's, as
+    executed, the lower) and found exactly below that bound with the DP's tables, where they fit
+    in `MAX_TABLE_CELLS` (in bytes they do not: then the bound is named)."""
+    check_request(layers, None, batch)
+    if method not in METHOD_NAMES:
+        raise ValueError(f"method must be one of {METHOD_NAMES}, got {method!r}")
+    found = {}
+    if method in ("fbs", "dp", "any"):  # FBS's schedules are nested ones: the DP's too
+        found["fbs"] = baseline_floor(layers, batch=batch, method="fbs")
+    if method in ("dp", "any"):
+        bound = min(least_memory_plan(layers, batch=batch).peak, found["fbs"])
+        n, B = layers.n_layers, layers.max_batch
+        if n * (n + 1) // 2 * (B + 1) * (bound + 1) <= MAX_TABLE_CELLS:
+            bound = Planner(layers, memory=bound).smallest_feasible(batch)
+        found["dp"] = bound
+    if method in ("greedy", "any"):
+        found["greedy"] = baseline_floor(layers, batch=batch, method="greedy")
+    return found[method] if method != "any" else min(found.values())
 
 
 def dp(layers: LayerProfile, *, memory: int, batch: int) -> Plan:
@@ -266,11 +329,14 @@ def plan(layers: LayerProfile, *, memory: int, batch: int, resolution: int | Non
     k = _factor(layers, memory, resolution)
     coarse = layers.coarsen(layers.unit_bytes * k) if k > 1 else layers
     candidates = []
-    planner = Planner(coarse, memory=memory // k)
-    if np.isfinite(planner.main.value(batch, memory // k)):
-        candidates.append(planner.plan(memory=memory // k, batch=batch))
-    elif k > 1 and smallest_budget(layers, batch=batch, method="dp") <= memory:
-        candidates.append(least_memory_plan(layers, batch=batch, memory=memory))
+    found = Planner(coarse, memory=memory // k)._executable(memory // k, batch)
+    if found is not None:
+        candidates.append(found)
+    elif k > 1:  # the rounded tables leave the DP no room: the least-memory schedule, unrounded
+        try:
+            candidates.append(least_memory_plan(layers, batch=batch, memory=memory))
+        except ValueError:
+            pass
     for method in (fbs, greedy_vbs):
         try:
             candidates.append(method(layers, memory=memory, batch=batch))

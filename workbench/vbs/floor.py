@@ -1,5 +1,4 @@
-"""The smallest memory budget in which each planner can serve a request, and the nested schedule
-that needs the least memory.
+"""The nested schedule that needs the least memory, and the smallest budgets of the baselines.
 
 For "Variable batch size across layers for efficient prediction on CNNs" (Choudhury et al.),
 Section III: the DP's table OPT[i, j, b, mem] is finite exactly when `mem` is at least the
@@ -12,23 +11,27 @@ the parts' peaks in place of the sum of their times and no memory axis:
 - need(k, b)     = in + ws + out of layer k at batch b                                   (3)
 
 and for a special layer, the group's input and output plus the largest of its branches' peaks.
-So the DP's smallest feasible budget is found exactly in any unit, even bytes, where the DP's own
-tables (one column per memory unit) would be far too large. `least_memory_plan` is a schedule
-with that peak (the DP's space, method "vbs"; not the fastest one, which needs the full DP).
-FBS's floor is its smallest peak over batch sizes, Greedy-VBS's the largest over layers of the
-smallest peak that layer can run at; `smallest_budget(..., method="any")` is the least of the
-three: the smallest budget `plan` accepts.
+So the smallest peak of the DP's accounting is found exactly in any unit, even bytes, where the
+DP's own tables (one column per memory unit) would be far too large. `least_memory_plan` is a
+schedule with that peak (the DP's space, method "vbs"; not the fastest one, which needs the full
+DP), accounted for execution (`workbench.vbs.flow`): the executor's copies may add to it.
+
+`baseline_floor` is the least memory a baseline serves the request in, as executed: for FBS its
+smallest executed peak over batch sizes; for Greedy-VBS the smallest budget in which it succeeds,
+found by bisection from the largest over layers of the smallest peak that layer can run at (a
+lower bound). `workbench.vbs.dynamic_program.smallest_budget` builds on these.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .baselines import _greedy_layer, fbs_peak
+from .baselines import _greedy_layer, fbs_peak, greedy_vbs
+from .flow import account, table_sizes
 from .layers import LayerProfile
 from .schedule import Plan, Step, check_request
 
-__all__ = ["smallest_budget", "least_memory_plan", "METHOD_NAMES"]
+__all__ = ["baseline_floor", "least_memory_plan", "METHOD_NAMES"]
 
 METHOD_NAMES = ("dp", "fbs", "greedy", "any")
 
@@ -114,11 +117,13 @@ class _LeastMemory:
         base[:, 0] = np.inf
         self.main = _PeakChain(base, *reserves(layers, branch=False))
 
-    def plan(self, batch: int, memory: int | None) -> Plan:
+    def plan(self, batch: int) -> Plan:
+        """The least-memory schedule, accounted for execution; `memory` is its executed peak."""
         steps = self._opt(self.main, None, 0, self.main.n - 1, batch, 0)
-        peak = int(self.main.value(batch))
-        return Plan("vbs", peak if memory is None else int(memory), int(batch), self.layers.unit_bytes,
-                    list(self.layers.names), steps)
+        p, _ = account(Plan("vbs", 0, int(batch), self.layers.unit_bytes, list(self.layers.names), steps),
+                       table_sizes(self.layers))
+        p.memory = p.peak
+        return p
 
     # reconstruction: the choices of (2) and (1) that reach the smallest peak
     def _opt(self, c: _PeakChain, where, i: int, j: int, b: int, reserved: int) -> list[Step]:
@@ -151,35 +156,46 @@ class _LeastMemory:
         return Step(k, b, reserved, group, seconds, branches)
 
 
+def _greedy_fits(layers: LayerProfile, batch: int, memory: int) -> bool:
+    try:
+        greedy_vbs(layers, memory=memory, batch=batch)
+    except ValueError:
+        return False
+    return True
+
+
 def _greedy_floor(layers: LayerProfile, batch: int) -> int:
-    return max(min(max(s.peak for s in _greedy_layer(layers, i, g, batch)) for g in range(1, batch + 1))
-               for i in range(layers.n_layers))
+    """Bisection between a lower bound (each layer alone, without copies) and a budget that fits."""
+    lo = max(min(max(s.reserved + s.used for s in _greedy_layer(layers, i, g, batch)) for g in range(1, batch + 1))
+             for i in range(layers.n_layers)) - 1
+    hi = max(lo + 1, 1)
+    while not _greedy_fits(layers, batch, hi):
+        hi *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _greedy_fits(layers, batch, mid) else (mid, hi)
+    return hi
 
 
-def smallest_budget(layers: LayerProfile, *, batch: int, method: str = "any") -> int:
-    """The smallest memory (in `layers`' units) in which `method` serves a request of `batch`:
-    "dp" (the DP, `dp`), "fbs", "greedy" (`greedy_vbs`) or "any" (the least of the three, the
-    smallest budget `plan` accepts). Exact, computed without the DP's memory axis."""
-    check_request(layers, None, batch)
-    if method not in METHOD_NAMES:
-        raise ValueError(f"method must be one of {METHOD_NAMES}, got {method!r}")
-    found = {}
-    if method in ("dp", "any"):
-        found["dp"] = int(_LeastMemory(layers).main.value(batch))
-    if method in ("fbs", "any"):
-        found["fbs"] = min(fbs_peak(layers, batch=batch, size=q) for q in range(1, batch + 1))
-    if method in ("greedy", "any"):
-        found["greedy"] = _greedy_floor(layers, batch)
-    return min(found.values())
+def baseline_floor(layers: LayerProfile, *, batch: int, method: str) -> int:
+    """The least memory (in `layers`' units) in which "fbs" or "greedy" serves a request of `batch`,
+    as executed: FBS's smallest executed peak over batch sizes; Greedy-VBS's by bisection."""
+    if method == "fbs":
+        return min(fbs_peak(layers, batch=batch, size=q) for q in range(1, batch + 1))
+    if method == "greedy":
+        return _greedy_floor(layers, batch)
+    raise ValueError(f"method must be 'fbs' or 'greedy', got {method!r}")
 
 
 def least_memory_plan(layers: LayerProfile, *, batch: int, memory: int | None = None) -> Plan:
-    """A nested schedule (method "vbs") whose peak is the DP's smallest feasible budget; among
-    equally small peaks it takes the largest first phases. Raises ValueError if `memory` is
-    given and smaller than that peak. `Plan.memory` is `memory`, else the peak."""
+    """The nested schedule (method "vbs") of least memory in the DP's accounting (among equally
+    small peaks, the largest first phases), accounted for execution. Raises ValueError if `memory`
+    is given and below its executed peak. `Plan.memory` is `memory`, else that peak."""
     check_request(layers, memory, batch)
-    solver = _LeastMemory(layers)
-    peak = int(solver.main.value(batch))
-    if memory is not None and memory < peak:
-        raise ValueError(f"memory={memory} units is below the smallest peak of any nested schedule, {peak} units")
-    return solver.plan(batch, memory)
+    p = _LeastMemory(layers).plan(batch)
+    if memory is not None and memory < p.peak:
+        raise ValueError(f"memory={memory} units is below the executed peak of the least-memory nested schedule, "
+                         f"{p.peak} units")
+    if memory is not None:
+        p.memory = int(memory)
+    return p

@@ -7,10 +7,12 @@ temporary (workspace) memory, held in a `LayerProfile`. `measure_layers` measure
 model: every batch size is first warmed by a pass of the whole network (so that no layer's first
 call at a new shape is timed), then each layer group (a convolution with its BatchNorm and ReLU) is
 timed in rounds that interleave the batch sizes (median of the rounds, divided by b) and its memory
-is read with `workbench.measure.MemoryMeter`:
-`in` = bytes of the input batch, `out` = bytes of the output, `ws` = peak bytes allocated
-while the layer runs minus its output (on CPU: tensors only; kernel-internal scratch is
-invisible; on CUDA: the caching allocator's peak).
+is read from the device's allocator (as `workbench.measure.AllocatorMeter` reads it):
+`in` = bytes of the input batch, `out` = bytes of the output, `ws` = the allocator's peak while
+the layer runs minus its output. On CUDA that is `max_memory_allocated` (cuDNN's workspace
+included, as the paper's `CUDNN_LOGINFO_DBG`); on CPU the c10 allocator's own events, which see
+the scratch a kernel allocates inside itself (oneDNN's convolution buffers, often larger than the
+layer's output) that a count of tensors misses.
 
 A branch group (special layer, see `workbench.vbs.graph`) gets a main-path row whose `in` and
 `out` are the group's input and merged output, whose `ws` is 0 (branches write into a
@@ -23,6 +25,7 @@ output is a tensor of its own until it is copied into the group's output.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Sequence
@@ -33,7 +36,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..measure import MemoryMeter, check_device, time_callable
+from ..measure import check_device, time_callable
 from .graph import run_stages, stages_of
 
 __all__ = ["LayerProfile", "measure_layers", "unit_for"]
@@ -181,12 +184,62 @@ class _Rows:
             self.values[k].append(v)
 
 
-def _memory(fn, x: torch.Tensor, device: torch.device) -> tuple[int, int, torch.Tensor]:
-    """(ws bytes, out bytes, y) of y = fn(x): the peak beyond the output, read by MemoryMeter."""
-    with MemoryMeter(device) as meter:
-        y = fn(x)
-    out = _nbytes(y)
-    return max(meter.peak_bytes - out, 0), out, y
+class _Allocations:
+    """The allocator's peak during each of many calls, relative to the call's start: on CUDA from
+    `max_memory_allocated`, on CPU from the c10 allocator's events of one profiled pass, each call
+    a `record_function` range (`peak(k)` after the `with` block).
+
+    # NOTE: the allocator's count, not the tensor tracker's: on CPU, oneDNN's convolution scratch
+    # never becomes a tensor, and without it a plan's predicted peak fell short of the executed one
+    # by up to 2.6x (a 9-layer CNN at 32x32). One profiler session per pass rather than one per
+    # call (`workbench.measure.AllocatorMeter`): each session start and stop is logged by the
+    # profiler, thousands of lines in a notebook, and costs time.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.peaks, self._profiler = device, [], None
+
+    def __enter__(self) -> _Allocations:
+        if self.device.type != "cuda":
+            self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                    profile_memory=True)
+            self._profiler.__enter__()
+        return self
+
+    def __call__(self, fn, x: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """(the call's index, y = fn(x))."""
+        k = len(self.peaks)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            start = torch.cuda.memory_allocated(self.device)
+            y = fn(x)
+            torch.cuda.synchronize(self.device)
+            self.peaks.append(torch.cuda.max_memory_allocated(self.device) - start)
+            return k, y
+        with torch.profiler.record_function(f"workbench.vbs.call.{k}"):
+            y = fn(x)
+        self.peaks.append(None)
+        return k, y
+
+    def __exit__(self, *exc) -> None:
+        if self._profiler is None:
+            return
+        profiler, self._profiler = self._profiler, None
+        profiler.__exit__(*exc)
+        events = profiler.profiler.kineto_results.events()
+        memory = sorted((e.start_ns(), e.nbytes()) for e in events
+                        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+        ranges = {int(e.name().rsplit(".", 1)[1]): (e.start_ns(), e.end_ns()) for e in events
+                  if e.name().startswith("workbench.vbs.call.")}
+        times = [t for t, _ in memory]
+        totals = np.cumsum([0] + [n for _, n in memory])  # totals[m]: live bytes before event m
+        for k, (start, end) in ranges.items():
+            lo, hi = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
+            self.peaks[k] = int(max(totals[lo:hi + 1].max() - totals[lo], 0))
+
+    def peak(self, k: int) -> int:
+        return self.peaks[k]
 
 
 class _Clock:
@@ -278,16 +331,21 @@ def measure_layers(
         try:
             for _ in range(warmup):
                 run_stages(stages, x)
-            for i, stage in enumerate(stages):
-                for j, branch in enumerate(stage.branches if stage.is_branch else ()):
-                    y = x
-                    for k, (_, layer) in enumerate(branch):
-                        ws, out, y_next = _memory(layer, y, device)
-                        branch_rows[i][j][k].add(0.0, 0 if k == 0 else _nbytes(y), out, ws)
-                        y = y_next
-                ws, out, y = _memory(stage, x, device)
-                main[i].add(0.0, _nbytes(x), out, 0 if stage.is_branch else ws)
-                x = y
+            calls = []  # (rows, in bytes, out bytes, the call, whether ws counts)
+            with _Allocations(device) as alloc:
+                for i, stage in enumerate(stages):
+                    for j, branch in enumerate(stage.branches if stage.is_branch else ()):
+                        y = x
+                        for k, (_, layer) in enumerate(branch):
+                            call, y_next = alloc(layer, y)
+                            calls.append((branch_rows[i][j][k], 0 if k == 0 else _nbytes(y), _nbytes(y_next), call,
+                                          True))
+                            y = y_next
+                    call, y = alloc(stage, x)
+                    calls.append((main[i], _nbytes(x), _nbytes(y), call, not stage.is_branch))
+                    x = y
+            for rows, inp, out, call, ws in calls:
+                rows.add(0.0, inp, out, max(alloc.peak(call) - out, 0) if ws else 0)
         except RuntimeError as exc:  # torch's shape errors at the first batch: name the sample's shape
             if b != sizes[0]:
                 raise

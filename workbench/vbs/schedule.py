@@ -35,6 +35,8 @@ class Step:
     `reserved` is memory held by other activations meanwhile (pending inputs, finished outputs,
     and for branch steps the group's input and output); `used` is this step's in + ws + out;
     `seconds` the predicted time of the step (branch steps included for a special layer).
+    `executed` is the executor's live memory at its highest during the step, its copies included
+    (`workbench.vbs.flow`; 0 where the plan was not accounted for execution).
     """
 
     layer: int
@@ -43,11 +45,13 @@ class Step:
     used: int
     seconds: float
     branches: tuple[tuple[Step, ...], ...] = ()
+    executed: int = 0
 
     @property
     def peak(self) -> int:
+        """The DP's accounting (reserved + used) or the executor's, whichever is higher."""
         inner = [s.peak for br in self.branches for s in br]
-        return max([self.reserved + self.used, *inner])
+        return max([self.reserved + self.used, self.executed, *inner])
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -57,7 +61,8 @@ class Step:
     @classmethod
     def from_dict(cls, d: dict) -> Step:
         return cls(int(d["layer"]), int(d["batch"]), int(d["reserved"]), int(d["used"]), float(d["seconds"]),
-                   tuple(tuple(cls.from_dict(s) for s in br) for br in d.get("branches", [])))
+                   tuple(tuple(cls.from_dict(s) for s in br) for br in d.get("branches", [])),
+                   int(d.get("executed", 0)))
 
 
 @dataclass
@@ -168,8 +173,8 @@ def _count(value, what: str, least: int) -> int:
 
 def _step(d, where: str, n_layers: int, batch: int, layers: str = "the plan's layers") -> Step:
     """One step of a plan's JSON, its layer in 0..n_layers-1 and its batch in 1..batch."""
-    keys = ("layer", "batch", "reserved", "used", "seconds", "branches")
-    _keys(d, keys if "branches" in d else keys[:-1], where)
+    keys = ("layer", "batch", "reserved", "used", "seconds") + tuple(k for k in ("branches", "executed") if k in d)
+    _keys(d, keys, where)
     layer = _count(d["layer"], f"{where} 'layer'", 0)
     if layer >= n_layers:
         raise ValueError(f"{where} 'layer' must be in 0..{n_layers - 1} ({layers}), got {layer}")
@@ -189,7 +194,7 @@ def _step(d, where: str, n_layers: int, batch: int, layers: str = "the plan's la
         _conserved(inner, range(max((s.layer for s in inner), default=-1) + 1), q, f"{where} branch {j}")
         parts.append(tuple(inner))
     return Step(layer, q, _count(d["reserved"], f"{where} 'reserved'", 0), _count(d["used"], f"{where} 'used'", 0),
-                float(seconds), tuple(parts))
+                float(seconds), tuple(parts), _count(d.get("executed", 0), f"{where} 'executed'", 0))
 
 
 def _conserved(steps: list[Step], layers: range, batch: int, where: str, names: list[str] | None = None) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 import pandas as pd
 
-from workbench.report import Claim, Ledger, Measured, Records, at_least, at_most, between, judge, record_frame, within
+from workbench.report import Claim, Ledger, Measured, Records, at_least, between, judge, record_frame, within
 
 from .accuracy import paired_gap
 from .bench import find_row, saving_ceiling
@@ -190,16 +190,26 @@ def _tp_scale(df: pd.DataFrame, params: Mapping, method: str) -> str:
             f"{int(df['threads'].iloc[0])} threads; {method}")
 
 
-def _best_packed(df: pd.DataFrame, aligned: bool) -> pd.DataFrame:
+def _steps(df: pd.DataFrame, *, aligned: bool | None = True, state_dtype: str | None = None) -> pd.DataFrame:
+    """The packed rows timed as ``optimizer.step()`` (not the kernel alone): k = 8/16 (``aligned``), k not a
+    multiple of 8 (``aligned=False``) or any k (None); of one moment dtype if given."""
+    if "median_s" not in df:
+        return df.iloc[:0]
     bits = pd.to_numeric(df["extra_bits"], errors="coerce")
-    pick = bits.isin([8, 16]) if aligned else bits.notna() & (bits % 8 != 0)
-    return df[pick & df["median_s"].notna()] if "median_s" in df else df.iloc[:0]
+    pick = bits.notna() & df["median_s"].notna()
+    if aligned is not None:
+        pick &= bits.isin([8, 16]) if aligned else bits % 8 != 0
+    if "timed" in df:
+        pick &= df["timed"] == "step"
+    if state_dtype is not None:
+        pick &= df["state_dtype"] == state_dtype
+    return df[pick]
 
 
 def _share_vs_torch(records: Records, params: Mapping) -> Measured | None:
     """Fig 3: the best byte-aligned packed step's bandwidth share over torch's fused AdamW's."""
     df = record_frame(records, "throughput")
-    packed = None if df is None else _best_packed(df, aligned=True)
+    packed = None if df is None else _steps(df)
     if packed is None or packed.empty:
         return None
     ratios = {m: r for m in packed["method"] if (r := throughput_share_ratio(df, m)) is not None}
@@ -211,26 +221,38 @@ def _share_vs_torch(records: Records, params: Mapping) -> Measured | None:
 
 
 def _unaligned_vs_aligned(records: Records, params: Mapping) -> Measured | None:
-    """Fig 3: the best non-byte-aligned k's bandwidth share over the best of k = 8/16 (None unless both run)."""
+    """Fig 3: the best non-byte-aligned k's bandwidth share over the best of k = 8/16 (None unless both run),
+    with the spread of their paired per-round ratios; the scale names the two methods (their backends)."""
     df = record_frame(records, "throughput")
     if df is None:
         return None
-    shares = [_best_packed(df, aligned=a)["bandwidth_fraction"] for a in (False, True)]
-    if any(s.empty for s in shares):
-        return None
-    return Measured(float(shares[0].max() / shares[1].max()), scale=_tp_scale(df, params, "k not a multiple of 8"))
+    best = []
+    for aligned in (False, True):
+        rows = _steps(df, aligned=aligned)
+        if rows.empty:
+            return None
+        best.append(rows.loc[rows["bandwidth_fraction"].idxmax()])
+    (u, a), per = best, lambda row, c: float(row[c]) * float(row["bytes_per_param"])
+    return Measured(float(u["bandwidth_fraction"] / a["bandwidth_fraction"]),
+                    spread=(per(u, "ratio_lo") / per(a, "ratio_hi"), per(u, "ratio_hi") / per(a, "ratio_lo")),
+                    scale=_tp_scale(df, params, f"{u['method']} vs {a['method']}"))
 
 
-def _steps_vs_torch(records: Records, params: Mapping) -> Measured | None:
-    """Our target: the best packed k = 8/16 step's steps/s over torch's fused AdamW (median steps)."""
-    df = record_frame(records, "throughput")
-    packed = None if df is None else _best_packed(df, aligned=True)
-    if packed is None or packed.empty:
-        return None
-    best = packed.loc[packed["ratio_median_vs_torch_fused"].idxmax()]
-    return Measured(float(best["ratio_median_vs_torch_fused"]),
-                    spread=(float(best["ratio_median_vs_torch_fused"]), float(best["ratio_vs_torch_fused"])),
-                    scale=_tp_scale(df, params, best["method"]))
+def _steps_vs_torch(state_dtype: str | None, *, widest: bool = False) -> Callable[[Records, Mapping], Measured | None]:
+    """Our targets: ``step()`` steps/s over torch's fused AdamW, paired per round (median, min..max), best k = 8/16
+    with ``state_dtype`` moments or (``widest``) the slowest packed width; the scale adds the steps-in-a-row one."""
+    def measure(records: Records, params: Mapping) -> Measured | None:
+        df = record_frame(records, "throughput")
+        rows = None if df is None else _steps(df, aligned=None if widest else True, state_dtype=state_dtype)
+        if rows is None or rows.empty or "ratio_paired" not in rows:
+            return None
+        row = rows.loc[rows["ratio_paired"].idxmin() if widest else rows["ratio_paired"].idxmax()]
+        in_a_row = ("" if pd.isna(row.get("ratio_inarow")) else
+                    f"; steps in a row {row['ratio_inarow']:.2f}x ({row['ratio_inarow_lo']:.2f}-"
+                    f"{row['ratio_inarow_hi']:.2f})")
+        return Measured(float(row["ratio_paired"]), spread=(float(row["ratio_lo"]), float(row["ratio_hi"])),
+                        scale=_tp_scale(df, params, row["method"]) + in_a_row)
+    return measure
 
 
 # ------------------------------------------------------------------------------ Fig 6: forward error
@@ -374,16 +396,31 @@ CLAIMS: tuple[Claim, ...] = (
                      "share: bytes/s of the packed step / bytes/s of torch's fused AdamW, bytes counted "
                      "analytically (a packed step moves fewer bytes, so this is not the steps/s ratio)"),
     Claim("somewhat weaker for extra-bit sizes that rely on shared memory (Fig 3)",
-          unit="bandwidth share, best k not a multiple of 8 / best of k=8/16", paper="somewhat weaker",
-          measure=_unaligned_vs_aligned, rule=at_most(1.0), made_on="gpu",
-          definition="Fig 3: k that straddle int32 words need shared memory in the paper's CUDA kernel; measured "
-                     "when tp_configs holds such a k (the paper profile)"),
-    Claim("packed fused update at least 0.5x torch fused AdamW on a CPU", unit="steps/s ratio (median), best of k=8/16",
-          paper="0.5 (ours)", measure=_steps_vs_torch, rule=at_least(0.5, partly=0.25), source="target",
-          made_on="cpu", definition="our goal: steps/s of the packed fused step / steps/s of AdamW(fused=True)"),
-    Claim("packed fused update at least 0.8x torch fused AdamW on a GPU", unit="steps/s ratio (median), best of k=8/16",
-          paper="0.8 (ours)", measure=_steps_vs_torch, rule=at_least(0.8, partly=0.4), source="target",
-          made_on="gpu", definition="our goal: steps/s of the packed fused step / steps/s of AdamW(fused=True)"),
+          unit="bandwidth share, best k not a multiple of 8 / best of k=8/16 (optimizer.step)", paper="somewhat weaker",
+          measure=_unaligned_vs_aligned, rule=between(0.6, 0.95, better="higher", partly_rel=0.5), made_on="gpu",
+          definition="Fig 3: k that straddle int32 words need shared memory in the paper's CUDA kernel; 'somewhat "
+                     "weaker' read as 0.6-0.95 of the best k=8/16 share (our reading, no number in the paper), far "
+                     "weaker (under 0.3) not reproduced; the scale names the methods timed (their backends)"),
+    Claim("packed fused step at least 1.0x torch fused AdamW on a CPU (fp32 moments)",
+          unit="optimizer.step() steps/s ratio (median of paired rounds), best of k=8/16", paper="1.0 (ours)",
+          measure=_steps_vs_torch("fp32"), rule=at_least(1.0, partly=0.8), source="target", made_on="cpu",
+          definition="our goal: steps/s of PackedAdamW(fused=True).step() / torch.optim.AdamW(fused=True).step() on "
+                     "a training-loop step (new gradient tensors each step), fp32 moments"),
+    Claim("packed fused step at least 1.1x torch fused AdamW on a GPU (fp32 moments)",
+          unit="optimizer.step() steps/s ratio (median of paired rounds), best of k=8/16", paper="1.1 (ours)",
+          measure=_steps_vs_torch("fp32"), rule=at_least(1.1, partly=0.9), source="target", made_on="gpu",
+          definition="our goal: steps/s of PackedAdamW(fused=True).step() / torch.optim.AdamW(fused=True).step(), "
+                     "fp32 moments (bytes moved 24 vs 28 per parameter: the ceiling is 1.17x)"),
+    Claim("packed fused step at least 1.4x torch fused AdamW on a GPU (bf16 moments)",
+          unit="optimizer.step() steps/s ratio (median of paired rounds), best of k=8/16", paper="1.4 (ours)",
+          measure=_steps_vs_torch("bfloat16"), rule=at_least(1.4, partly=1.1), source="target", made_on="gpu",
+          definition="our goal: as above with bf16 moments (16 vs 28 bytes per parameter: the ceiling is 1.75x)"),
+    Claim("every packed width's fused step at least 0.5x torch fused AdamW on a GPU",
+          unit="optimizer.step() steps/s ratio (median of paired rounds), slowest packed width timed",
+          paper="0.5 (ours)", measure=_steps_vs_torch(None, widest=True), rule=at_least(0.5, partly=0.25),
+          source="target", made_on="gpu",
+          definition="our goal: fused=True on CUDA never takes a path slower than half of torch's fused fp32 "
+                     "AdamW, whatever k (dense int32 words included)"),
     # Fig 6
     Claim("extra bits give much lower error than fp16 after many additions (Fig 6 right)",
           unit="error ratio fp16 / fp16+8", paper="much lower", measure=_error_ratio("many ops", ("fp16",), "fp16+8"),

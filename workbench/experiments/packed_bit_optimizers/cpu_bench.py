@@ -1,20 +1,23 @@
-"""The hand-written CPU packed step against torch's fused fp32 AdamW and the compiled packed step.
+"""The hand-written CPU packed step against torch's fused fp32 AdamW and the compiled packed step, as the
+optimizer's ``step()`` and as the kernel alone.
 
 Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 3.1 (the fused
 packed optimizers) and Fig 3 (op throughput as a share of memory bandwidth). Kernel:
 ``workbench.optim.cpu_kernel``.
 
-One table row per (threads, size, method): ``torch.optim.AdamW(fused=True)`` on fp32 parameters
-(28 bytes moved per parameter), and for each packed format the C++ kernel and the
-``torch.compile``d flat step (``workbench.optim.update.compiled_update``, what ``fused=True,
-compile=True`` runs today) on the same flat buffers. All methods are timed interleaved round by round
+One table row per (threads, size, method): ``torch.optim.AdamW(fused=True).step()`` on fp32 parameters
+(28 bytes moved per parameter), and for each packed format ``PackedAdamW(..., fused=True).step()`` as users
+call it (``step``: both on a training-loop step, new gradient tensors each step, ``speed.training_step``),
+the C++ kernel alone on flat buffers (``kernel``) and the ``torch.compile``d flat step
+(``workbench.optim.update.compiled_update``, what ``fused=True, compile=True`` runs) on the same flat
+buffers; the parameters in ``n_tensors`` tensors. All methods are timed interleaved round by round
 (order rotated); ``ratio`` is the median over rounds of torch's time / the method's time in the same
 round, ``ratio_lo``/``ratio_hi`` the min/max. ``bandwidth_fraction`` divides the method's bytes/s at
 its median by the bytes/s of an in-place ``add_`` over fp32 values moving the same number of bytes
 (read and write), timed in the same rounds (its best round: bandwidth is a ceiling). The load average
 of the machine is recorded before and after.
 
-Run the whole table with::
+Run the whole table with (issue 34's case alone: ``--sizes 4194304 --threads 1``)::
 
     python -m workbench.experiments.packed_bit_optimizers.cpu_bench
 """
@@ -22,6 +25,7 @@ Run the whole table with::
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import platform
@@ -32,7 +36,7 @@ import pandas as pd
 import torch
 
 from workbench.measure import time_interleaved
-from workbench.optim import cpu_kernel
+from workbench.optim import PackedAdamW, cpu_kernel
 from workbench.optim.formats import storage_bits
 from workbench.optim.update import adam_math, compiled_update
 
@@ -101,15 +105,15 @@ def kernel_throughput(
 
 
 def _throughput(numel, formats, repeats, compiled, n_tensors, seed, progress) -> pd.DataFrame:
+    from .speed import training_step  # speed imports bytes_per_param from here
+
     load_before = os.getloadavg()
-    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
     sizes = [numel // n_tensors + (numel % n_tensors if i == 0 else 0) for i in range(n_tensors)]
-    params = [torch.zeros(s, requires_grad=True) for s in sizes]
-    for p in params:
-        p.grad = torch.randn(p.shape, generator=g).mul_(1e-3)
-    torch_opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    cpu = torch.device("cpu")
+    _, torch_step = training_step(lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True), sizes, torch.float32, cpu)
     methods: dict[str, tuple[Callable[[], object], float, str]] = {
-        "torch": (torch_opt.step, 28.0, "torch AdamW fused (fp32)")}
+        "torch": (torch_step, 28.0, "torch AdamW fused (fp32)")}
     bandwidth_buffers: dict[float, torch.Tensor] = {28.0: torch.zeros(numel * 28 // 8)}
     coef = _coef()
     have_kernel = cpu_kernel.available()
@@ -126,6 +130,10 @@ def _throughput(numel, formats, repeats, compiled, n_tensors, seed, progress) ->
         bpp = bytes_per_param(k, sr, sdt)
         bandwidth_buffers.setdefault(bpp, torch.zeros(int(numel * bpp) // 8))
         label = _label(dtype, k, sr, sdt)
+        make = functools.partial(PackedAdamW, lr=1e-3, extra_bits=k, stochastic_rounding=sr, state_dtype=sdt,
+                                 fused=True)
+        opt, step = training_step(make, sizes, dtype, cpu)
+        methods[f"step {label} ({opt.step_backend().replace('_', ' ')})"] = (step, bpp, label)
         if have_kernel:
             def run_kernel(half=half, grad=grad, planes=planes, states=states, static=static, key=key):
                 cpu_kernel.packed_update_cpu(half, grad, planes, states, coef, key, **static)

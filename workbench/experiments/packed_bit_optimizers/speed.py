@@ -2,24 +2,32 @@
 Efficient Mixed Precision Optimizers, Lewandowski & Kosson: op throughput as a share of memory
 bandwidth), and the cost of running the step inside backward (their section 3.2).
 
-Methods are timed side by side in one run, interleaved repeat by repeat; ratios are against
-``torch.optim.AdamW(fused=True)`` on fp32 parameters, paired round by round (median with the
-min/max over rounds as the spread). Peers (torch fused AdamW on bf16 parameters, torchao's bf16
-stochastic-rounding AdamW, optimi's Kahan-summation AdamW, bitsandbytes' 8-bit AdamW) join the
-table when installed.
+Each method is timed as users call it: ``optimizer.step()`` on a training-loop step, the gradients new
+tensors each step as ``zero_grad(set_to_none=True)`` leaves them (``training_step``), with each packed
+format's kernel alone beside it. Two independent timings: interleaved rounds, paired round by round against
+``torch.optim.AdamW(fused=True)`` on fp32 parameters (median with the min/max over rounds as the spread),
+and blocks of steps in a row, method after method (CUDA events on CUDA, the wall clock on CPU). Peers
+(torch fused AdamW on bf16 parameters, torchao's bf16 stochastic-rounding AdamW, optimi's Kahan-summation
+AdamW, bitsandbytes' 8-bit AdamW) join the table when installed.
 
-Re-run the whole table (1 and 2 threads, 2M and 16M parameters) with::
+Re-run the CPU table of issue 34 (4M parameters in 8 tensors, 1 thread) on a quiet machine with::
 
-    python -m workbench.experiments.packed_bit_optimizers.speed
+    python -m workbench.experiments.packed_bit_optimizers.speed --sizes 4194304 --threads 1 --repeats 15 \
+        --no-backward
+
+and the GPU one (1e8 parameters in 64 tensors) with ``--device cuda --sizes 100000000 --tensors 64``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import io
+import os
 import statistics
+import time
 from collections.abc import Callable, Iterable
 
 import pandas as pd
@@ -31,9 +39,10 @@ from workbench.measure import calls_for, time_callable, time_interleaved
 from workbench.optim import PackedAdamW, step_in_backward
 
 from .bench import find_row, parse_format
+from .cpu_bench import bytes_per_param
 
-__all__ = ["memory_bandwidth", "step_throughput", "throughput_share_ratio", "throughput_table", "backward_step_ratio",
-           "main"]
+__all__ = ["memory_bandwidth", "step_throughput", "steps_in_a_row", "throughput_share_ratio", "throughput_table",
+           "training_step", "backward_step_ratio", "main"]
 
 # NOTE: 128 MiB, far beyond any CPU's last-level cache, so the update measures DRAM bandwidth (an
 # 8 MB buffer stays in cache and rated torch's 16M-parameter step above the ceiling).
@@ -63,41 +72,86 @@ def _sizes(numel: int, n_tensors: int) -> list[int]:
     return [base + (numel - base * n_tensors if i == 0 else 0) for i in range(n_tensors)]
 
 
-def _peers(tensors: Callable[[torch.dtype], list[torch.Tensor]]) -> list[tuple[str, Callable, float]]:
-    """(name, optimizer factory, bytes moved per parameter) for each installed peer."""
-    out: list[tuple[str, Callable, float]] = [
-        ("torch AdamW fused (bf16 params, no master)",
-         lambda: torch.optim.AdamW(tensors(torch.bfloat16), fused=True), 2 + 2 + 2 + 2 * 2 * 2),
+def _peers() -> list[tuple[str, Callable, torch.dtype, float]]:
+    """(name, optimizer factory over a parameter list, parameter dtype, bytes moved per parameter) per peer."""
+    out: list[tuple[str, Callable, torch.dtype, float]] = [
+        ("torch AdamW fused (bf16 params, no master)", lambda ps: torch.optim.AdamW(ps, fused=True), torch.bfloat16,
+         2 + 2 + 2 + 2 * 2 * 2),
     ]
     if importlib.util.find_spec("torchao") is not None:
-        def torchao_sr():
+        def torchao_sr(ps):
             from torchao.optim import _AdamW
-            return _AdamW(tensors(torch.bfloat16), bf16_stochastic_round=True)
-        out.append(("torchao _AdamW bf16 SR", torchao_sr, 2 + 2 + 2 + 2 * 2 * 2))
+            return _AdamW(ps, bf16_stochastic_round=True)
+        out.append(("torchao _AdamW bf16 SR", torchao_sr, torch.bfloat16, 2 + 2 + 2 + 2 * 2 * 2))
     if importlib.util.find_spec("optimi") is not None:
-        def optimi_kahan():
+        def optimi_kahan(ps):
             from optimi import AdamW
-            return AdamW(tensors(torch.bfloat16), lr=1e-3, kahan_sum=True)
-        out.append(("optimi AdamW bf16 + Kahan", optimi_kahan, 2 + 2 + 2 + 2 * 2 * 2 + 2 * 2))
+            return AdamW(ps, lr=1e-3, kahan_sum=True)
+        out.append(("optimi AdamW bf16 + Kahan", optimi_kahan, torch.bfloat16, 2 + 2 + 2 + 2 * 2 * 2 + 2 * 2))
     if importlib.util.find_spec("bitsandbytes") is not None:
-        def bnb_8bit():
+        def bnb_8bit(ps):
             from bitsandbytes.optim import AdamW8bit
-            return AdamW8bit(tensors(torch.float32))
-        out.append(("bitsandbytes AdamW8bit (fp32 params)", bnb_8bit, 4 + 4 + 4 + 2 * 2))
+            return AdamW8bit(ps)
+        out.append(("bitsandbytes AdamW8bit (fp32 params)", bnb_8bit, torch.float32, 4 + 4 + 4 + 2 * 2))
     return out
 
 
 def _config(cfg) -> tuple:
-    """(packed Format, PackedAdamW options) of a config: a format name ('bf16+8', 'fp16+13 SR') or
-    ``(dtype name, extra bits[, options])``."""
+    """(packed Format, PackedAdamW options) of a config: a format name ('bf16+8', 'fp16+13 SR', with ' bf16
+    states' after it for bf16 moments: a notebook profile's form) or ``(dtype name, extra bits[, options])``."""
     if isinstance(cfg, str):
-        fmt = parse_format(cfg)
+        name = cfg.removesuffix(" bf16 states")
+        fmt = parse_format(name)
         options = {"stochastic_rounding": True} if fmt.stochastic_rounding else {}
+        if name != cfg:
+            options["state_dtype"] = torch.bfloat16
     else:
         fmt, options = parse_format(f"{cfg[0]}+{cfg[1]}"), dict(cfg[2]) if len(cfg) > 2 else {}
     if not fmt.packed:
         raise ValueError(f"throughput config {cfg!r}: needs a packed format such as 'bf16+8'")
     return fmt, options
+
+
+def training_step(make: Callable[[list[torch.Tensor]], torch.optim.Optimizer], sizes: list[int], dtype: torch.dtype,
+                  device: torch.device) -> tuple[torch.optim.Optimizer, Callable[[], None]]:
+    """An optimizer over new parameters of ``sizes``, and its step as a training loop runs it: before each
+    ``step()`` every parameter gets a gradient tensor it did not hold the step before (what backward leaves
+    after ``zero_grad(set_to_none=True)``, torch's default), from two sets made beforehand so that no
+    gradient is computed or allocated inside the timed step."""
+    params = [torch.zeros(n, device=device, dtype=dtype, requires_grad=True) for n in sizes]
+    pool = [[(torch.randn(n, device=device) * 1e-3).to(dtype) for n in sizes] for _ in range(2)]
+    opt, turn = make(params), [0]
+
+    def step() -> None:
+        for p, g in zip(params, pool[turn[0]], strict=True):
+            p.grad = g
+        turn[0] ^= 1
+        opt.step()
+
+    return opt, step
+
+
+def steps_in_a_row(fn: Callable[[], object], steps: int, blocks: int, device: torch.device) -> list[float]:
+    """Seconds per call over ``blocks`` blocks of ``steps`` calls in a row: CUDA events on CUDA (the GPU's
+    own clock, no host synchronisation between steps), the wall clock on CPU. The second method of
+    :func:`step_throughput`, independent of the interleaved rounds (one method after another)."""
+    out = []
+    for _ in range(blocks):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            start.record()
+            for _ in range(steps):
+                fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) / 1e3 / steps)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            out.append((time.perf_counter() - t0) / steps)
+    return out
 
 
 def step_throughput(
@@ -110,21 +164,24 @@ def step_throughput(
 
     ``configs`` entries are format names ('bf16+8', 'fp16+13 SR'), ``(dtype name, extra bits)`` or
     ``(dtype name, extra bits, options)`` with options passed to :class:`PackedAdamW` (e.g.
-    ``{"state_dtype": torch.bfloat16}``). Same
-    parameter count split into ``n_tensors`` tensors, same device, same run; the methods' steps are
-    interleaved repeat by repeat so that load from other processes hits all of them alike. Bytes
-    moved per step are counted analytically (params r/w, gradient read, extra bits r/w, states
-    r/w). ``bandwidth_fraction`` divides bytes/s of the median step by :func:`memory_bandwidth`
-    over ``bandwidth_numel`` fp32 values (best of 5; or ``bandwidth`` if given). ``ratio_paired`` is
-    the median over rounds of torch's time / the method's time in the same round, with
-    ``ratio_lo``/``ratio_hi`` the min/max over rounds (each round times ``calls_per_sample`` steps in
-    a row per method, at least ``SAMPLE_S`` of torch's step); ``ratio_vs_torch_fused`` compares best
-    steps, ``ratio_median_vs_torch_fused`` median steps. ``compile`` True runs the packed optimizers'
-    fastest step (`PackedAdamW.step_backend()`, named in ``method``: the hand-written kernel, C++ on
-    CPU and Triton on CUDA, where it runs, else torch.compile), False the eager one. ``compiled_too``
-    adds each format's torch.compile'd step beside a hand-written one (what the kernel gains, in the
-    same run). ``threads`` (CPU) runs every method with that many intra-op threads and restores the
-    setting afterwards. ``peers`` adds the installed peer optimizers.
+    ``{"state_dtype": torch.bfloat16}``). Same parameter count split into ``n_tensors`` tensors, same
+    device, same run. Each method is timed as users call it, ``optimizer.step()`` on a training-loop step
+    (:func:`training_step`: new gradient tensors each step), ``timed == "step"``; each packed format's
+    kernel alone beside it (``PackedAdamW.flat_update``, ``timed == "kernel"``). Bytes moved per step are
+    counted analytically (params r/w, gradient read, extra bits r/w, states r/w).
+
+    Two independent timings: (1) interleaved rounds, ``calls_per_sample`` steps in a row per method and
+    round (at least ``SAMPLE_S`` of torch's step): ``ratio_paired`` is the median over rounds of torch's
+    time / the method's in the same round, ``ratio_lo``/``ratio_hi`` the min/max; ``median_s``/``min_s``/
+    ``max_s``; ``ratio_vs_torch_fused`` compares best steps, ``ratio_median_vs_torch_fused`` medians;
+    ``bandwidth_fraction`` is bytes/s at ``median_s`` over :func:`memory_bandwidth` (``bandwidth`` if
+    given). (2) :func:`steps_in_a_row`, method after method (CUDA events on CUDA, the wall clock on CPU):
+    ``inarow_median_s``/``inarow_min_s``/``inarow_max_s``, ``ratio_inarow`` (medians) with
+    ``ratio_inarow_lo``/``ratio_inarow_hi`` (torch's fastest block over the method's slowest, and the reverse)
+    and ``bandwidth_fraction_inarow``. ``compile`` True runs the packed optimizers' fastest step
+    (``PackedAdamW.step_backend()``, in ``method``), False the eager one; ``compiled_too`` adds each format's
+    torch.compile'd step beside a hand-written kernel. ``threads`` (CPU) sets intra-op threads for the run;
+    ``peers`` adds the installed peer optimizers. ``load_before``/``load_after``: the machine's load average.
     """
     if numel < n_tensors or n_tensors < 1:
         raise ValueError(f"numel={numel} must be >= n_tensors={n_tensors} >= 1")
@@ -142,76 +199,82 @@ def step_throughput(
         torch.set_num_threads(saved_threads)
 
 
+def _label(fmt, options: dict, backend: str) -> str:
+    sr = bool(options.get("stochastic_rounding", False))
+    states = " bf16 states" if options.get("state_dtype") == torch.bfloat16 else ""
+    return f"Packed AdamW {fmt.name.removesuffix(' SR')}{' SR' if sr else ''}{states} fused {backend.replace('_', ' ')}"
+
+
 def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progress, peers, bw,
                      compiled_too=False) -> pd.DataFrame:
-    methods = []  # (name, extra_bits, state dtype, optimizer, bytes per parameter)
-
-    def tensors(dtype):
-        out = [torch.zeros(s, device=device, dtype=dtype, requires_grad=True)
-               for s in _sizes(numel, n_tensors)]
-        for p in out:
-            p.grad = torch.randn_like(p) * 1e-3
-        return out
-
-    # NOTE: fused=True exists for CPU AdamW in torch 2.13 (checked); it is torch's fastest step.
-    methods.append(("torch AdamW fused (fp32)", None, "fp32",
-                    torch.optim.AdamW(tensors(torch.float32), fused=True), 28.0))
+    load_before = os.getloadavg()[0]
+    torch.manual_seed(0)
+    sizes = _sizes(numel, n_tensors)
+    # (name, extra bits, state dtype, callable, bytes per parameter, timed)
+    torch_opt, torch_step = training_step(lambda ps: torch.optim.AdamW(ps, fused=True), sizes, torch.float32, device)
+    methods = [("torch AdamW fused (fp32)", None, "fp32", torch_step, 28.0, "step")]
+    packed = []
     for cfg in configs:
         fmt, options = _config(cfg)
-        k = fmt.extra_bits
-        # compile=True: the fastest step available (a hand-written kernel, else torch.compile); False: eager
-        opt = PackedAdamW(tensors(fmt.param_dtype), extra_bits=k, fused=True, compile=None if compile else False,
-                          **options)
-        opts = [opt]
-        if compiled_too and compile and opt.step_backend() not in ("compiled", "eager"):
-            opts.append(PackedAdamW(tensors(fmt.param_dtype), extra_bits=k, fused=True, compile=True, **options))
-        sdt = options.get("state_dtype", torch.float32)
-        state_bytes = 2 if sdt == torch.bfloat16 else 4
-        sr = bool(options.get("stochastic_rounding", False))
-        for o in opts:
-            label = f"Packed AdamW {fmt.name.removesuffix(' SR')}{' SR' if sr else ''}" + (
-                " bf16 states" if sdt == torch.bfloat16 else "") + f" fused {o.step_backend().replace('_', ' ')}"
-            methods.append((label, k, str(sdt).replace("torch.", "").replace("float32", "fp32"),
-                            o, 2 + 2 + 2 + 2 * (k + sr) / 8 + 2 * 2 * state_bytes))
+        k, sdt = fmt.extra_bits, options.get("state_dtype", torch.float32)
+        bpp = bytes_per_param(k, bool(options.get("stochastic_rounding")), sdt)
+        sdt_name = str(sdt).replace("torch.", "").replace("float32", "fp32")
+        choices = [None if compile else False]
+        for c in choices:  # None: the fastest step (a hand-written kernel); False: eager; True: compiled
+            make = functools.partial(PackedAdamW, extra_bits=k, fused=True, compile=c, **options)
+            opt, step = training_step(make, sizes, fmt.param_dtype, device)
+            if compiled_too and c is None and opt.step_backend() not in ("compiled", "eager"):
+                choices.append(True)  # the compiled step of the same format, timed next
+            methods.append((_label(fmt, options, opt.step_backend()), k, sdt_name, step, bpp, "step"))
+            packed.append((len(methods) - 1, opt))
     if peers:
-        for name, make, bpp in _peers(tensors):
+        for name, make, dtype, bpp in _peers():
             try:
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                    opt = make()
-                    opt.step()
+                    _, step = training_step(make, sizes, dtype, device)
+                    step()
             except Exception as e:  # noqa: BLE001 - a peer that cannot run here is a row that says so
-                methods.append((f"{name} [failed: {type(e).__name__}]", None, "", None, bpp))
+                methods.append((f"{name} [failed: {type(e).__name__}]", None, "", None, bpp, "step"))
                 continue
-            methods.append((name, None, "", opt, bpp))
-    runnable = [(i, m) for i, m in enumerate(methods) if m[3] is not None]
-    for _, (_, _, _, opt, _) in tqdm(runnable, desc="warm-up / compile", disable=not progress):
+            methods.append((name, None, "", step, bpp, "step"))
+    runnable = [m for m in methods if m[3] is not None]
+    for m in tqdm(runnable, desc="warm-up / compile", disable=not progress):
         for _ in range(3):
-            opt.step()
+            m[3]()
+    for i, opt in packed:  # the kernel alone, on the same buffers, beside each packed step
+        name, k, sdt, _, bpp, _ = methods[i]
+        methods.append((f"{name} (kernel alone)", k, sdt, opt.flat_update(), bpp, "kernel"))
     # NOTE: a sample is `calls` steps in a row, enough for SAMPLE_S of torch's step: single steps of
     # ~1 ms (2M parameters on 2 threads) gave paired ratios spread over 0.4-2.2 within one run.
-    calls = calls_for(methods[0][3].step, SAMPLE_S, repeats=3, device=device)
-    by_method = time_interleaved({i: m[3].step for i, m in runnable}, warmup=0, repeats=repeats,
-                                 device=device, progress=progress, desc="throughput", calls=calls)
-    base = by_method[0]
+    calls = calls_for(torch_step, SAMPLE_S, repeats=3, device=device)
+    fns = {i: m[3] for i, m in enumerate(methods) if m[3] is not None}
+    paired = time_interleaved(fns, warmup=1, repeats=repeats, device=device, progress=progress,
+                              desc="throughput", calls=calls)
+    in_a_row = {i: steps_in_a_row(fn, calls, repeats, device) for i, fn in fns.items()}
+    base, base_row = paired[0], in_a_row[0]
     rows = []
-    for i, (name, k, sdt, _, bpp) in enumerate(methods):
-        ts = by_method.get(i)
-        row = {"method": name, "extra_bits": k, "state_dtype": sdt, "numel": numel, "n_tensors": n_tensors,
-               "bytes_per_param": bpp, "bytes_per_step": bpp * numel, "memory_bandwidth": bw}
+    for i, (name, k, sdt, _, bpp, timed) in enumerate(methods):
+        row = {"method": name, "timed": timed, "extra_bits": k, "state_dtype": sdt, "numel": numel,
+               "n_tensors": n_tensors, "bytes_per_param": bpp, "bytes_per_step": bpp * numel, "memory_bandwidth": bw}
+        ts, rs = paired.get(i), in_a_row.get(i)
         if ts is not None:
-            med = statistics.median(ts)
-            paired = [b / t for b, t in zip(base, ts, strict=True)]
+            med, rmed = statistics.median(ts), statistics.median(rs)
+            ratios = [b / t for b, t in zip(base, ts, strict=True)]
             row.update(median_s=med, min_s=min(ts), max_s=max(ts), params_per_s=numel / med,
                        bytes_per_s=bpp * numel / med, bandwidth_fraction=bpp * numel / med / bw,
-                       ratio_paired=statistics.median(paired), ratio_lo=min(paired), ratio_hi=max(paired),
+                       ratio_paired=statistics.median(ratios), ratio_lo=min(ratios), ratio_hi=max(ratios),
                        ratio_vs_torch_fused=min(base) / min(ts),
-                       ratio_median_vs_torch_fused=statistics.median(base) / med)
+                       ratio_median_vs_torch_fused=statistics.median(base) / med,
+                       inarow_median_s=rmed, inarow_min_s=min(rs), inarow_max_s=max(rs),
+                       ratio_inarow=statistics.median(base_row) / rmed, ratio_inarow_lo=min(base_row) / max(rs),
+                       ratio_inarow_hi=max(base_row) / min(rs), bandwidth_fraction_inarow=bpp * numel / rmed / bw)
         rows.append(row)
     df = pd.DataFrame(rows)
     df["device"] = str(device)
     df["threads"] = torch.get_num_threads()
     df["repeats"] = repeats
     df["calls_per_sample"] = calls
+    df["load_before"], df["load_after"] = round(load_before, 2), round(os.getloadavg()[0], 2)
     return df
 
 
@@ -326,6 +389,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tensors", type=int, default=8, help="the parameter count is split into this many tensors")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--configs", nargs="+", help="packed formats, e.g. bf16+8 bf16+12 'fp16+13 SR' "
+                    "'bf16+8 bf16 states' (default: bf16+8, bf16+16, bf16+8 with bf16 states)")
     ap.add_argument("--peers", action="store_true", help="add torchao / optimi / bitsandbytes rows")
     ap.add_argument("--compiled-too", action="store_true",
                     help="also time each format's torch.compile'd step beside the hand-written kernel")
@@ -336,9 +401,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     df = throughput_table(sizes=args.sizes, threads=args.threads, repeats=args.repeats, peers=args.peers,
+                          configs=args.configs or DEFAULT_CONFIGS,
                           n_tensors=args.tensors, device=device, compiled_too=args.compiled_too)
-    cols = ["threads", "numel", "method", "median_s", "ratio_paired", "ratio_lo", "ratio_hi",
-            "ratio_vs_torch_fused", "bytes_per_param", "bandwidth_fraction"]
+    cols = ["threads", "numel", "method", "median_s", "ratio_paired", "ratio_lo", "ratio_hi", "bandwidth_fraction",
+            "inarow_median_s", "ratio_inarow", "ratio_inarow_lo", "ratio_inarow_hi", "bandwidth_fraction_inarow",
+            "load_before", "load_after"]
     fmt = lambda v: f"{v:.4g}"  # noqa: E731
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 48):
         print(f"torch {torch.__version__}, device {device}, in-place update bandwidth (GB/s) by threads:",

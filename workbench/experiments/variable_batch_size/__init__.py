@@ -8,7 +8,8 @@ reproduced:
 
 - Section III's worked example: the DP against FBS and Greedy-VBS (`worked_example`).
 - Fig 1: per-image time against batch size (`time_vs_batch`, from the measured tables).
-- Fig 2: memory per layer at batch 1, input + output + workspace (`layer_memory`).
+- Fig 2: memory per layer at batch 1, input + output + workspace (`layer_memory`), each layer
+  group's kind beside it (`layer_kinds`), read at the layers the paper names.
 - Figs 7 and 8: per-image time against the memory budget for the DP ("vbs"), FBS and Greedy-VBS,
   predicted from the tables (`budget_sweep`) and executed on the model (`execute_sweep`), and how
   well the prediction holds (`agreement`).
@@ -36,12 +37,14 @@ from .plots import (
 )
 from .plots import TOY_SCALE
 from .tables import (
-    LABELS, NETWORKS, PAPER_IMAGE_SIZE, build_network, layer_memory, measure_networks, tables_frame, time_vs_batch,
+    LABELS, NETWORKS, PAPER_IMAGE_SIZE, build_network, layer_kinds, layer_memory, measure_networks, tables_frame,
+    time_vs_batch,
 )
 
 __all__ = [
     "claims", "NETWORKS", "LABELS", "PAPER_IMAGE_SIZE", "build_network", "measure_networks", "time_vs_batch",
-    "layer_memory", "tables_frame", "example_tables", "worked_example", "random_layers", "planner_timing",
+    "layer_kinds", "layer_memory", "tables_frame", "example_tables", "worked_example", "random_layers",
+    "planner_timing",
     "PAPER_FLOOR_MB", "TIGHT_MB", "LOOSE_MB", "METHODS", "budget_sweep", "sweep_plan", "plan_at_ratio",
     "execute_sweep", "agreement", "TABLE_II", "TABLE_III", "PAPER_BUDGET_MB", "reduction_pct", "gains", "table_ii",
     "unused_memory", "table_iii", "layer_batches", "plot_time_vs_batch", "plot_layer_memory", "plot_budget_sweep",

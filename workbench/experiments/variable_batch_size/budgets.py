@@ -11,6 +11,11 @@ paper's `15 * ratio` MB ("paper-equivalent MB"), so "tight" (< 30 MB) is below 2
 
 Methods: "vbs" is the paper's DP alone (`vbs.Planner`, optimal among nested schedules), "fbs"
 and "greedy" the baselines of Section IV; `vbs.plan` would return the fastest of the three.
+
+Memory. Every plan's predicted peak is what the executor allocates, the request included
+(`workbench.vbs.flow`); executed, each plan's peak is read from the allocator while the request
+is handed over sample by sample (`vbs.measure_peak`), and `within_budget` says whether it stayed
+within the budget. A plan the executor refuses (`vbs.UnexecutablePlan`) is not run (`refused`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from workbench import vbs
-from workbench.measure import AllocatorMeter, time_interleaved
+from workbench.measure import time_interleaved
 
 __all__ = ["PAPER_FLOOR_MB", "TIGHT_MB", "LOOSE_MB", "METHODS", "budget_sweep", "sweep_plan", "plan_at_ratio",
            "execute_sweep", "agreement"]
@@ -100,8 +105,10 @@ def execute_sweep(
     device: torch.device | str = "cpu", seed: int = 0, min_run_time: float = 0.0, progress: bool = False,
 ) -> pd.DataFrame:
     """Run every feasible plan of `sweep` on its model: per budget, the methods are timed in
-    interleaved rounds (median, min, max per image) and each distinct plan's peak is measured once.
-    Adds executed columns to the feasible rows of `sweep` and checks outputs against the model.
+    interleaved rounds (median, min, max per image) and each distinct plan's peak is measured once
+    (`vbs.measure_peak`: the allocator's count, the request handed over and included), with
+    `within_budget` beside it. Adds executed columns to the feasible rows of `sweep` and checks
+    outputs against the model; a plan the executor refuses is marked `refused` and not run.
 
     At least `repeats` rounds run per budget, more (up to 10 x `repeats`) while they have taken
     less than `min_run_time` seconds (0, the default: exactly `repeats`): at toy sizes one round
@@ -110,7 +117,7 @@ def execute_sweep(
     out = sweep.copy()
     for col in ("executed_s", "executed_min_s", "executed_max_s", "executed_peak_bytes", "max_abs_diff"):
         out[col] = np.nan
-    out["rounds"] = None
+    out["rounds"], out["within_budget"], out["refused"] = None, None, False
     out["input_bytes"] = out.request * 3 * image_size**2 * 4
     groups = list(out[out.feasible].groupby(["network", "request", "budget_units"]).groups.items())
     peaks: dict[str, float] = {}
@@ -123,7 +130,11 @@ def execute_sweep(
         runners = {}
         for i in index:
             ex = vbs.Executor(model, vbs.Plan.from_json(out.at[i, "plan_json"]))
-            ex.prepare(x)
+            try:
+                ex.prepare(x)
+            except vbs.UnexecutablePlan:
+                out.at[i, "refused"] = True
+                continue
             runners[i] = ex
             out.at[i, "max_abs_diff"] = float((ex(x) - want).abs().max())
         # NOTE: the correctness run above was each runner's warm-up
@@ -136,13 +147,12 @@ def execute_sweep(
             rounds += 1
         for i, ex in runners.items():
             key = out.at[i, "plan_json"]
-            if key not in peaks:
-                with AllocatorMeter(device) as meter:  # the allocator's count, not the DP's own rule
-                    ex(x)
-                peaks[key] = meter.peak_bytes + x.numel() * x.element_size()
+            if key not in peaks:  # the allocator's count, not the plan's own rule
+                peaks[key] = vbs.measure_peak(ex, x)
             t = np.asarray(times[i]) / request
             out.at[i, "executed_s"], out.at[i, "executed_min_s"] = float(np.median(t)), float(t.min())
             out.at[i, "executed_max_s"], out.at[i, "executed_peak_bytes"] = float(t.max()), peaks[key]
+            out.at[i, "within_budget"] = bool(peaks[key] <= out.at[i, "budget_bytes"])
             out.at[i, "rounds"] = [float(v) for v in t]
     return out
 
@@ -153,21 +163,26 @@ def agreement(executed: pd.DataFrame, *, statistic: str = "median") -> pd.DataFr
     `time_ratio` compares like with like (the executed minimum over rounds when the tables took
     the minimum of their repeats, else the medians); `time_ratio_vs_fbs` divides a plan's ratio by
     the FBS plan's at the same budget, so what the machine does to every method alike cancels.
-    `memory_ratio` is the measured peak including the caller's request over the predicted peak,
-    `memory_ratio_excl_request` leaves the request out.
+    `memory_ratio` is the measured peak, the request included, over the predicted peak; `over_budget`
+    counts the plans whose measured peak exceeded their budget, `refused` those the executor refused.
     """
-    ok = executed[executed.feasible].copy()
+    ok = executed[executed.feasible & ~executed.refused.astype(bool)].copy()
     executed_t = ok.executed_min_s if statistic == "min" else ok.executed_s
     ok["time_ratio"] = executed_t / ok.time_per_image_s
     keys = ["network", "request", "budget_units"]
     fbs_ratio = ok[ok.method == "fbs"].set_index(keys).time_ratio
     ok["time_ratio_vs_fbs"] = ok.time_ratio / fbs_ratio.reindex(pd.MultiIndex.from_frame(ok[keys])).to_numpy()
     ok["memory_ratio"] = ok.executed_peak_bytes / ok.peak_bytes
-    ok["memory_ratio_excl_request"] = (ok.executed_peak_bytes - ok.input_bytes) / ok.peak_bytes
-    ratios = ["time_ratio", "time_ratio_vs_fbs", "memory_ratio", "memory_ratio_excl_request"]
+    ok["over_budget"] = ok.executed_peak_bytes > ok.budget_bytes
+    ratios = ["time_ratio", "time_ratio_vs_fbs", "memory_ratio"]
     grouped = ok.groupby("method")
     frame = grouped[[*ratios, "steps"]].median().add_suffix("_median")
     frame = frame.join(grouped[ratios].min().add_suffix("_min")).join(grouped[ratios].max().add_suffix("_max"))
     frame["points"] = grouped.size()
+    frame["over_budget"] = grouped.over_budget.sum()
+    refused = executed[executed.feasible & executed.refused.astype(bool)].groupby("method").size()
+    frame = frame.reindex(frame.index.union(refused.index))  # a method whose every plan was refused too
+    frame["refused"] = refused.reindex(frame.index, fill_value=0)
+    frame[["points", "over_budget", "refused"]] = frame[["points", "over_budget", "refused"]].fillna(0).astype(int)
     frame["max_abs_diff"] = grouped.max_abs_diff.max()
-    return frame.reset_index()
+    return frame.rename_axis("method").reset_index()

@@ -3,7 +3,10 @@
 "Variable batch size across layers for efficient prediction on CNNs", Section II: Fig 1 is the
 per-image time of ResNet-50 against the batch size, Fig 2 the memory each layer needs at batch 1
 (input + output activation + working space, "from 1.07MB to 10.7MB"). Both come from the tables
-`workbench.vbs.measure_layers` measures (Table I: time, in, out, ws per layer and batch size).
+`workbench.vbs.measure_layers` measures (Table I: time, in, out, ws per layer and batch size);
+`layer_kinds` says what each layer group is (its first operation: Conv2d, MaxPool2d, Linear, ...),
+so that Fig 2's rows can be read at the layers the paper names (conv1, res2a_branch2a: the first
+1x1 convolution of the first bottleneck, `layer1_0.body` here) and over its convolution layers.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from workbench.devices import seed_everything
 from workbench.models import build
 
 __all__ = ["NETWORKS", "LABELS", "PAPER_IMAGE_SIZE", "build_network", "measure_networks", "time_vs_batch",
-           "layer_memory", "tables_frame"]
+           "layer_kinds", "layer_memory", "tables_frame"]
 
 NETWORKS = ("googlenet", "resnet50", "squeezenet1_0", "mobilenet_v1")
 LABELS = {"googlenet": "GoogLeNet", "resnet50": "ResNet-50", "squeezenet1_0": "SqueezeNet-v1.0",
@@ -61,8 +64,27 @@ def time_vs_batch(tables: dict[str, vbs.LayerProfile]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def layer_memory(tables: vbs.LayerProfile, *, network: str = "", batch: int = 1) -> pd.DataFrame:
-    """Fig 2: memory to process each layer group at `batch`, input + output + workspace (bytes).
+def _kind(module: nn.Module) -> str:
+    while isinstance(module, nn.Sequential) and len(module):
+        module = module[0]
+    return type(module).__name__
+
+
+def layer_kinds(model: nn.Module) -> dict[str, str]:
+    """What each layer group of `model` is, by stage and branch-layer name: its first module's class
+    ("Conv2d", "MaxPool2d", "Linear", ...; "GraphModule" for a region run as traced, "" for a group)."""
+    kinds = {}
+    for stage in vbs.stages_of(model):
+        kinds[stage.name] = "" if stage.is_branch else _kind(stage.module)
+        for branch in stage.branches:
+            kinds.update({name: _kind(layer) for name, layer in branch})
+    return kinds
+
+
+def layer_memory(tables: vbs.LayerProfile, *, network: str = "", batch: int = 1,
+                 kinds: dict[str, str] | None = None) -> pd.DataFrame:
+    """Fig 2: memory to process each layer group at `batch`, input + output + workspace (bytes),
+    with each group's `kind` (`layer_kinds`) where `kinds` is given.
 
     Layers inside a branch group (a special layer) are rows of their own, as in the paper's
     figure (e.g. "res2a_branch2a"): the first layer of a branch reads the group's input, so its
@@ -86,6 +108,8 @@ def layer_memory(tables: vbs.LayerProfile, *, network: str = "", batch: int = 1)
                 rows.append(row(sub, inp, int(part.out[k, b]), int(part.ws[k, b]), name))
     frame = pd.DataFrame(rows)
     frame.insert(1, "layer", range(len(frame)))
+    if kinds is not None:
+        frame.insert(3, "kind", frame.name.map(kinds).fillna(""))
     return frame
 
 

@@ -7,7 +7,8 @@
 // NOTE: hand-written rather than left to inductor: the compiled step tiles 16 fp32 lanes against
 // mixed fp32/bf16 stores and writes the uint8 byte planes with masked stores, and measured 0.43-0.85x
 // of torch.optim.AdamW(fused=True) although it moves fewer bytes. Here one loop reads each byte
-// once: 16-bit value + byte planes + states in, the same out, the gradient read once.
+// once: 16-bit value + byte planes + states in, the same out, the gradient read once, per segment
+// where autograd left it (a fused group's parameters: no flat copy of the gradients).
 //
 // Every operation mirrors workbench/optim/split_merge.py and update.py (the eager path) in the same
 // order, each rounded once (built with -ffp-contract=off: no implicit fused multiply-add), so the
@@ -236,15 +237,26 @@ void check_flat(const at::Tensor& t, const char* name, at::ScalarType dtype, int
               t.sizes(), " strides ", t.strides());
 }
 
-void packed_step(const at::Tensor& half, const at::Tensor& grad, at::TensorList planes, at::TensorList states,
-                 const at::Tensor& coef, int64_t key, int64_t offset, int64_t extra_bits,
+// The step over `half`'s stream, the gradient given per segment: grads[i] (contiguous, in the segment's
+// order) is the gradient of values seg_offsets[i] .. seg_offsets[i] + grads[i].numel() - 1, read where autograd
+// left it (no flat copy); values outside every segment are left as they are.
+void packed_step(const at::Tensor& half, at::TensorList grads, at::IntArrayRef seg_offsets, at::TensorList planes,
+                 at::TensorList states, const at::Tensor& coef, int64_t key, int64_t offset, int64_t extra_bits,
                  bool stochastic_rounding, bool master_stochastic, int64_t math, bool momentum, bool nesterov,
                  bool first) {
   const int64_t n = half.numel();
   const bool fp16 = half.scalar_type() == at::kHalf;
   TORCH_CHECK(fp16 || half.scalar_type() == at::kBFloat16, "half must be bf16 or fp16, got ", half.scalar_type());
   check_flat(half, "half", half.scalar_type(), n);
-  check_flat(grad, "grad", half.scalar_type(), n);
+  TORCH_CHECK(grads.size() == seg_offsets.size(), "one segment offset per gradient: got ", grads.size(),
+              " gradients and ", seg_offsets.size(), " offsets");
+  int64_t end = 0;
+  for (size_t i = 0; i < grads.size(); i++) {
+    TORCH_CHECK(seg_offsets[i] >= end && seg_offsets[i] + grads[i].numel() <= n, "segment ", i, " at ",
+                seg_offsets[i], " of ", grads[i].numel(), " values overlaps another or ends past ", n);
+    check_flat(grads[i], "grad", half.scalar_type(), grads[i].numel());
+    end = seg_offsets[i] + grads[i].numel();
+  }
   const int64_t nplanes = static_cast<int64_t>(planes.size());
   // no plane: k = 0 (the 16-bit value alone, nothing to store beside it)
   TORCH_CHECK((nplanes == 1 || (nplanes == 2 && !fp16) || (nplanes == 0 && !stochastic_rounding)) &&
@@ -260,34 +272,38 @@ void packed_step(const at::Tensor& half, const at::Tensor& grad, at::TensorList 
   for (const auto& t : states) check_flat(t, "state", bf16_state ? at::kBFloat16 : at::kFloat, n);
   const int64_t ncoef = math == kSgd ? 4 : 9;
   check_flat(coef, "coef", at::kFloat, ncoef);
-  if (n == 0) return;
-  Step s{};
-  s.half = reinterpret_cast<uint16_t*>(half.data_ptr());
-  s.grad = reinterpret_cast<const uint16_t*>(grad.data_ptr());
-  s.plane0 = nplanes >= 1 ? planes[0].data_ptr<uint8_t>() : nullptr;
-  s.plane1 = nplanes == 2 ? planes[1].data_ptr<uint8_t>() : nullptr;
-  s.state0 = nstates > 0 ? states[0].data_ptr() : nullptr;
-  s.state1 = nstates > 1 ? states[1].data_ptr() : nullptr;
+  const int64_t state_size = bf16_state ? 2 : 4;
   const float* c = coef.data_ptr<float>();
-  for (int64_t j = 0; j < ncoef; j++) s.c[j] = c[j];
-  s.key = static_cast<int32_t>(static_cast<uint32_t>(key));
-  s.offset = offset;
-  s.momentum = momentum;
-  s.nesterov = nesterov;
-  s.first = first;
   const bool sr = stochastic_rounding, ms = master_stochastic;
-  if (nplanes == 0) {
-    fp16 ? dispatch_format<true, 0, false>(s, n, math, ms, bf16_state)
-         : dispatch_format<false, 0, false>(s, n, math, ms, bf16_state);
-  } else if (fp16) {
-    sr ? dispatch_format<true, 1, true>(s, n, math, ms, bf16_state)
-       : dispatch_format<true, 1, false>(s, n, math, ms, bf16_state);
-  } else if (nplanes == 1) {
-    sr ? dispatch_format<false, 1, true>(s, n, math, ms, bf16_state)
-       : dispatch_format<false, 1, false>(s, n, math, ms, bf16_state);
-  } else {
-    sr ? dispatch_format<false, 2, true>(s, n, math, ms, bf16_state)
-       : dispatch_format<false, 2, false>(s, n, math, ms, bf16_state);
+  for (size_t i = 0; i < grads.size(); i++) {
+    const int64_t at = seg_offsets[i], len = grads[i].numel();
+    if (len == 0) continue;
+    Step s{};
+    s.half = reinterpret_cast<uint16_t*>(half.data_ptr()) + at;
+    s.grad = reinterpret_cast<const uint16_t*>(grads[i].data_ptr());
+    s.plane0 = nplanes >= 1 ? planes[0].data_ptr<uint8_t>() + at : nullptr;
+    s.plane1 = nplanes == 2 ? planes[1].data_ptr<uint8_t>() + at : nullptr;
+    s.state0 = nstates > 0 ? static_cast<char*>(states[0].data_ptr()) + at * state_size : nullptr;
+    s.state1 = nstates > 1 ? static_cast<char*>(states[1].data_ptr()) + at * state_size : nullptr;
+    for (int64_t j = 0; j < ncoef; j++) s.c[j] = c[j];
+    s.key = static_cast<int32_t>(static_cast<uint32_t>(key));
+    s.offset = offset + at;  // the random bits of value j are the stream's at offset + j
+    s.momentum = momentum;
+    s.nesterov = nesterov;
+    s.first = first;
+    if (nplanes == 0) {
+      fp16 ? dispatch_format<true, 0, false>(s, len, math, ms, bf16_state)
+           : dispatch_format<false, 0, false>(s, len, math, ms, bf16_state);
+    } else if (fp16) {
+      sr ? dispatch_format<true, 1, true>(s, len, math, ms, bf16_state)
+         : dispatch_format<true, 1, false>(s, len, math, ms, bf16_state);
+    } else if (nplanes == 1) {
+      sr ? dispatch_format<false, 1, true>(s, len, math, ms, bf16_state)
+         : dispatch_format<false, 1, false>(s, len, math, ms, bf16_state);
+    } else {
+      sr ? dispatch_format<false, 2, true>(s, len, math, ms, bf16_state)
+         : dispatch_format<false, 2, false>(s, len, math, ms, bf16_state);
+    }
   }
 }
 
@@ -297,7 +313,8 @@ int64_t lanes() { return kLanes; }
 
 TORCH_LIBRARY(workbench_packed_cpu, m) {
   m.def(
-      "step(Tensor(a!) half, Tensor grad, Tensor(b!)[] planes, Tensor(c!)[] states, Tensor coef, int key, "
+      "step(Tensor(a!) half, Tensor[] grads, int[] seg_offsets, Tensor(b!)[] planes, Tensor(c!)[] states, "
+      "Tensor coef, int key, "
       "int offset, int extra_bits, bool stochastic_rounding, bool master_stochastic, int math, bool momentum, "
       "bool nesterov, bool first) -> ()");
   m.def("lanes() -> int", &lanes);
