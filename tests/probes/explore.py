@@ -271,7 +271,7 @@ def run_one(index: int, base: Path, reports: Path) -> tuple[str, str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n")[:2]))
     parser.add_argument("families", nargs="*", metavar="FAMILY", help=f"some of {', '.join(FAMILIES)} (default: all)")
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per probe")
     parser.add_argument("-k", default="", help="only probes whose name contains this")

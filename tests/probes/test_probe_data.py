@@ -128,7 +128,8 @@ def test_prefetch_loader_refuses_bad_data_and_fractional_prefetch():
 
 
 def test_a_cifar_key_nested_200000_tuples_deep_is_refused_not_a_segfault(tmp_path):
-    """Hashing the key recursed once per tuple in C: a 200 KB file of opcodes the scan allows killed the process."""
+    """Hashing the key recursed once per tuple in C: a 200 KB file of opcodes the scan allows killed the process.
+    Read in a child process (about 5 s, most of it importing torch there): a segfault would end pytest itself."""
     folder = tmp_path / "cifar-10-batches-py"
     folder.mkdir()
     for name in [f"data_batch_{i}" for i in range(2, 6)] + ["test_batch"]:
