@@ -22,6 +22,8 @@ def _parse_override(text: str) -> tuple[str, str]:
 def _folder(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is an empty folder name; give a path or leave the option out")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} holds a NUL byte, which no path can hold")
     return text
 
 

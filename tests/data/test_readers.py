@@ -14,7 +14,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from workbench.data import load_cifar10, load_mnist, readers
+from workbench.data import batch_pickle, load_cifar10, load_mnist, readers
 
 CIFAR10 = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
 MB = 2**20
@@ -99,7 +99,7 @@ def test_newobj_and_oversized_files_are_refused(tmp_path, monkeypatch):
         load_cifar10(tmp_path)
     assert str(bad) in str(info.value)
     bad = _cifar(tmp_path)
-    monkeypatch.setattr(readers, "MAX_PICKLE_BYTES", 1000)
+    monkeypatch.setattr(batch_pickle, "MAX_PICKLE_BYTES", 1000)
     with pytest.raises(ValueError, match=r"data_batch_1: .*MAX_PICKLE_BYTES=1,000"):
         load_cifar10(tmp_path)
 

@@ -303,7 +303,7 @@ def test_prefetch_prepares_next_epoch_while_current_is_consumed() -> None:
     with PrefetchLoader(imageset(), 8) as loader:
         list(loader)  # epoch 0 consumed; the thread goes on with epoch 1
         deadline = time.monotonic() + 10
-        while loader._queue.qsize() < len(loader) + 1 and time.monotonic() < deadline:
+        while loader._producer.queue.qsize() < len(loader) + 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert loader._queue.qsize() == len(loader) + 1  # all of epoch 1 and its end marker
+        assert loader._producer.queue.qsize() == len(loader) + 1  # all of epoch 1 and its end marker
         assert len(list(loader)) == len(loader)

@@ -160,7 +160,7 @@ def test_cluster_options_are_checked_before_anything_runs(notebooks, tmp_path, c
         with pytest.raises(UsageError, match=message) as caught:
             check_cluster_options(workers, scheduler)
         assert repr(scheduler if workers is None else workers) in str(caught.value)  # the bad value, named
-    with pytest.raises(UsageError, match="cannot reach the Dask scheduler at tcp://127.0.0.1:9"):
+    with pytest.raises(UsageError, match="cannot reach the Dask scheduler at 'tcp://127.0.0.1:9'"):
         build_reports(profile="smoke", out_dir=tmp_path / "r", notebooks=notebooks, progress=False,
                       scheduler="tcp://127.0.0.1:9")
     assert not list((tmp_path / "r").glob("smoke/*"))

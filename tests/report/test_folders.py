@@ -3,6 +3,7 @@ what it made (marker files) and refuses the rest, and its lock never follows a l
 
 import json
 import os
+import shutil
 
 import pytest
 from runner_cases import run_cli
@@ -217,3 +218,36 @@ def test_a_second_rename_that_fails_puts_the_last_good_report_back(notebooks, tm
     assert results.status.tolist() == ["failed"] and "No space left on device" in results.error[0]
     assert _tree(out / "smoke" / "good") == before
     assert not [p for p in (out / "smoke").iterdir() if p.name.startswith(".")]
+
+
+def test_recovery_keeps_every_report_it_cannot_prove_replaced(notebooks, tmp_path, fake):
+    """`settle`: a good report hidden behind a failed run comes back in front of it; a hidden report whose
+    run.json is damaged beats a failed run and stays hidden beside a report of unknown state, until a good
+    report is in place."""
+    out, elsewhere = tmp_path / "reports", tmp_path / "failed"
+    _build(notebooks, out)
+    _build(notebooks, elsewhere, overrides={"value": "-1"})  # a failed run with nothing before it
+    smoke, good, hidden = out / "smoke", out / "smoke" / "good", out / "smoke" / ".old-good-999999999-0000abcd"
+    before = _tree(good)
+    os.replace(good, hidden)  # the state an older runner left: a failed run in place of a hidden good report
+    shutil.copytree(elsewhere / "smoke" / "good", good)
+    with locked(out):
+        report.folders.recover(smoke)
+    assert {k: v for k, v in _tree(good).items() if not k.startswith("failed-run/")} == before
+    assert json.loads((good / "failed-run" / "run.json").read_text())["status"] == "failed"
+    assert not hidden.exists()
+
+    (good / "run.json").write_text("{damaged")
+    damaged = _tree(good)
+    os.replace(good, hidden)
+    shutil.copytree(elsewhere / "smoke" / "good", good)
+    (good / "run.json").write_text("{also damaged")  # neither proves the other replaced
+    with locked(out):
+        report.folders.recover(smoke)
+    assert _tree(hidden) == damaged and (good / "run.json").read_text() == "{also damaged"
+    shutil.rmtree(good)
+    os.replace(hidden, good)
+    assert _build(notebooks, out, overrides={"value": "-1"}).kept_previous.tolist() == [True]  # may be good
+    os.replace(good, hidden)
+    _build(notebooks, out)  # the hidden one comes back, then a good report replaces it
+    assert not hidden.exists() and json.loads((good / "run.json").read_text())["status"] == "ok"

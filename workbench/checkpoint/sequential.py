@@ -66,6 +66,8 @@ class CheckpointedSequential(nn.Sequential):
         super().__init__(layers)
         self.plan = plan
         self._planner = planner
+        self._lazy: CheckpointPlan | None = None  # the plan made here from a batch, and that batch's size
+        self._lazy_numel = 0
         self.preserve_rng_state = preserve_rng_state
         # NOTE: a plain list, not registered: the units wrap the children, and registering them
         # would list every parameter twice in the state_dict.
@@ -76,12 +78,26 @@ class CheckpointedSequential(nn.Sequential):
             state = unit(state)
         return state
 
+    def _needs_plan(self, x: torch.Tensor) -> bool:
+        """Plan on `x` when no plan was given (nor set): on the first non-empty batch, and again on a batch
+        with more elements than the one the plan was made on.
+
+        # NOTE: a plan under a memory budget made on a small batch (an empty one plans no checkpoints at
+        # all) exceeds the budget on a larger one; a plan made on the largest batch so far holds for the
+        # smaller ones, so planning again is needed only when a batch grows.
+        """
+        lazy = self.plan is None or self.plan is self._lazy
+        return lazy and self._planner is not None and x.numel() > self._lazy_numel
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if not (self.training and torch.is_grad_enabled()):
             return super().forward(x)
-        if self.plan is None:
+        if self._needs_plan(x):
             assert self._planner is not None
-            self.plan = self._planner(x.detach())
+            self.plan = self._lazy = self._planner(x.detach())
+            self._lazy_numel = x.numel()
+        if self.plan is None:  # an empty batch before any plan: nothing to keep, nothing to plan on
+            return self._run(0, len(self.units), x)
         if self.plan.segments[-1][1] != len(self.units):
             raise ValueError(f"the plan covers {self.plan.segments[-1][1]} units, the model has {len(self.units)}")
         state: State = x
@@ -120,7 +136,8 @@ def sc(
     The result shares ``model``'s layers and gives the same outputs, gradients and BatchNorm
     running statistics. Checkpoints may fall inside residual blocks (``split_blocks``; see
     :func:`units_of`). ``uniform`` without a budget needs no profile; other choices profile the
-    units on ``sample`` now, or on the first training batch when ``sample`` is None.
+    units on ``sample`` now, or, when ``sample`` is None, on the first non-empty training batch and
+    again on any later batch with more elements than the one planned on.
     """
     check_strategy(strategy)
     layers = layers_of(model)

@@ -68,7 +68,7 @@ class ImageSet:
         """A seeded random (train, test) split."""
         if not 0 < test_fraction < 1:
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-        order = torch.randperm(len(self), generator=torch.Generator().manual_seed(seed))
+        order = torch.randperm(len(self), generator=seeded(seed))
         n_test = max(1, round(len(self) * test_fraction))
         test, train = order[:n_test], order[n_test:]
         return (
@@ -108,6 +108,13 @@ def load_digits(size: int = 8, channels: int = 1) -> ImageSet:
     return ImageSet(_resize(pixels, size, channels), torch.from_numpy(bunch.target), 10, "digits")
 
 
+def seeded(seed: int, who: str = "seed") -> torch.Generator:
+    """A generator seeded with `seed`, a whole number torch takes (-2**63..2**64-1); ValueError naming it."""
+    if isinstance(seed, bool) or not isinstance(seed, Integral) or not -(2**63) <= seed < 2**64:
+        raise ValueError(f"{who} must be a whole number in -2**63..2**64-1, got {seed!r}")
+    return torch.Generator().manual_seed(int(seed))
+
+
 def synthetic_images(
     n: int, shape: tuple[int, int, int] = (3, 32, 32), num_classes: int = 10, *,
     seed: int = 0, noise: float = 0.35,
@@ -131,7 +138,7 @@ def synthetic_images(
     if isinstance(noise, bool) or not isinstance(noise, Real) or not (math.isfinite(noise) and noise >= 0):
         raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
     c, h, w = shape
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded(seed)
     coarse = torch.rand(num_classes, c, 4, 4, generator=gen)
     protos = F.interpolate(coarse, size=(h, w), mode="bicubic", align_corners=False)
     labels = torch.randint(num_classes, (n,), generator=gen)
@@ -163,8 +170,8 @@ def make_loader(
     """A DataLoader of (images, labels); images normalised to float unless `normalize=False`."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
         raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    generator = seeded(seed)
     images = _normalize(imageset.images) if normalize else imageset.images
-    generator = torch.Generator().manual_seed(seed)
     return DataLoader(
         TensorDataset(images, imageset.labels), batch_size=batch_size, shuffle=shuffle,
         drop_last=drop_last, generator=generator,

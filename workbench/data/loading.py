@@ -12,7 +12,7 @@ from numbers import Integral
 
 import torch
 
-from .datasets import ImageSet, _resize, load_digits, synthetic_images
+from .datasets import ImageSet, _resize, load_digits, seeded, synthetic_images
 from .readers import load_cifar10, load_cifar100, load_mnist
 
 __all__ = ["DATASETS", "load"]
@@ -37,6 +37,7 @@ def load(
     """
     if name not in DATASETS:
         raise ValueError(f"dataset must be one of {list(DATASETS)}, got {name!r}")
+    seeded(seed)
     for what, value in (("n_train", n_train), ("n_test", n_test)):
         if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
             raise ValueError(f"{what} must be a whole number >= 1, got {value!r}")

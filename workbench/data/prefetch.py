@@ -22,6 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from numbers import Integral
 from typing import Any
@@ -30,7 +31,7 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
-from .datasets import ImageSet, normalize
+from .datasets import ImageSet, normalize, seeded
 from .encode import encode
 
 __all__ = ["PrefetchLoader", "ShuffledBatchSampler", "benchmark_loaders"]
@@ -53,9 +54,11 @@ class ShuffledBatchSampler(Sampler[list[int]]):
 
     def __init__(self, n: int, batch_size: int, *, seed: int = 0, shuffle: bool = True,
                  drop_last: bool = False) -> None:
-        if n < 1 or batch_size < 1:
-            raise ValueError(f"n and batch_size must be >= 1, got {n}, {batch_size}")
-        self.n, self.batch_size, self.seed = n, batch_size, seed
+        for what, value in (("n", n), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+                raise ValueError(f"{what} must be a whole number >= 1, got {value!r}")
+        seeded(seed)  # refused now, naming it, rather than by torch at the first epoch
+        self.n, self.batch_size, self.seed = int(n), int(batch_size), seed
         self.shuffle, self.drop_last = shuffle, drop_last
         self.epoch = 0
 
@@ -68,7 +71,7 @@ class ShuffledBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         epoch, self.epoch = self.epoch, self.epoch + 1
         if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            g = seeded((self.seed * 1_000_003 + epoch) % 2**64)  # any seed, any epoch: within torch's range
             order = torch.randperm(self.n, generator=g)
         else:
             order = torch.arange(self.n)
@@ -76,45 +79,21 @@ class ShuffledBatchSampler(Sampler[list[int]]):
             yield order[i * self.batch_size: (i + 1) * self.batch_size].tolist()
 
 
-class PrefetchLoader:
-    """Batches of an ImageSet prepared by a background thread.
+class _Producer:
+    """The background thread's side: prepares batches from (seed, epoch) into a bounded queue.
 
-    Yields ``(inputs, labels)``: inputs are an ``EncodedBatch`` when ``scheme`` is given (decode
-    on the device with ``DecodeLayer``), else normalised float images. ``transform(images,
-    labels) -> (images, targets)`` runs in the thread on the uint8 batch: with a ``scheme`` it
-    must return uint8 images (a ``ClassImageAugmenter``), which are then encoded; without one it
-    may return uint8 (then normalised) or float images (a ``ClassAugmenter``, used as they are).
-    MixUp/CutMix on an encoded pipeline belong after decoding, on the device.
-    ``max_prefetch`` bounds the queue in batches (default: one epoch plus one, so a whole next
-    epoch can be ready).
+    # NOTE: a separate object so the thread holds no reference to its PrefetchLoader: a loader dropped
+    # without close() is then collected, and its finalizer stops the thread (a thread whose target is
+    # a bound method of the loader kept the loader alive, and itself running, forever).
     """
 
-    def __init__(
-        self, data: ImageSet, batch_size: int, *, shuffle: bool = True, seed: int = 0,
-        scheme: str | None = None, batch_sampler: Sampler[list[int]] | None = None,
-        transform: Callable[[torch.Tensor, torch.Tensor], tuple[Any, torch.Tensor]] | None = None,
-        drop_last: bool = False, max_prefetch: int | None = None, pin_memory: bool = False,
-    ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if not isinstance(data, ImageSet):
-            raise TypeError(f"data must be an ImageSet (workbench.data.load), got {type(data).__name__}")
-        self.images, self.labels = data.images, data.labels
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_sampler: Sampler[list[int]], *,
+                 scheme: str | None, transform: Callable | None, pin_memory: bool, max_prefetch: int) -> None:
+        self.images, self.labels, self.batch_sampler = images, labels, batch_sampler
         self.scheme, self.transform, self.pin_memory = scheme, transform, pin_memory
-        self.batch_sampler = batch_sampler or ShuffledBatchSampler(
-            len(self.labels), batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last)
-        self.max_prefetch = max_prefetch if max_prefetch is not None else len(self) + 1
-        if isinstance(self.max_prefetch, bool) or not isinstance(self.max_prefetch, Integral) or self.max_prefetch < 1:
-            raise ValueError(f"max_prefetch must be an int >= 1 (batches), got {self.max_prefetch!r}")
-        self._queue: queue.Queue | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._epoch = 0  # next epoch the consumer reads
+        self.queue: queue.Queue = queue.Queue(maxsize=max_prefetch)
+        self.stop = threading.Event()
 
-    def __len__(self) -> int:
-        return len(self.batch_sampler)
-
-    # --- producer ---------------------------------------------------------------------------
     def _batches(self, epoch: int) -> Iterator[list[int]]:
         sampler = self.batch_sampler
         if hasattr(sampler, "set_epoch"):
@@ -142,18 +121,18 @@ class PrefetchLoader:
         return inputs, labels
 
     def _put(self, item: object) -> bool:
-        while not self._stop.is_set():
+        while not self.stop.is_set():
             try:
-                self._queue.put(item, timeout=0.05)
+                self.queue.put(item, timeout=0.05)
                 return True
             except queue.Full:
                 continue
         return False
 
-    def _produce(self, first_epoch: int) -> None:
+    def run(self, first_epoch: int) -> None:
         epoch = first_epoch
         try:
-            while not self._stop.is_set():
+            while not self.stop.is_set():
                 for idx in self._batches(epoch):
                     if not self._put((epoch, self._prepare(idx))):
                         return
@@ -163,24 +142,64 @@ class PrefetchLoader:
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread
             self._put((epoch, _Failure(exc)))
 
-    # --- consumer ---------------------------------------------------------------------------
+
+class PrefetchLoader:
+    """Batches of an ImageSet prepared by a background thread.
+
+    Yields ``(inputs, labels)``: inputs are an ``EncodedBatch`` when ``scheme`` is given (decode
+    on the device with ``DecodeLayer``), else normalised float images. ``transform(images,
+    labels) -> (images, targets)`` runs in the thread on the uint8 batch: with a ``scheme`` it
+    must return uint8 images (a ``ClassImageAugmenter``), which are then encoded; without one it
+    may return uint8 (then normalised) or float images (a ``ClassAugmenter``, used as they are).
+    MixUp/CutMix on an encoded pipeline belong after decoding, on the device.
+    ``max_prefetch`` bounds the queue in batches (default: one epoch plus one, so a whole next
+    epoch can be ready). A loader dropped without ``close()`` stops its thread when collected.
+    """
+
+    def __init__(
+        self, data: ImageSet, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+        scheme: str | None = None, batch_sampler: Sampler[list[int]] | None = None,
+        transform: Callable[[torch.Tensor, torch.Tensor], tuple[Any, torch.Tensor]] | None = None,
+        drop_last: bool = False, max_prefetch: int | None = None, pin_memory: bool = False,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if not isinstance(data, ImageSet):
+            raise TypeError(f"data must be an ImageSet (workbench.data.load), got {type(data).__name__}")
+        self.images, self.labels = data.images, data.labels
+        self.scheme, self.transform, self.pin_memory = scheme, transform, pin_memory
+        self.batch_sampler = batch_sampler or ShuffledBatchSampler(
+            len(self.labels), batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last)
+        self.max_prefetch = max_prefetch if max_prefetch is not None else len(self) + 1
+        if isinstance(self.max_prefetch, bool) or not isinstance(self.max_prefetch, Integral) or self.max_prefetch < 1:
+            raise ValueError(f"max_prefetch must be an int >= 1 (batches), got {self.max_prefetch!r}")
+        self._producer: _Producer | None = None
+        self._thread: threading.Thread | None = None
+        self._epoch = 0  # next epoch the consumer reads
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
     def _start(self) -> None:
-        self._stop.clear()
-        self._queue = queue.Queue(maxsize=self.max_prefetch)
-        self._thread = threading.Thread(target=self._produce, args=(self._epoch,),
+        self._producer = _Producer(self.images, self.labels, self.batch_sampler, scheme=self.scheme,
+                                   transform=self.transform, pin_memory=self.pin_memory,
+                                   max_prefetch=self.max_prefetch)
+        self._thread = threading.Thread(target=self._producer.run, args=(self._epoch,),
                                         name="workbench-prefetch", daemon=True)
+        weakref.finalize(self, self._producer.stop.set)
         self._thread.start()
 
     def __iter__(self) -> Iterator[tuple[Any, torch.Tensor]]:
         if self._thread is None or not self._thread.is_alive():
             self._start()
+        producer, thread = self._producer, self._thread
         epoch = self._epoch
         self._epoch += 1
         while True:
             try:
-                item_epoch, item = self._queue.get(timeout=0.1)
+                item_epoch, item = producer.queue.get(timeout=0.1)
             except queue.Empty:
-                if not self._thread.is_alive():
+                if not thread.is_alive():
                     raise RuntimeError("prefetch thread stopped without finishing the epoch") from None
                 continue
             if item_epoch < epoch:  # left over from an epoch the consumer broke out of
@@ -194,8 +213,9 @@ class PrefetchLoader:
 
     def close(self) -> None:
         """Stop the producer thread and wait for it; safe to call twice."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
+        producer, thread, self._thread = self._producer, self._thread, None
+        if producer is not None:
+            producer.stop.set()
         if thread is not None:
             thread.join(timeout=10)
 
@@ -204,11 +224,6 @@ class PrefetchLoader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        stop = getattr(self, "_stop", None)
-        if stop is not None:
-            stop.set()
 
 
 def benchmark_loaders(

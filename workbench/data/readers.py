@@ -3,14 +3,12 @@
 Nothing downloads at run time: users drop the files into `data/` (or $WORKBENCH_DATA). The readers
 trust nothing in those files and bound what a file may make them build before building it:
 
-- A pickle is scanned opcode by opcode first (`pickletools.genops`, nothing executed): lengths must
-  fit in the file, memo indices must be ones a pickler writes, and the opcodes that construct
-  arbitrary objects are refused. It then loads through an unpickler that admits only the numpy
-  helpers real batches name, charging every array and byte string it builds to a budget of twice the
-  file's size. `data` must come back a numpy array and the labels a flat list, so nothing expands
-  after loading either.
-- An IDX file's magic and declared dimensions are checked from its first bytes; the body is then
-  read (and, gzipped, decompressed incrementally) up to the declared size and no further.
+- A pickle is read by `batch_pickle.read_batch`: scanned opcode by opcode first, then loaded through
+  an unpickler that admits only the numpy helpers real batches name, within a byte budget. `data`
+  must come back a numpy array and the labels a flat list, so nothing expands after loading either.
+- An IDX file's magic, declared dimensions and shape (28 x 28 images, one label per image) are
+  checked from its first bytes, and a gzip may not declare more than MAX_GZIP_RATIO times its own
+  size; the body is then decompressed in chunks into the array, up to the declared size and no further.
 
 A garbage, truncated, oversized, empty, wrong-shape or out-of-range file is refused with a
 ValueError naming it.
@@ -20,207 +18,33 @@ from __future__ import annotations
 
 import gzip
 import math
-import pickle
-import pickletools
+import os
 import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .batch_pickle import MAX_NESTING, MAX_PICKLE_BYTES, read_batch
 from .datasets import ImageSet, data_dir
 
-__all__ = ["MAX_IDX_BYTES", "MAX_PICKLE_BYTES", "load_cifar10", "load_cifar100", "load_mnist"]
+__all__ = ["MAX_GZIP_RATIO", "MAX_IDX_BYTES", "MAX_NESTING", "MAX_PICKLE_BYTES", "load_cifar10", "load_cifar100",
+           "load_mnist"]
 
-MAX_PICKLE_BYTES = 512 * 2**20  # largest CIFAR file a reader accepts (CIFAR-100 `train` is ~155 MB)
 MAX_IDX_BYTES = 2**30  # largest IDX body accepted, from its declared dims (MNIST train images: 47 MB)
-_LATIN1 = {"latin1", "latin-1", "iso-8859-1", "iso8859-1", "l1"}
-# Opcodes that build objects by calling classes, or fetch them from outside the file; CIFAR batches
-# (dicts of arrays, lists, bytes, str and ints under protocols 2-5) use none of them.
-_REFUSED_OPS = {"INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4",
-                "NEXT_BUFFER", "READONLY_BUFFER"}
+MAX_GZIP_RATIO = 64  # most a gzipped IDX body may expand, plus 1 MiB (real MNIST files: about 5)
+_CHUNK = 2**20  # bytes read at a time into an IDX array
 
 
 def _require(path: Path, what: str) -> Path:
+    if os.path.lexists(path) and not path.exists():
+        raise ValueError(f"{path}: a symbolic link that leads nowhere (dangling, or a loop); {what} must be a file")
     if not path.exists():
         raise FileNotFoundError(
             f"{what} not found at {path}. Download it yourself and place it there "
             f"(or set WORKBENCH_DATA to the folder that holds it); nothing is downloaded at run time."
         )
     return path
-
-
-class _Refused(pickle.UnpicklingError):
-    """A file asked for something a CIFAR batch never holds (the message says what)."""
-
-
-class _CappedReader:
-    """A binary file that reads no further than `size` bytes, whatever length a caller asks for.
-
-    # NOTE: a pickle's length fields are input; io's read(n) allocates n bytes before reading, so
-    # lengths are clamped to what the file can still hold.
-    """
-
-    def __init__(self, file, size: int) -> None:
-        self.file, self.left = file, size
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.file.read(self.left if n is None or n < 0 else min(n, self.left))
-        self.left -= len(data)
-        return data
-
-    def readline(self) -> bytes:
-        data = self.file.readline(self.left)
-        self.left -= len(data)
-        return data
-
-
-def _prescan(reader: _CappedReader) -> None:
-    """Walk the opcodes without executing them; refuse what a pickler of plain data never writes."""
-    ops = 0
-    for ops, (op, arg, _) in enumerate(pickletools.genops(reader), start=1):
-        if op.name in _REFUSED_OPS:
-            raise _Refused(f"refused opcode {op.name}; a CIFAR batch holds only plain data and numpy arrays")
-        if op.name in ("PUT", "BINPUT", "LONG_BINPUT") and not 0 <= int(arg) <= ops:
-            raise _Refused(f"memo index {arg} at opcode {ops} (a pickler numbers them 0, 1, 2, ...)")
-        if op.name == "FRAME" and arg > reader.left:
-            raise ValueError(f"frame of {arg} bytes, but only {reader.left} bytes remain")
-
-
-class _Dtype:
-    """Stands in for numpy.dtype while unpickling: a plain bool/int/uint/float dtype, nothing else."""
-
-    def __init__(self, spec, align=False, copy=True) -> None:
-        if not isinstance(spec, (str, bytes)) or len(spec) > 8:
-            raise _Refused(f"refused dtype {str(spec)[:80]}; CIFAR arrays hold plain numbers")
-        try:
-            dtype = np.dtype(spec.decode("latin1") if isinstance(spec, bytes) else spec)
-        except (TypeError, ValueError):
-            raise _Refused(f"refused dtype {spec!r}") from None
-        if dtype.kind not in "biuf" or dtype.fields or dtype.subdtype:
-            raise _Refused(f"refused dtype {spec!r}; CIFAR arrays hold plain numbers")
-        self.dtype = dtype
-
-    def __setstate__(self, state) -> None:  # (version, byte order, subarray, names, fields, ...)
-        if not isinstance(state, tuple) or len(state) < 5 or state[1] not in ("<", ">", "|", "=") \
-                or any(part is not None for part in state[2:5]):
-            raise _Refused(f"refused dtype state {str(state)[:80]}")
-        if state[1] in "<>":
-            self.dtype = self.dtype.newbyteorder(state[1])
-
-
-class _NdarrayName:
-    """What the name numpy.ndarray resolves to: usable only as `_reconstruct`'s first argument."""
-
-    def __new__(cls, *args, **kwargs):
-        raise _Refused("refused to call numpy.ndarray directly; arrays are rebuilt only by numpy's "
-                       "_reconstruct or _frombuffer, as in real batches")
-
-
-class _BatchUnpickler(pickle.Unpickler):
-    """Admits numpy array reconstruction and latin-1 bytes, each charged to a byte budget; nothing else.
-
-    # NOTE: `pickle.load` calls any importable callable a file names (`os.system` included); a data
-    # file is input, so only the numpy helpers the real CIFAR batches use are admitted, and each is
-    # replaced by a checked version that sizes what it will allocate before allocating it.
-    """
-
-    def __init__(self, file, budget: int) -> None:
-        super().__init__(file, encoding="latin1")
-        self.budget = self.left = budget
-        unpickler = self
-
-        class _Array(np.ndarray):
-            def __setstate__(self, state) -> None:
-                unpickler._set_array(self, state)
-
-        self.array_type = _Array
-        names = {"multiarray._reconstruct": self._reconstruct, "multiarray.scalar": self._scalar,
-                 "numeric._frombuffer": self._frombuffer}
-        self.allowed = {("numpy", "ndarray"): _NdarrayName, ("numpy", "dtype"): _Dtype,
-                        ("_codecs", "encode"): self._encode}
-        for package in ("numpy.core", "numpy._core"):  # files written under numpy 1 and numpy 2
-            for name, helper in names.items():
-                module, attr = f"{package}.{name}".rsplit(".", 1)
-                self.allowed[(module, attr)] = helper
-
-    def find_class(self, module: str, name: str):
-        try:
-            return self.allowed[(module, name)]
-        except KeyError:
-            raise _Refused(f"refused to load {module}.{name}; a CIFAR batch holds only dicts, lists, "
-                           f"bytes, str, ints and numpy arrays") from None
-
-    def _charge(self, nbytes: int, what: str) -> None:
-        self.left -= nbytes
-        if self.left < 0:
-            raise _Refused(f"{what} would take the bytes built past {self.budget:,} (twice the file's size "
-                           f"plus 1 MiB); a real batch builds about its own size")
-
-    def _size(self, shape, dtype) -> tuple[tuple[int, ...], np.dtype, int]:
-        if not isinstance(dtype, _Dtype):
-            raise _Refused(f"refused array dtype {type(dtype).__name__}")
-        if not isinstance(shape, tuple) or not all(type(d) is int and 0 <= d < 2**40 for d in shape):
-            raise _Refused(f"refused array shape {str(shape)[:80]}")
-        return shape, dtype.dtype, math.prod(shape) * dtype.dtype.itemsize
-
-    def _reconstruct(self, cls, shape, dtype):
-        if cls is not _NdarrayName:
-            raise _Refused(f"refused to reconstruct {getattr(cls, '__name__', cls)!r}; only numpy.ndarray")
-        shape, dtype, nbytes = self._size(shape, _Dtype(dtype))
-        self._charge(nbytes, f"an empty array of shape {shape}")
-        return np.ndarray.__new__(self.array_type, shape, dtype)
-
-    def _set_array(self, array: np.ndarray, state) -> None:
-        if not isinstance(state, tuple) or len(state) not in (4, 5):
-            raise _Refused("refused array state")
-        shape, dtype, nbytes = self._size(*state[-4:-2])
-        fortran, raw = state[-2:]
-        self._charge(nbytes, f"an array of shape {shape}")
-        if not isinstance(raw, (bytes, bytearray)) or len(raw) != nbytes:
-            raise _Refused(f"array of shape {shape} needs {nbytes} bytes of data, got {type(raw).__name__}")
-        np.ndarray.__setstate__(array, (1, shape, dtype, bool(fortran), raw))
-
-    def _frombuffer(self, buffer, dtype, shape, order):
-        shape, dtype, nbytes = self._size(shape, dtype)
-        self._charge(nbytes, f"an array of shape {shape}")
-        if not isinstance(buffer, (bytes, bytearray)) or len(buffer) != nbytes or order not in ("C", "F"):
-            raise _Refused(f"array of shape {shape} needs {nbytes} bytes of data in order C or F")
-        return np.frombuffer(buffer, dtype).reshape(shape, order=order)
-
-    def _scalar(self, dtype, raw):
-        _, dtype, nbytes = self._size((), dtype)
-        self._charge(nbytes, "a numpy scalar")
-        if not isinstance(raw, bytes) or len(raw) != nbytes:
-            raise _Refused(f"a {dtype} scalar needs {nbytes} bytes")
-        return np.frombuffer(raw, dtype)[0]
-
-    def _encode(self, text, encoding="utf-8", errors="strict"):
-        if not isinstance(text, str) or encoding not in _LATIN1:
-            raise _Refused(f"refused _codecs.encode(..., {encoding!r}); only latin-1 text")
-        self._charge(len(text), "latin-1 bytes")
-        return text.encode("latin1")
-
-
-def _unpickle(path: Path) -> dict:
-    size = path.stat().st_size
-    if not path.is_file() or size > MAX_PICKLE_BYTES:
-        raise ValueError(f"{path}: not a CIFAR python batch ({size:,} bytes; a regular file of at most "
-                         f"MAX_PICKLE_BYTES={MAX_PICKLE_BYTES:,} bytes is accepted)")
-    try:
-        with open(path, "rb") as f:
-            _prescan(_CappedReader(f, size))
-            f.seek(0)
-            batch = _BatchUnpickler(_CappedReader(f, size), 2 * size + 2**20).load()
-    except _Refused as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
-            OverflowError, MemoryError, UnicodeDecodeError, RecursionError) as exc:
-        problem = f"{type(exc).__name__}: {exc}"
-        raise ValueError(f"{path}: not a CIFAR python batch (truncated or corrupt: {problem})") from None
-    if not isinstance(batch, dict):
-        raise ValueError(f"{path}: expected a CIFAR batch (a dict with 'data' and labels), got {type(batch).__name__}")
-    return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in batch.items()}
 
 
 def _integers(path: Path, value, what: str) -> np.ndarray:
@@ -256,7 +80,7 @@ def _cifar(folder: Path, files: dict[str, list[str]], label_key: str, classes: i
         images, labels = [], []
         for fname in files[split]:
             path = _require(folder / fname, f"{name} file {fname!r}")
-            batch = _unpickle(path)
+            batch = read_batch(path)
             missing = [k for k in ("data", label_key) if k not in batch]
             if missing:
                 raise ValueError(f"{path}: CIFAR batch lacks {missing}; it has {sorted(map(str, batch))}")
@@ -291,17 +115,20 @@ def load_cifar100(root: str | Path | None = None) -> tuple[ImageSet, ImageSet]:
     return _cifar(folder, {"train": ["train"], "test": ["test"]}, "fine_labels", 100, "cifar100")
 
 
-def _read_idx(path: Path, ndim: int) -> np.ndarray:
-    """An unsigned-byte IDX array of `ndim` non-empty dimensions; ValueError naming `path` otherwise.
+def _read_idx(path: Path, shape: tuple[int | None, ...], what: str) -> np.ndarray:
+    """An unsigned-byte IDX array of `shape` (None: any count >= 1), described to the user as `what`;
+    ValueError naming `path` otherwise.
 
-    The header is read first; the body is read up to its declared size plus one byte (to tell a
-    padded file), so a gzip bomb is decompressed no further than the header allows.
+    The header is checked first (dimensions, shape, size, and for a gzip how far it would expand); the body
+    is then read in chunks into the array, up to its declared size plus one byte (to tell a padded file),
+    so a gzip bomb is decompressed no further than the header allows and nothing is held twice.
     """
     if not path.is_file():  # a folder, a named pipe (open would wait for a writer forever), a device
         raise ValueError(f"{path}: not an IDX file (a regular file is needed)")
-    opener = gzip.open if path.suffix == ".gz" else open
+    ndim, packed = len(shape), path.stat().st_size
+    gzipped = path.suffix == ".gz"
     try:
-        with opener(path, "rb") as f:
+        with (gzip.open if gzipped else open)(path, "rb") as f:
             magic = f.read(4)
             if len(magic) < 4 or magic[:3] != b"\x00\x00\x08":
                 raise ValueError(f"{path} is not an unsigned-byte IDX file (magic {magic.hex()})")
@@ -314,30 +141,44 @@ def _read_idx(path: Path, ndim: int) -> np.ndarray:
             if 0 in dims:
                 raise ValueError(f"{path}: header declares shape {dims}; an MNIST file holds at least one "
                                  f"example of at least one value")
+            if any(want is not None and got != want for got, want in zip(dims, shape, strict=True)):
+                raise ValueError(f"{path}: header declares shape {dims}; expected {what}")
             size = math.prod(dims)
             if size > MAX_IDX_BYTES:
                 raise ValueError(f"{path}: header declares shape {dims} ({size:,} bytes), over "
                                  f"MAX_IDX_BYTES={MAX_IDX_BYTES:,}")
-            body = f.read(size + 1)
+            if gzipped and size > MAX_GZIP_RATIO * packed + 2**20:
+                raise ValueError(f"{path}: header declares shape {dims} ({size:,} bytes) from a {packed:,}-byte "
+                                 f"gzip, more than MAX_GZIP_RATIO={MAX_GZIP_RATIO} times its size plus 1 MiB "
+                                 f"(MNIST files expand about 5 times)")
+            array = np.empty(dims, dtype=np.uint8)
+            view, done = memoryview(array.reshape(-1)), 0
+            while done < size:
+                got = f.readinto(view[done:done + _CHUNK])
+                if not got:
+                    break
+                done += got
+            extra = f.read(1)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise ValueError(f"{path}: cannot read the file (corrupt or truncated: {exc})") from None
-    if len(body) != size:
-        held = f"{len(body)}" if len(body) <= size else f"more than {size}"
+    if done != size or extra:
+        held = f"{done}" if done < size else f"more than {size}"
         raise ValueError(f"{path}: header says {dims} but holds {held} bytes (truncated or padded)")
-    return np.frombuffer(body, dtype=np.uint8).reshape(dims)
+    return array
 
 
 def load_mnist(root: str | Path | None = None) -> tuple[ImageSet, ImageSet]:
-    """MNIST IDX files (optionally .gz) from `<root>/mnist/`."""
+    """MNIST IDX files (optionally .gz) from `<root>/mnist/`: 28 x 28 images, one label in 0..9 per image."""
     folder = Path(root or data_dir()) / "mnist"
     sets = []
     for prefix in ("train", "t10k"):
         paths = []
         for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"):
             plain = folder / f"{prefix}-{kind}"
-            path = plain if plain.exists() else plain.with_name(plain.name + ".gz")
+            path = plain if os.path.lexists(plain) else plain.with_name(plain.name + ".gz")
             paths.append(_require(path, f"MNIST file {plain.name}[.gz]"))
-        images, labels = _read_idx(paths[0], 3), _read_idx(paths[1], 1)
+        images = _read_idx(paths[0], (None, 28, 28), "N x 28 x 28 (28 x 28-pixel images)")
+        labels = _read_idx(paths[1], (len(images),), f"{len(images)} labels (one per image)")
         _check_labels(paths[1], labels, len(images), 10)
-        sets.append(ImageSet(torch.from_numpy(images.copy())[:, None], torch.from_numpy(labels.copy()), 10, "mnist"))
+        sets.append(ImageSet(torch.from_numpy(images)[:, None], torch.from_numpy(labels), 10, "mnist"))
     return tuple(sets)

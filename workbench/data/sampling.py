@@ -27,6 +27,8 @@ from numbers import Integral, Real
 import torch
 from torch.utils.data import Sampler
 
+from .datasets import seeded
+
 __all__ = [
     "ClassAugmenter", "ClassImageAugmenter", "CutMix", "FlipCrop", "MixUp", "SelectiveBatchSampler",
     "beta_sample", "class_counts",
@@ -109,6 +111,7 @@ class SelectiveBatchSampler(Sampler[list[int]]):
         if empty:
             raise ValueError(f"classes {empty} have a positive weight but no examples")
         self.batch_size = batch_size
+        seeded(seed)  # refused now, naming it, rather than by torch at the first batch
         self.seed = seed
         self.epoch = 0
         self.shuffle_batch = shuffle_batch
@@ -148,7 +151,7 @@ class SelectiveBatchSampler(Sampler[list[int]]):
         return out
 
     def __iter__(self) -> Iterator[list[int]]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        g = seeded((self.seed * 1_000_003 + self.epoch) % 2**64)
         queues: list[torch.Tensor] = [p[torch.randperm(len(p), generator=g)] for p in self.pools]
         cursor = [0] * len(self.pools)
         for counts in self.batch_counts():
@@ -258,7 +261,7 @@ class ClassAugmenter:
             raise ValueError(f"hook classes must be in [0, {num_classes}), got {bad}")
         self.hooks = dict(hooks)
         self.num_classes = num_classes
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = seeded(seed)
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < self.num_classes:
@@ -323,7 +326,7 @@ class ClassImageAugmenter:
             raise ValueError(f"hook classes must be None or ints in [0, {num_classes}), got {bad}")
         self.hooks = dict(hooks)
         self.num_classes = num_classes
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = seeded(seed)
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if images.dtype != torch.uint8:

@@ -69,6 +69,13 @@ def _host_port(address) -> tuple[str, int] | None:
         raise UsageError(f"scheduler={address!r}: unknown scheme {scheme!r}; choose one of {', '.join(known)}; "
                          f"{expected}")
     if scheme not in ("tcp", "tls", "ws", "wss"):
+        # NOTE: distributed lists `ucx` whether or not its backend can run (without distributed-ucxx its
+        # connector is an abstract class): a build accepted the address, planned, and then crashed.
+        try:
+            registry.get_backend(scheme).get_connector()
+        except Exception as exc:  # noqa: BLE001 - whatever the backend raises, it cannot connect
+            raise UsageError(f"scheduler={address!r}: the {scheme!r} scheme cannot be used here ({type(exc).__name__}: "
+                             f"{exc}); {expected}") from None
         return None
     try:
         host, port = parse_host_port(location)
@@ -90,7 +97,7 @@ def _probe(address: str) -> None:
         socket.create_connection(where, timeout=CONNECT_TIMEOUT).close()
     except OSError as exc:
         problem = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or exc)
-        raise UsageError(f"cannot reach the Dask scheduler at {address}: {problem}; start one with "
+        raise UsageError(f"cannot reach the Dask scheduler at {address!r}: {problem}; start one with "
                          f"`dask scheduler` (and workers with `dask worker ADDRESS`), or use --workers N for a "
                          f"local cluster") from None
 
@@ -146,7 +153,7 @@ def connect(*, workers: int | None = None, scheduler: str | None = None) -> Iter
         _probe(scheduler)
         try:
             client = Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)
-        except (OSError, TimeoutError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - OSError, TimeoutError, or what a scheme's backend raises
             raise UsageError(f"cannot reach the Dask scheduler at {scheduler}: {exc} (is a Dask scheduler "
                              f"listening there?)") from None
         with client:

@@ -7,9 +7,11 @@ page written by someone else or a file where a report folder belongs is refused 
 starts, with its path.
 
 A finished report moves into place in two renames (`<name>` -> `.old-<name>-<pid>-<token>`, then the
-staging folder -> `<name>`). A build that dies between them leaves the last good report under its
-hidden name: the next build restores it (never deletes a report that has no replacement) and removes
-only temporary folders whose report is in place.
+staging folder -> `<name>`), always under the build lock. A build that dies between them leaves the last
+good report under its hidden name; the next build, holding the lock, knows that no build is mid-swap and
+restores it, whatever process now has that id. A hidden report is deleted only when what is in its place
+proves it replaced: a report whose run.json says "ok", or the hidden one being a failed run itself
+(`report_state`). A report whose run.json is damaged is never judged failed.
 """
 
 from __future__ import annotations
@@ -26,13 +28,17 @@ from pathlib import Path
 from .results import FAILED_RUN, INTERACTIVE, NAME_PATTERN, PROFILES, UsageError, _read_json, _write_atomic
 
 __all__ = ["MARKER", "GENERATOR", "mark", "foreign_entries", "page_is_ours", "prepare_out", "locked", "recover",
-           "swap_into_place", "temp_name"]
+           "report_state", "settle", "swap_into_place", "temp_name"]
 
 MARKER = ".workbench-report"  # in every report folder the runner made: the files it wrote there
 GENERATOR = '<meta name="generator" content="workbench report">'  # in every index page it wrote
 LOCK = ".lock"
 _TEMP = re.compile(r"\.(staging|old)-(.+)-(\d+)-([0-9a-f]+)")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows
+try:
+    import fcntl as _fcntl
+except ImportError:  # Windows: per-build temporary names still keep builds apart
+    _fcntl = None
 
 
 def temp_name(kind: str, name: str) -> str:
@@ -65,11 +71,16 @@ def _made(folder: Path) -> set[str] | None:
     marker = _read_json(folder / MARKER)
     if isinstance(marker.get("files"), list):
         return {str(f) for f in marker["files"]} | {MARKER, FAILED_RUN}
-    run = _read_json(folder / "run.json")  # a report from before the marker: the files that runner wrote
+    # a report from before the marker (or whose marker is damaged): the files that runner wrote
+    run = _read_json(folder / "run.json")
     if run.get("status") in ("ok", "failed") and isinstance(run.get("name"), str):
         name = run["name"]
-        return {"run.json", "results.json", f"{name}.ipynb", f"{name}.html", FAILED_RUN} | {
-            p.name for p in folder.glob("*.png")}
+        # NOTE: its figures are those its results.json lists, not every *.png: a picture of yours saved
+        # into the folder is yours (and with results.json damaged, every picture counts as yours)
+        figures = _read_json(folder / "results.json").get("figures")
+        listed = {f for f in figures if isinstance(f, str) and f.endswith(".png")
+                  and NAME_PATTERN.fullmatch(f[:-4])} if isinstance(figures, list) else set()
+        return {"run.json", "results.json", f"{name}.ipynb", f"{name}.html", FAILED_RUN, MARKER} | listed
     return None
 
 
@@ -183,14 +194,10 @@ def _open_lock(path: Path) -> int:
 def locked(root: Path):
     """An exclusive lock on `root` for moving reports into place and writing the index (two builds, one
     folder). `<root>/.lock` is created with O_CREAT | O_EXCL | O_NOFOLLOW: a link there is refused."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: per-build temporary names still keep builds apart
-        fcntl = None
     fd = _open_lock(root / LOCK)
     try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        if _fcntl is not None:
+            _fcntl.flock(fd, _fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing releases the lock
@@ -200,34 +207,94 @@ def locked(root: Path):
 # Moving into place, and recovering from a build that died
 
 
-def _recover_in(parent: Path) -> None:
-    leftovers: dict[tuple[str, str], list[Path]] = {}
+def report_state(folder: Path) -> str:
+    """What a report folder the runner made is: "absent" (nothing there, or an empty folder), "ok" or "failed"
+    (its run.json says so), or "unknown" (run.json missing or damaged: it may be a good report)."""
+    if not os.path.lexists(folder) or (folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir())):
+        return "absent"
+    status = _read_json(folder / "run.json").get("status") if folder.is_dir() and not folder.is_symlink() else None
+    return status if status in ("ok", "failed") else "unknown"
+
+
+_RANK = {"ok": 0, "unknown": 1, "failed": 2, "absent": 3}  # which copy of a report is worth the most
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():  # only folders a build made; a file stays as it is
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def settle(final: Path, hidden: list[Path]) -> None:
+    """Under the lock: put the best of `final` and the reports hidden by builds that died (`hidden`,
+    `.old-<name>-*`) in place, and delete a hidden one only when the report in place proves it replaced.
+
+    The best is a proven good report, then one of unknown state, the newest first. A failed run in place
+    of a better hidden report moves into that report's `failed-run/` (as a failed rebuild would have put it).
+    """
+    if not NAME_PATTERN.fullmatch(final.name):
+        return
+    folders = [p for p in hidden if p.is_dir() and not p.is_symlink()]
+    if not folders:
+        if hidden and not os.path.lexists(final):  # a file an older runner moved aside goes back
+            os.replace(max(hidden, key=lambda p: p.lstat().st_mtime), final)
+        return
+    best = min(folders, key=lambda p: (_RANK[report_state(p)], -p.lstat().st_mtime))
+    here = report_state(final) if os.path.lexists(final) else "absent"
+    if _RANK[report_state(best)] < _RANK[here] and here in ("failed", "absent"):
+        beaten = final.parent / temp_name("old", final.name) if os.path.lexists(final) else None
+        if beaten is not None:
+            os.replace(final, beaten)
+        os.replace(best, final)
+        folders.remove(best)
+        if beaten is not None and here == "failed" and report_state(final / FAILED_RUN) in ("failed", "absent"):
+            _remove(final / FAILED_RUN)
+            os.replace(beaten, final / FAILED_RUN)
+        elif beaten is not None:
+            _remove(beaten)  # an empty folder
+        here = report_state(final)
+    for path in folders:
+        if here == "ok" or report_state(path) in ("failed", "absent"):
+            _remove(path)
+        # else: kept under its hidden name; a later good report in place replaces it
+
+
+def _leftovers(parent: Path, name: str | None = None, worker_pid: int | None = None) -> dict[tuple, list[Path]]:
+    """Temporary entries of builds that died, by (kind, name): every `.old-*` (the caller holds the lock, so
+    no build is between its renames), and `.staging-*` of processes gone (or of `worker_pid`, known dead)."""
+    found: dict[tuple[str, str], list[Path]] = {}
     for path in parent.iterdir():
         match = _TEMP.fullmatch(path.name)
-        if match is None or _alive(int(match.group(3))):
+        if match is None or (name is not None and match.group(2) != name):
             continue
-        leftovers.setdefault((match.group(1), match.group(2)), []).append(path)
-    for (kind, name), paths in sorted(leftovers.items()):
-        final = parent / name
-        if kind == "old" and NAME_PATTERN.fullmatch(name) and not os.path.lexists(final):
-            # the build died between its two renames: this is the last good report (or a file an older
-            # runner moved aside); it goes back under its name, the newest if there are several
-            newest = max(paths, key=lambda p: p.lstat().st_mtime)
-            os.replace(newest, final)
-            paths.remove(newest)
-        for path in paths:
-            if path.is_dir() and not path.is_symlink():  # only folders a build made; a file stays as it is
-                shutil.rmtree(path, ignore_errors=True)
+        kind, pid = match.group(1), int(match.group(3))
+        # NOTE: a process id says nothing once the process is gone (the id is reused); only staging folders,
+        # made outside the lock, need it. Without flock (Windows) the lock is no proof, so ids decide.
+        mid_swap = kind == "old" and _fcntl is None
+        if (kind == "staging" or mid_swap) and pid != worker_pid and _alive(pid):
+            continue
+        found.setdefault((kind, match.group(2)), []).append(path)
+    return found
 
 
-def recover(folder: Path) -> None:
-    """Restore reports that builds which died left under `.old-*` names in the profile folder `folder`
-    (and failed runs inside its report folders); remove their other temporary folders."""
+def _recover_in(parent: Path, name: str | None = None, worker_pid: int | None = None) -> None:
+    for (kind, entry), paths in sorted(_leftovers(parent, name, worker_pid).items()):
+        if kind == "old":
+            settle(parent / entry, paths)
+        else:
+            for path in paths:
+                _remove(path)
+
+
+def recover(folder: Path, name: str | None = None, worker_pid: int | None = None) -> None:
+    """Under `locked(root)`: restore reports that builds which died left under `.old-*` names in the profile
+    folder `folder` (and failed runs inside its report folders); remove their staging folders. `name`: only
+    that report's; `worker_pid`: a process known dead (a Dask worker) whose id may already be reused."""
     if not folder.is_dir():
         return
-    _recover_in(folder)
+    _recover_in(folder, name, worker_pid)
     for sub in folder.iterdir():
-        if NAME_PATTERN.fullmatch(sub.name) and sub.is_dir() and not sub.is_symlink():
+        if NAME_PATTERN.fullmatch(sub.name) and (name is None or sub.name == name) and sub.is_dir() \
+                and not sub.is_symlink():
             _recover_in(sub)
 
 

@@ -20,15 +20,15 @@ from __future__ import annotations
 import ast
 import io
 import math
+import os
 import re
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from ..devices import repo_root
-from .results import NAME_PATTERN, PROFILES, RESERVED, UsageError, _check_name
+from .profiles import MAX_VALUE_DEPTH, read_profiles
+from .results import NAME_PATTERN, PROFILES, UsageError, _check_name, _depth_ok
 
 __all__ = ["Declared", "notebook_parameters", "numeric", "coerce", "load_profile", "available_notebooks",
            "notebooks_dir"]
@@ -159,6 +159,9 @@ def coerce(name: str, value, declared: Declared, where: str):
     # takes decimal digits only, a float any finite number, a bool only true/false.
     """
     typed = _typed(name, value, declared, where)
+    if isinstance(typed, (list, tuple, dict)) and not _depth_ok(typed, MAX_VALUE_DEPTH):
+        raise UsageError(f"{where}: {name}={_shown(typed)} is nested more than MAX_VALUE_DEPTH={MAX_VALUE_DEPTH} "
+                         f"levels deep (the notebook's default is {declared.text})")
     if declared.bounds is not None:
         lo, hi = declared.bounds
         if isinstance(typed, (list, tuple)):
@@ -166,11 +169,31 @@ def coerce(name: str, value, declared: Declared, where: str):
         values = typed if isinstance(typed, (list, tuple)) else [typed]
         outside = [v for v in values if _is_number(v) and not lo <= v <= hi]
         if outside and isinstance(typed, (list, tuple)):
-            raise UsageError(f"{where}: {name}={typed!r} is out of range: each element must lie in "
-                             f"{declared.bounds_text}, {outside[0]!r} does not")
+            raise UsageError(f"{where}: {name}={_shown(typed)} is out of range: each element must lie in "
+                             f"{declared.bounds_text}, {_shown(outside[0])} does not")
         if outside:
-            raise UsageError(f"{where}: {name}={typed!r} is out of range {declared.bounds_text}")
+            raise UsageError(f"{where}: {name}={_shown(typed)} is out of range {declared.bounds_text}")
     return typed
+
+
+_INT64 = "a whole number in -2**63..2**63-1 (64 bits)"
+
+
+def _finite(number) -> bool:
+    """True for a number a float can hold that is not inf or nan (an int past 1e308 is not)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
+
+
+def _shown(value) -> str:
+    """repr of a value for a message, cut to 80 characters (a 5000-digit number is read by no one)."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an int past Python's 4300-digit limit, a value nested too deep
+        return f"<a {type(value).__name__} too large to show>"
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
 
 
 def _check_elements(name: str, values, declared: Declared, where: str) -> None:
@@ -182,29 +205,31 @@ def _check_elements(name: str, values, declared: Declared, where: str) -> None:
     if not values:
         if default is not None and not default:
             return  # the notebook's own default is empty: an empty list means something there
-        raise UsageError(f"{where}: {name}={values!r} is empty; give at least one value ({allowed}, e.g. "
+        raise UsageError(f"{where}: {name}={_shown(values)} is empty; give at least one value ({allowed}, e.g. "
                          f"-p '{name}={declared.text}')")
     whole = default is not None and bool(default) and all(isinstance(v, int) and _is_number(v) for v in default)
     for element in values:
         if isinstance(element, (list, tuple, dict, set)):
-            raise UsageError(f"{where}: {name}={values!r} holds the nested {type(element).__name__} {element!r}; "
+            raise UsageError(f"{where}: {name}={_shown(values)} holds the nested {type(element).__name__} "
+                             f"{_shown(element)}; "
                              f"give a flat list ({allowed})")
         if not _is_number(element):
-            raise UsageError(f"{where}: {name}={values!r} holds {element!r}, which is not a number ({allowed})")
-        if not math.isfinite(element):
-            raise UsageError(f"{where}: {name}={values!r} holds {element!r}, which is not a finite number "
+            raise UsageError(f"{where}: {name}={_shown(values)} holds {_shown(element)}, which is not a number "
+                             f"({allowed})")
+        if not _finite(element):
+            raise UsageError(f"{where}: {name}={_shown(values)} holds {_shown(element)}, which is not a finite number "
                              f"({allowed})")
         if whole and not isinstance(element, int):
-            raise UsageError(f"{where}: {name}={values!r} holds {element!r}, which is not a whole number "
+            raise UsageError(f"{where}: {name}={_shown(values)} holds {_shown(element)}, which is not a whole number "
                              f"(the notebook's default is {declared.text}: {allowed})")
 
 
 def _typed(name: str, value, declared: Declared, where: str):
     default, kind = declared.default, type(declared.default)
-    shown = value
+    shown = _shown(value)
 
     def refuse(expected: str):
-        return UsageError(f"{where}: {name}={shown!r} is not {expected} (the notebook's default is {declared.text})")
+        return UsageError(f"{where}: {name}={shown} is not {expected} (the notebook's default is {declared.text})")
 
     if default is MISSING or default is None:
         if isinstance(value, str):
@@ -220,8 +245,10 @@ def _typed(name: str, value, declared: Declared, where: str):
         if kind is int:
             if not re.fullmatch(r"[+-]?\d+", text):
                 raise refuse("a whole number")
-            return int(text)
-        if kind is float:
+            if len(text.lstrip("+-").lstrip("0")) > 19:  # before int(): past 4300 digits it raises
+                raise refuse(_INT64)
+            value = int(text)
+        elif kind is float:
             try:
                 number = float(text)
             except ValueError:
@@ -229,20 +256,23 @@ def _typed(name: str, value, declared: Declared, where: str):
             if not math.isfinite(number):
                 raise refuse("a finite number")
             return number
-        value = literal(text)
-        if value is MISSING:
-            example = f"; e.g. -p '{name}={declared.text}'" if kind in (list, tuple, dict) else ""
-            raise refuse(f"a Python {kind.__name__} literal{example}")
+        else:
+            value = literal(text)
+            if value is MISSING:
+                example = f"; e.g. -p '{name}={declared.text}'" if kind in (list, tuple, dict) else ""
+                raise refuse(f"a Python {kind.__name__} literal{example}")
     if kind is bool:
         if not isinstance(value, bool):
             raise refuse("true or false")
     elif kind is int:
         if not _is_number(value) or not isinstance(value, int):
             raise refuse("a whole number")
+        if not -(2**63) <= value < 2**63:
+            raise refuse(_INT64)
     elif kind is float:
         if not _is_number(value):
             raise refuse("a number")
-        if not math.isfinite(value):
+        if not _finite(value):
             raise refuse("a finite number")
         value = float(value)
     elif kind in (list, tuple):
@@ -254,72 +284,7 @@ def _typed(name: str, value, declared: Declared, where: str):
 
 
 # ---------------------------------------------------------------------------------------------
-# Profiles: notebooks/profiles/<name>.yaml
-
-_PROFILE_SHAPE = "a mapping of profile names (smoke, cpu, gpu, paper) to mappings of parameter names to values"
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key, first: int, second: int) -> None:
-        super().__init__(key, first, second)
-        self.key, self.first, self.second = key, first, second
-
-
-class _ProfileLoader(yaml.SafeLoader):
-    """YAML's safe loader that refuses a key given twice in one mapping.
-
-    # NOTE: PyYAML keeps the last of two equal keys without a word, so a profile that sets a parameter
-    # twice would silently run with one of them; the check is written here because PyYAML has no option.
-    """
-
-
-def _unique_mapping(loader: _ProfileLoader, node: yaml.MappingNode, deep: bool = False):
-    seen: dict = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            first = seen.setdefault(key, key_node.start_mark.line + 1)
-        except TypeError:  # an unhashable key: construct_mapping names it
-            continue
-        if first != key_node.start_mark.line + 1:
-            raise _DuplicateKey(key, first, key_node.start_mark.line + 1)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_ProfileLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-
-
-def _read_profiles(path: Path) -> dict[str, dict]:
-    """Every profile in `path`, its shape checked; UsageError naming the file and what was expected."""
-    try:
-        table = yaml.load(path.read_text(), Loader=_ProfileLoader)  # noqa: S506 - a SafeLoader subclass
-    except _DuplicateKey as dup:
-        raise UsageError(f"{path}: {dup.key!r} is given twice (lines {dup.first} and {dup.second}); "
-                         f"YAML would silently keep the last one: keep one") from None
-    except yaml.YAMLError as exc:
-        problem = " ".join(str(exc).split())
-        raise UsageError(f"{path}: not a valid profile file ({problem}); expected {_PROFILE_SHAPE}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read the profile file ({exc})") from None
-    if table is None:
-        return {}
-    if not isinstance(table, dict):
-        raise UsageError(f"{path}: expected {_PROFILE_SHAPE}, got {type(table).__name__} {table!r}")
-    unknown = sorted(map(str, set(table) - set(PROFILES)))
-    if unknown:
-        raise UsageError(f"{path}: unknown profiles {unknown}; allowed {list(PROFILES)}")
-    for profile, section in table.items():
-        if section is None:
-            continue
-        if not isinstance(section, dict):
-            raise UsageError(f"{path}: profile {profile!r} must be a mapping of parameter names to values "
-                             f"(e.g. 'batch_size: 8' indented under '{profile}:'), got {section!r}")
-        for key in section:
-            if not isinstance(key, str) or not key.isidentifier():
-                raise UsageError(f"{path}: profile {profile!r} has a bad parameter name {key!r}")
-            if key in RESERVED:
-                raise UsageError(f"{path}: profile {profile!r} sets {key!r}, which the report runner sets itself")
-    return {p: dict(s or {}) for p, s in table.items()}
+# Profiles: notebooks/profiles/<name>.yaml (read by `profiles`)
 
 
 def load_profile(name: str, profile: str, folder: Path | None = None) -> dict:
@@ -327,6 +292,6 @@ def load_profile(name: str, profile: str, folder: Path | None = None) -> dict:
     if profile not in PROFILES:
         raise UsageError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     path = (folder or notebooks_dir()) / "profiles" / f"{_check_name(name)}.yaml"
-    if not path.exists():
+    if not os.path.lexists(path):
         return {}
-    return _read_profiles(path).get(profile, {})
+    return read_profiles(path).get(profile, {})

@@ -13,6 +13,8 @@ import functools
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -21,12 +23,11 @@ from pathlib import Path
 import pandas as pd
 
 from ..devices import repo_root
-from .folders import _TEMP, _alive, locked, mark, prepare_out, recover, swap_into_place, temp_name
+from .folders import locked, mark, prepare_out, recover, report_state, swap_into_place, temp_name
 from .index import write_index
 from .parameters import available_notebooks, coerce, load_profile, notebook_parameters, notebooks_dir
 from .results import (
-    FAILED_RUN, KERNEL_NAME, KERNEL_QUIET, NAME_PATTERN, PROFILES, RESERVED, UsageError, _jsonable, _read_json,
-    _write_atomic,
+    FAILED_RUN, KERNEL_NAME, KERNEL_QUIET, NAME_PATTERN, PROFILES, RESERVED, UsageError, _jsonable, _write_atomic,
 )
 
 __all__ = ["build_reports", "available_notebooks", "load_profile", "notebooks_dir", "check_kernel",
@@ -53,7 +54,8 @@ def _plan(names, profile, overrides, folder: Path) -> list[_Job]:
     names = list(names) or known
     bad = [n for n in names if not isinstance(n, str) or not NAME_PATTERN.fullmatch(n) or n not in known]
     if bad:
-        raise UsageError(f"unknown notebook(s) {', '.join(map(str, bad))}; choose from {', '.join(known)}")
+        shown = ", ".join(n if isinstance(n, str) and NAME_PATTERN.fullmatch(n) else repr(n) for n in bad)
+        raise UsageError(f"unknown notebook(s) {shown}; choose from {', '.join(known)}")
     reserved = sorted(set(overrides) & set(RESERVED))
     if reserved:
         raise UsageError(f"-p {', '.join(reserved)}: set by the report runner itself (interactive=False, "
@@ -201,15 +203,7 @@ def _restore_lost(out: Path, name: str, pid: int | None) -> None:
     """Under the lock, after the worker running `name` (process `pid`, if known) died: a swap it left between
     its two renames gives the report back from `.old-<name>-<pid>-<token>` (no one else is mid-swap under
     the lock), and its staging folder goes."""
-    leftovers = [(match.group(1), path) for path in out.iterdir()
-                 if (match := _TEMP.fullmatch(path.name)) and match.group(2) == name and path.is_dir()
-                 and not path.is_symlink() and (int(match.group(3)) == pid or not _alive(int(match.group(3))))]
-    hidden = [path for kind, path in leftovers if kind == "old"]
-    if hidden and not os.path.lexists(out / name):
-        os.replace(max(hidden, key=lambda p: p.lstat().st_mtime), out / name)
-    for kind, path in leftovers:
-        if kind == "staging":
-            shutil.rmtree(path, ignore_errors=True)
+    recover(out, name, worker_pid=pid)
 
 
 def _describe(exc: Exception) -> str:
@@ -222,14 +216,62 @@ def _describe(exc: Exception) -> str:
 def _place(staging: Path, final: Path, *, failed: bool) -> bool:
     """Move a finished build into place; True when a failed rebuild kept the previous good report.
 
-    # NOTE: a failed rebuild never replaces a good report: it lands in `<name>/failed-run/` beside it
+    # NOTE: a failed rebuild never replaces a report that may be good: it lands in `<name>/failed-run/` beside it
     # (the index shows both), and the next good build replaces the whole folder, failed run included.
     """
-    if failed and _read_json(final / "run.json").get("status") == "ok":
+    # A report in place whose run.json is damaged may be a good one: only a proven failed run (or nothing)
+    # makes way for a failed rebuild (`report_state`).
+    if failed and report_state(final) in ("ok", "unknown"):
         swap_into_place(staging, final / FAILED_RUN)
         return True
     swap_into_place(staging, final)
     return False
+
+
+class _Interrupts:
+    """Ctrl-C during a build, never lost: the SIGINT handler raises KeyboardInterrupt as Python's own does and
+    also records it; `check()` (after each notebook) and leaving the block raise it again if it was lost.
+
+    # NOTE: Python raises KeyboardInterrupt wherever the main thread is when SIGINT arrives. Inside a
+    # destructor (the kernel client's sockets are collected after each notebook) it is printed as
+    # "Exception ignored in ..." and dropped, and a build so interrupted went on to its end (exit 0, 2 of
+    # 13 tries in issue 35). A handler set by the caller (or SIG_IGN) is left as it is.
+    """
+
+    def __init__(self) -> None:
+        self.seen, self.previous = False, None
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        if kind is None:
+            self.check()
+
+
+def _check_path(what: str, path: Path) -> None:
+    """UsageError when `path` cannot name a file here (a NUL byte, a name too long, a loop of links)."""
+    if "\0" in str(path):
+        raise UsageError(f"{what}={str(path)!r} holds a NUL byte, which no path can hold")
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # made later, or refused later naming what is in the way
+    except OSError as exc:
+        raise UsageError(f"{what}={str(path)!r}: {exc.strerror or exc}") from None
 
 
 def _add_kernel_path() -> None:
@@ -262,6 +304,8 @@ def build_reports(
     for what, given in (("out_dir", out_dir), ("notebooks", notebooks)):
         if given is not None and not str(given).strip():
             raise UsageError(f"{what}={str(given)!r} is empty; give a folder (or None for the default)")
+        if given is not None:
+            _check_path(what, Path(given))
     folder = Path(notebooks) if notebooks is not None else notebooks_dir()
     root = Path(out_dir) if out_dir is not None else repo_root() / "reports"
     jobs = _plan(names, profile, dict(overrides or {}), folder)
@@ -272,19 +316,21 @@ def build_reports(
             recover(root / profile)
     out = prepare_out(root, profile, [job.name for job in jobs])
 
-    def indexed(record: dict) -> dict:
-        with locked(root):
-            write_index(root)
-        return record
+    with _Interrupts() as interrupts:
+        def indexed(record: dict) -> dict:
+            with locked(root):
+                write_index(root)
+            interrupts.check()  # a Ctrl-C during that notebook stops the build here, its report in place
+            return record
 
-    if workers is None and scheduler is None:
-        records = [indexed(_run_one(job, profile, folder, out, root))
-                   for job in tqdm(jobs, desc=f"reports ({profile})", disable=not progress)]
-    else:
-        records = _build_on_cluster(jobs, profile, folder, out, root, workers=workers, scheduler=scheduler,
-                                    done=indexed, bar=functools.partial(tqdm, total=len(jobs),
-                                                                        desc=f"reports ({profile})",
-                                                                        disable=not progress))
+        if workers is None and scheduler is None:
+            records = [indexed(_run_one(job, profile, folder, out, root))
+                       for job in tqdm(jobs, desc=f"reports ({profile})", disable=not progress)]
+        else:
+            records = _build_on_cluster(jobs, profile, folder, out, root, workers=workers, scheduler=scheduler,
+                                        done=indexed, bar=functools.partial(tqdm, total=len(jobs),
+                                                                            desc=f"reports ({profile})",
+                                                                            disable=not progress))
     return pd.DataFrame(records, columns=["name", "status", "seconds", "error", "kept_previous"])
 
 

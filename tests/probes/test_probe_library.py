@@ -1,5 +1,6 @@
 """Bad arguments to the library that the issue 23 probe battery found unhandled: each is refused with an
-error naming the argument and the value, before torch fails somewhere inside (or aborts with C++ frames)."""
+error naming the argument and the value, before torch fails somewhere inside (or aborts with C++ frames);
+and from issue 35, a lazily planned sc() that fixed its plan on an empty first batch."""
 
 from __future__ import annotations
 
@@ -171,3 +172,23 @@ def test_mlp_refuses_fractional_widths_and_takes_numpy_ints():
     import numpy as np
 
     assert MLP((np.int64(12), 4)).sizes == (12, 4)
+
+
+# ------------------------------------------------------------------ issue 35
+def test_sc_plans_on_the_batches_that_carry_data_not_on_an_empty_first_one(one_thread):
+    """An empty first batch planned no checkpoints (it costs no memory) and that plan was kept for every later
+    batch, whatever the budget; a plan is made on the first non-empty batch, and again on a larger one."""
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                        nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(512, 4))
+    small, large = torch.randn(2, 3, 8, 8), torch.randn(8, 3, 8, 8)
+    budget = plan_checkpoints(net, large, strategy="optimal").predicted_peak_bytes
+    model = sc(net, memory_budget=budget, strategy="optimal")
+    model(torch.randn(0, 3, 8, 8)).sum().backward()
+    assert model.plan is None  # nothing to plan on
+    model(small).sum().backward()
+    model(large).sum().backward()
+    expected = plan_checkpoints(net, large, memory_budget=budget, strategy="optimal")
+    assert model.plan.segments == expected.segments and model.plan.predicted_peak_bytes <= budget
+    planned = model.plan
+    model(small).sum().backward()  # a smaller batch keeps the plan made on the larger one
+    assert model.plan is planned
