@@ -1,5 +1,8 @@
 """The claims ledger: two-sided rules, better than claimed, spread, sources, toy scales, checks."""
 
+import json
+
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -146,6 +149,20 @@ def test_values_are_shown_in_readable_units():
                          "rule": "r"}])
     assert "c" * 300 in page and "79.2 MiB" in page and "None" not in page and "nan" not in page
     assert "verdict-other-device" in page and "e+" not in page
+
+
+def test_a_notebook_ledger_shows_open_spreads_as_the_index_does():
+    """A spread open at one end (DenseNet's depth search: (-inf, 208)) read `[-inf, 208]` in the notebook while
+    the index page, from results.json (where it is null), read `[—, 208]`: both read `[—, 208]` now."""
+    from workbench.report.results import _jsonable
+
+    ledger = Ledger()
+    ledger.add("depth", paper=200, measured=208, spread=(float("-inf"), 208), unit="layers", scale="s", device="cpu",
+               rule=at_least(200))
+    ledger.add("ratio", paper=2, measured=3, spread=(3, np.inf), unit="x", scale="s", device="cpu", rule=at_least(2))
+    notebook, index = ledger_html(ledger.rows), ledger_html(json.loads(json.dumps(_jsonable(ledger.rows))))
+    assert notebook == index and "[—, 208]" in notebook and "[3, —]" in notebook and "inf" not in notebook
+    assert format_value(float("inf")) == format_value(np.float32("-inf")) == "—"
 
 
 def test_a_spread_that_holds_the_whole_band_is_inconclusive():

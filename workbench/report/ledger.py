@@ -255,11 +255,13 @@ def judge(
 
 
 def format_value(value, unit: str = "", *, _depth: int = 0) -> str:
-    """A ledger value as a reader wants it: bytes in KiB/MiB/GiB, fractions as %, no None/NaN/1e+06.
+    """A ledger value as a reader wants it: bytes in KiB/MiB/GiB, fractions as %, no None/NaN/inf/1e+06.
 
     Values come back from results.json files, so anything JSON holds is shown: lists nested past 8
-    levels as "[...]", integers too large for a float in scientific notation."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    levels as "[...]", integers too large for a float in scientific notation. A value that is not a finite
+    number (None, NaN, an open end of a spread at -inf or inf) reads "—", as results.json records it (None),
+    so a notebook's ledger and the index page show the same row."""
+    if value is None or (isinstance(value, (float, np.floating)) and not math.isfinite(value)):
         return "—"
     if isinstance(value, (list, tuple)):
         if _depth >= 8:
