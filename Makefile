@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml
 # report runner start. Outside a git checkout there is nothing to guard.
 # git trusts a changed file size without running the filter, so a saved notebook (larger than the stripped
 # one checked out) would stay listed by `git status`: workbench.lab_setup installs, for the JupyterLab in
-# $(VENV), a save hook that has git read each saved notebook through the filter (and widget state saved, so
-# a reopened notebook shows its widgets), and `git status` stays clean.
+# $(VENV), a save hook that has git read each saved notebook through the filter, so `git status` stays clean
+# (and two widget settings: state saved with the notebook, callbacks run on the kernel's main shell).
 STRIP_KEYS := metadata.language_info metadata.widgets cell.metadata.jupyter cell.metadata.trusted \
   cell.metadata.execution cell.metadata.collapsed cell.metadata.scrolled
 NBSTRIPOUT = "$(abspath $(PY))" -m nbstripout --keep-id --extra-keys "$(strip $(STRIP_KEYS))"

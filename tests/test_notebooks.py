@@ -142,7 +142,8 @@ def test_notebook_saved_by_jupyterlab_keeps_git_status_clean(tmp_path):
     committed = git("show", "HEAD:notebooks/tour.ipynb")
     assert "output 0" not in committed and "language_info" not in committed and "widget-state" not in committed
     overrides = json.loads((prefix / lab_setup.LAB_OVERRIDES).read_text())
-    assert overrides == {"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True}}
+    assert overrides == {"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True},
+                         "@jupyterlab/apputils-extension:kernels-settings": {"commsOverSubshells": "disabled"}}
 
 
 def test_save_hook_leaves_files_git_gets_right_alone(tmp_path):

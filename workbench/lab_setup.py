@@ -1,4 +1,4 @@
-"""JupyterLab in a checkout: a notebook saved with outputs reads unchanged to `git status`, widgets survive a save.
+"""JupyterLab in a checkout: a saved notebook reads unchanged to `git status`, widgets behave as cells do.
 
 The set-up `make` installs into the virtual environment beside the nbstripout git filter (README, "Notebooks
 and git"), for the JupyterLab that runs from it:
@@ -17,6 +17,13 @@ and git"), for the JupyterLab that runs from it:
    reopened, each one reads "Error displaying widget: model not found" unless the notebook also holds the
    models' state, which JupyterLab writes only with the widget manager's `saveState` setting. The setting
    is turned on in `share/jupyter/lab/settings/overrides.d/` (the filter strips that state from git).
+3. **Widget callbacks on the kernel's main shell.** JupyterLab 4.4+ sends comm messages to a kernel subshell
+   when the kernel has them (ipykernel 7, setting `commsOverSubshells`, default one subshell per comm
+   target), so a widget's callback runs in a thread beside the cells. The kernel indicator then reads Idle
+   while it runs (the output widget's echo of each printed line is answered busy-then-idle on the subshell),
+   a cell run meanwhile competes with it, and a measurement in the callback shares the process with the
+   cell (the allocator's events, the cores). Turned off in the same overrides: a callback runs as a cell
+   does, the kernel reads Busy until it ends, a cell run meanwhile waits its turn.
 
     python -m workbench.lab_setup install --prefix .venv    # what `make hooks` runs
 """
@@ -36,7 +43,8 @@ __all__ = ["install", "refresh_git_index"]
 SERVER_CONFIG = Path("etc/jupyter/jupyter_server_config.d/workbench.json")
 LAB_OVERRIDES = Path("share/jupyter/lab/settings/overrides.d/workbench.json")
 EXTENSION = "workbench.lab_setup"  # not __name__, which is __main__ under `python -m`
-WIDGETS_PLUGIN = "@jupyter-widgets/jupyterlab-manager:plugin"
+LAB_SETTINGS = {"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True},
+                "@jupyterlab/apputils-extension:kernels-settings": {"commsOverSubshells": "disabled"}}
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +102,7 @@ def install(prefix: Path | str) -> list[Path]:
     if not prefix.is_dir():
         raise FileNotFoundError(f"prefix {str(prefix)!r} is not a folder (the virtual environment's root)")
     files = {SERVER_CONFIG: {"ServerApp": {"jpserver_extensions": {EXTENSION: True}}},
-             LAB_OVERRIDES: {WIDGETS_PLUGIN: {"saveState": True}}}
+             LAB_OVERRIDES: LAB_SETTINGS}
     written = []
     for relative, content in files.items():
         path = prefix / relative
