@@ -178,3 +178,20 @@ def test_rules_describe_themselves_without_scientific_notation():
     assert within(83e6, rel=0.25).describe() == "reproduced if within 25% of 83,000,000"
     assert between(1.3e7, 1.4e7).describe() == "reproduced if in [13,000,000, 14,000,000]"
     assert at_most(0.0001, partly=0.001).describe() == "reproduced if measured <= 0.0001; partly if <= 0.001"
+
+
+def test_tables_show_missing_and_non_finite_values_as_the_ledger_does():
+    """pandas prints NaN, None, inf and -inf raw (17 NaN on the optorch report page); `table` shows "—" in the
+    HTML JupyterLab and the reports render and in the plain text, and leaves the frame as it was."""
+    from workbench.report import table
+
+    frame = pd.DataFrame({"budget_bytes": [39944, 75880], "predicted_peak_bytes": [np.nan, 75880.0],
+                          "ratio": [np.inf, 1.5], "plan": [None, "(0, 9)"], "fits": [None, True]})
+    shown = table(frame)
+    html_text, text = shown._repr_html_(), repr(shown)
+    for rendered in (html_text, text):
+        assert "NaN" not in rendered and "inf" not in rendered and "None" not in rendered
+        assert rendered.count("—") == 4 and "75880" in rendered and "1.5" in rendered and "(0, 9)" in rendered
+    assert "<table" in html_text and shown.frame is frame and np.isinf(frame.ratio[0]) and frame.fits[0] is None
+    with pytest.raises(TypeError, match="table needs a pandas DataFrame, got list"):
+        table([1, 2])
