@@ -16,7 +16,11 @@ and git"), for the JupyterLab that runs from it:
 2. **Widget state on save.** A widget's output in a saved notebook names a model that lived in the kernel;
    reopened, each one reads "Error displaying widget: model not found" unless the notebook also holds the
    models' state, which JupyterLab writes only with the widget manager's `saveState` setting. The setting
-   is turned on in `share/jupyter/lab/settings/overrides.d/` (the filter strips that state from git).
+   is turned on in `share/jupyter/lab/settings/overrides.d/` (the filter strips that state from git). A
+   widget closed before the save has no state to save: tqdm's notebook bars close their container when
+   they finish (`leave=False`, every bar here), while the output that displayed it stays, in a cell or in
+   an output widget's state. The extension's pre-save hook drops those views of closed widgets (the live
+   page shows none of them either), so the reopened notebook reads as it did when saved.
 3. **Widget callbacks on the kernel's main shell.** JupyterLab 4.4+ sends comm messages to a kernel subshell
    when the kernel has them (ipykernel 7, setting `commsOverSubshells`, default one subshell per comm
    target), so a widget's callback runs in a thread beside the cells. The kernel indicator then reads Idle
@@ -38,13 +42,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["install", "refresh_git_index"]
+__all__ = ["drop_closed_widget_views", "install", "refresh_git_index"]
 
 SERVER_CONFIG = Path("etc/jupyter/jupyter_server_config.d/workbench.json")
 LAB_OVERRIDES = Path("share/jupyter/lab/settings/overrides.d/workbench.json")
 EXTENSION = "workbench.lab_setup"  # not __name__, which is __main__ under `python -m`
 LAB_SETTINGS = {"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True},
                 "@jupyterlab/apputils-extension:kernels-settings": {"commsOverSubshells": "disabled"}}
+
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +93,43 @@ def refresh_git_index(os_path: str, **_: Any) -> bool:
         return False
 
 
+def drop_closed_widget_views(model: dict, **_: Any) -> int:
+    """Drop the outputs that display a widget missing from the notebook's saved widget state; return how many.
+
+    A jupyter_server pre-save hook (called with `model`, `path`, `contents_manager`): `model["content"]` is the
+    notebook JupyterLab sends. Without saved widget state (`saveState` off) nothing is known, nothing dropped.
+    """
+    content = model.get("content") if model.get("type") == "notebook" else None
+    widgets = (content or {}).get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {})
+    state = widgets.get("state") if isinstance(widgets, dict) else None
+    if not isinstance(state, dict):
+        return 0
+
+    def shows_a_closed_widget(output: Any) -> bool:
+        data = output.get("data") if isinstance(output, dict) else None
+        view = data.get(WIDGET_VIEW) if isinstance(data, dict) else None
+        return isinstance(view, dict) and bool(view.get("model_id")) and view["model_id"] not in state
+
+    dropped = 0
+    holders = [c for c in content.get("cells", []) if isinstance(c, dict) and isinstance(c.get("outputs"), list)]
+    holders += [m["state"] for m in state.values() if isinstance(m, dict) and m.get("model_name") == "OutputModel"
+                and isinstance(m.get("state"), dict) and isinstance(m["state"].get("outputs"), list)]
+    for holder in holders:
+        before = len(holder["outputs"])
+        holder["outputs"] = [o for o in holder["outputs"] if not shows_a_closed_widget(o)]
+        dropped += before - len(holder["outputs"])
+    return dropped
+
+
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": EXTENSION}]
 
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
+    server_app.contents_manager.register_pre_save_hook(drop_closed_widget_views)
     server_app.contents_manager.register_post_save_hook(refresh_git_index)
-    server_app.log.info("workbench: git reads each saved file through its clean filter")
+    server_app.log.info("workbench: views of closed widgets dropped on save; git reads each saved file through "
+                        "its clean filter")
 
 
 def install(prefix: Path | str) -> list[Path]:
