@@ -157,7 +157,8 @@ def _status(page) -> str:
 
 
 def _open(page, lab: dict, name: str) -> None:
-    page.goto(f"{lab['base']}/lab/tree/{name}.ipynb?token={lab['token']}")
+    # NOTE: a fresh workspace (`reset`): JupyterLab reopens the last session's notebooks, hidden behind this one
+    page.goto(f"{lab['base']}/lab/tree/{name}.ipynb?reset&token={lab['token']}")
     page.wait_for_selector(".jp-Notebook", timeout=120_000)
     deadline = time.monotonic() + 180
     while _status(page) != "Idle":
@@ -253,7 +254,11 @@ def test_notebook_runs_saves_clean_and_reopens_in_jupyterlab(lab, browser, name)
 
 # Raw NaN/inf in the outputs of notebooks whose experiments packages are not yet shown through
 # `workbench.report.table` (issue 36's later pass): each is expected to fail until that is done.
-RAW_NUMBERS_KNOWN: dict[str, str] = {}
+RAW_NUMBERS_KNOWN = {
+    "calcgraph": "the zoo cell's Styler format '{:+.1%}' prints +nan% where a model refuses a batch",
+    "efficient_densenet": "display(budget) shows NaN for a form no swept depth fits (shared_max at smoke)",
+    "variable_batch_size": "the gains table shows NaN where FBS has no plan at the budget (15 MB)",
+}
 
 
 def _output_text(output) -> str:
