@@ -33,7 +33,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.report.page_checks import dead_links, raw_numbers
+from tests.report.page_checks import RAW_NUMBERS_KNOWN, dead_links, raw_numbers
 from workbench.devices import repo_root
 from workbench.report import available_notebooks, load_profile
 
@@ -250,15 +250,6 @@ def test_notebook_runs_saves_clean_and_reopens_in_jupyterlab(lab, browser, name)
     assert outputs and status == "", f"{name}: git status after Ctrl+S:\n{status}"
     assert not idle_while_working, f"{name}: the kernel read Idle while the widget worked ({idle_while_working})"
     assert widget_errors == 0 and widgets_shown, f"{name} reopened: {widget_errors} errors"
-
-
-# Raw NaN/inf in the outputs of notebooks whose experiments packages are not yet shown through
-# `workbench.report.table` (issue 36's later pass): each is expected to fail until that is done.
-RAW_NUMBERS_KNOWN = {
-    "calcgraph": "the zoo cell's Styler format '{:+.1%}' prints +nan% where a model refuses a batch",
-    "efficient_densenet": "display(budget) shows NaN for a form no swept depth fits (shared_max at smoke)",
-    "variable_batch_size": "the gains table shows NaN where FBS has no plan at the budget (15 MB)",
-}
 
 
 def _output_text(output) -> str:

@@ -13,22 +13,25 @@ class _Page(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.targets: list[str] = []
         self.ids: set[str] = set()
-        self.text: list[str] = []
-        self._hidden = 0
+        self.cells: list[str] = []  # the text of each table cell
+        self._cell: list[str] | None = None
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
         self.targets += [attrs[a] for a in ("href", "src") if attrs.get(a)]
         if attrs.get("id"):
             self.ids.add(attrs["id"])
-        self._hidden += tag in ("style", "script")
+        if tag in ("td", "th"):
+            self._cell = []
 
     def handle_endtag(self, tag):
-        self._hidden -= tag in ("style", "script") and self._hidden > 0
+        if tag in ("td", "th") and self._cell is not None:
+            self.cells.append("".join(self._cell))
+            self._cell = None
 
     def handle_data(self, data):
-        if not self._hidden:
-            self.text.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
 
 
 def _read(page: Path) -> _Page:
@@ -57,6 +60,15 @@ _RAW = re.compile(r"(?<![\w.])[-+]?(nan|inf|infinity)%?(?![\w])", re.IGNORECASE)
 
 
 def raw_numbers(page: Path) -> list[str]:
-    """Pieces of the page's visible text that are a number printed raw: NaN, inf, -inf, +nan%."""
-    text = " ".join(_read(page).text)
-    return [text[max(0, m.start() - 40):m.end() + 10].strip() for m in _RAW.finditer(text)]
+    """The table cells of `page` that show a number raw (NaN, inf, -inf, +nan%): ledgers, DataFrames, Stylers.
+    Prose is not read: a sentence may say "on an inf/NaN the step is skipped"."""
+    return [cell.strip() for cell in _read(page).cells if _RAW.search(cell)]
+
+
+# Notebooks whose tables still show raw NaN/inf, until their experiments packages show them through
+# `workbench.report.table` (issue 36's later pass); the browser test and the smoke build hold the list exact.
+RAW_NUMBERS_KNOWN = {
+    "calcgraph": "the zoo cell's Styler format '{:+.1%}' prints +nan% where a model refuses a batch",
+    "efficient_densenet": "display(budget) shows NaN for a form no swept depth fits (shared_max at smoke)",
+    "variable_batch_size": "the gains table shows NaN where FBS has no plan at the budget (15 MB)",
+}
