@@ -18,11 +18,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # nbstripout as a git filter (README, "Notebooks and git"): notebooks saved from JupyterLab keep their
-# outputs on disk, git sees them stripped, so `git status` stays clean. --keep-id leaves cell ids as
-# committed. Besides outputs and counts (and nbstripout's own list: metadata.widgets, cell collapsed,
-# scrolled, execution), it strips what JupyterLab writes on save: the kernel's language_info, widget
-# state, hidden-input/output flags (cell.metadata.jupyter) and trusted. metadata.kernelspec stays: it
-# names the kernel JupyterLab and the report runner start. Outside a git checkout there is nothing to guard.
+# outputs on disk, git sees them stripped. --keep-id leaves cell ids as committed. Besides outputs and counts
+# (and nbstripout's own list: metadata.widgets, cell collapsed, scrolled, execution), it strips what
+# JupyterLab writes on save: the kernel's language_info, widget state, hidden-input/output flags
+# (cell.metadata.jupyter) and trusted. metadata.kernelspec stays: it names the kernel JupyterLab and the
+# report runner start. Outside a git checkout there is nothing to guard.
+# git trusts a changed file size without running the filter, so a saved notebook (larger than the stripped
+# one checked out) would stay listed by `git status`: workbench.lab_setup installs, for the JupyterLab in
+# $(VENV), a save hook that has git read each saved notebook through the filter, so `git status` stays clean
+# (and two widget settings: state saved with the notebook, callbacks run on the kernel's main shell).
 STRIP_KEYS := metadata.language_info metadata.widgets cell.metadata.jupyter cell.metadata.trusted \
   cell.metadata.execution cell.metadata.collapsed cell.metadata.scrolled
 NBSTRIPOUT = "$(abspath $(PY))" -m nbstripout --keep-id --extra-keys "$(strip $(STRIP_KEYS))"
@@ -34,6 +38,7 @@ hooks: $(STAMP)
 	  git config diff.ipynb.textconv '$(NBSTRIPOUT) -t' \
 	  || echo "warning: could not configure the nbstripout git filter"; \
 	else echo "not a git checkout: the nbstripout filter is not installed"; fi
+	@"$(abspath $(PY))" -m workbench.lab_setup install --prefix "$(abspath $(VENV))" >/dev/null
 
 report: $(STAMP) hooks
 	$(VENV)/bin/workbench report --profile $(PROFILE) $(if $(WORKERS),--workers $(WORKERS))

@@ -1,12 +1,14 @@
 """AllocatorMeter, the independent measure: exact on plain allocations, and MemoryMeter's tensor count
 validated against it on every model family (equal where no kernel keeps scratch, below it where one does)."""
 
+import os
+
 import pytest
 import torch
 from torch import nn
 
 from tests.conftest import requires_cuda
-from workbench.measure import AllocatorMeter, MemoryMeter
+from workbench.measure import AllocatorMeter, MemoryMeter, _without_kineto_markers, allocator_events
 
 
 def _allocations(device="cpu"):
@@ -92,3 +94,41 @@ def test_cuda_counts_allocated_and_reserved():
     assert meter.allocator_peak_bytes == meter.peak_bytes >= 12_500_000
     assert meter.reserved_peak_bytes >= meter.peak_bytes
     del kept
+
+
+def test_kineto_markers_stay_off_stderr(capfd):
+    """kineto writes `USDT: ... profiler_start` / `profiler_stop` from C++ to fd 2 at every profiler start and
+    stop (red stderr blocks in notebooks and reports); the meter's blocks write none of them."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        pass
+    raw = capfd.readouterr().err
+    if "USDT:" not in raw:
+        pytest.skip("this torch's kineto prints no start/stop markers: nothing to keep off stderr")
+    with AllocatorMeter("cpu") as meter:
+        kept = _allocations()
+    with MemoryMeter("cpu", allocator=True):
+        pass
+    with allocator_events("calibration") as profiler:
+        pass
+    assert meter.peak_bytes == 12_500_000 and profiler.profiler.kineto_results is not None
+    err = capfd.readouterr().err
+    assert "USDT:" not in err and "profiler_st" not in err, err
+    del kept
+
+
+def test_only_kineto_markers_are_held_back_from_stderr(capfd):
+    """What else reaches fd 2 while the profiler starts or stops (a warning, another thread's error) is
+    written back, in order; only kineto's marker lines are dropped."""
+    marker = b"USDT:2026-11-26 15:28:12 12885:12885 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+    with _without_kineto_markers():
+        os.write(2, b"first real line\n" + marker + b"ERROR: a real error, USDT: inside\n")
+        os.write(2, marker.replace(b"start", b"stop") + b"no newline at the end")
+    assert capfd.readouterr().err == "first real line\nERROR: a real error, USDT: inside\nno newline at the end"
+    with pytest.raises(ValueError, match="inside"), _without_kineto_markers():
+        os.write(2, b"before the error\n")
+        raise ValueError("raised inside")
+    assert capfd.readouterr().err == "before the error\n"  # fd 2 restored and flushed on the way out
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        with pytest.raises(RuntimeError, match="calibration needs torch.profiler, which is already running"):
+            with allocator_events("calibration"):
+                pass

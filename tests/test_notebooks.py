@@ -1,16 +1,21 @@
 """Every notebook runs through the report runner at the smoke profile, is committed stripped, and stays
 clean under the nbstripout git filter that `make` installs."""
 
+import asyncio
 import importlib
 import json
+import logging
 import re
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import nbformat
 import pandas as pd
 import pytest
 
+from tests.report.page_checks import RAW_NUMBERS_KNOWN, dead_links, raw_numbers
+from workbench import lab_setup
 from workbench.devices import repo_root
 from workbench.report import RESERVED, available_notebooks, build_reports, load_profile
 
@@ -80,11 +85,32 @@ def test_notebooks_saved_by_jupyterlab_come_out_of_the_filter_as_committed(tmp_p
         assert (tmp_path / f"{name}.saved.ipynb").read_bytes() == committed, f"{name}: JupyterLab's save shows in git"
 
 
+def _jupyterlab_contents(root, prefix):
+    """The contents manager JupyterLab saves through, with the server extensions `make hooks` enabled under the
+    environment `prefix` loaded as jupyter_server loads them."""
+    from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+
+    manager = AsyncLargeFileManager(root_dir=str(root))
+    config = json.loads((prefix / lab_setup.SERVER_CONFIG).read_text())
+    app = SimpleNamespace(contents_manager=manager, log=logging.getLogger("jupyter_server"))
+    for module, enabled in config["ServerApp"]["jpserver_extensions"].items():
+        if enabled:
+            for point in importlib.import_module(module)._jupyter_server_extension_points():
+                importlib.import_module(point["module"])._load_jupyter_server_extension(app)
+    return manager
+
+
 @pytest.mark.skipif(shutil.which("git") is None or shutil.which("make") is None, reason="needs git and make")
-def test_notebook_saved_with_outputs_keeps_git_status_clean(tmp_path):
-    repo = tmp_path / "clone"
+def test_notebook_saved_by_jupyterlab_keeps_git_status_clean(tmp_path):
+    """git trusts a changed size without running the clean filter, so a notebook saved with outputs (larger
+    than the stripped one checked out) is listed by `git status` though its filtered content is unchanged;
+    the save hook `make hooks` installs for JupyterLab has git read it through the filter. A real change
+    still shows, and nothing is ever staged."""
+    repo, prefix = tmp_path / "clone", tmp_path / "venv"
     (repo / "notebooks").mkdir(parents=True)
-    shutil.copy(ROOT / ".gitattributes", repo / ".gitattributes")
+    prefix.mkdir()
+    for name in (".gitattributes", ".gitignore"):
+        shutil.copy(ROOT / name, repo / name)
     shutil.copy(NOTEBOOKS / "tour.ipynb", repo / "notebooks" / "tour.ipynb")
 
     def git(*args):
@@ -94,18 +120,31 @@ def test_notebook_saved_with_outputs_keeps_git_status_clean(tmp_path):
     git("init", "-q")
     git("add", ".")
     git("commit", "-q", "-m", "stripped")
-    subprocess.run(["bash", "-c", _hooks_recipe()], cwd=repo, check=True)
+    recipe = _hooks_recipe()
+    venv = f'--prefix "{ROOT / ".venv"}"'
+    assert "-m workbench.lab_setup install " + venv in recipe
+    subprocess.run(["bash", "-c", recipe.replace(venv, f'--prefix "{prefix}"')], cwd=repo, check=True)
     assert "nbstripout --keep-id" in git("config", "filter.nbstripout.clean")
-    # JupyterLab saves the notebook with outputs, execution counts, language_info and widget state
-    nb = _as_jupyterlab_saves_it(nbformat.read(repo / "notebooks" / "tour.ipynb", as_version=4))
-    nbformat.write(nb, repo / "notebooks" / "tour.ipynb")
-    assert git("diff") == ""  # git sees the notebook stripped: no change
-    # NOTE: `git status` may list the file until git refreshes its size in the index (git skips the content
-    # check when a file's size changed); `git add` does that and stages nothing.
-    git("add", "-A")
+    saved = _as_jupyterlab_saves_it(nbformat.read(repo / "notebooks" / "tour.ipynb", as_version=4))
+    # Written without the hook: git lists the notebook on its size alone (git's rule; the filter does not run).
+    nbformat.write(saved, repo / "notebooks" / "tour.ipynb")
+    assert git("status", "--porcelain") == " M notebooks/tour.ipynb\n"
+    # Saved through JupyterLab's contents manager, as Ctrl+S does: clean.
+    contents = _jupyterlab_contents(repo, prefix)
+    model = {"type": "notebook", "format": "json", "content": json.loads(nbformat.writes(saved))}
+    asyncio.run(contents.save(model, "notebooks/tour.ipynb"))
+    assert "output 0" in (repo / "notebooks" / "tour.ipynb").read_text()  # outputs stay on disk
     assert git("status", "--porcelain") == "" and git("diff", "--cached") == ""
+    # A change to a cell's source is a change: still listed.
+    saved.cells[-1].source += "\n# edited"
+    model["content"] = json.loads(nbformat.writes(saved))
+    asyncio.run(contents.save(model, "notebooks/tour.ipynb"))
+    assert git("status", "--porcelain") == " M notebooks/tour.ipynb\n"
     committed = git("show", "HEAD:notebooks/tour.ipynb")
     assert "output 0" not in committed and "language_info" not in committed and "widget-state" not in committed
+    overrides = json.loads((prefix / lab_setup.LAB_OVERRIDES).read_text())
+    assert overrides == {"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True},
+                         "@jupyterlab/apputils-extension:kernels-settings": {"commsOverSubshells": "disabled"}}
 
 
 def test_every_notebook_builds_at_smoke(tmp_path):
@@ -123,6 +162,13 @@ def test_every_notebook_builds_at_smoke(tmp_path):
         assert not judged, f"{name} judges paper claims at smoke: {judged}"
         _rejudge(name, data)
     assert (out / "index.html").exists() and (out / "smoke" / "index.html").exists()
+    # What a reader meets on the pages: every local link leads somewhere, no table cell shows NaN or inf raw
+    # (the notebooks listed in RAW_NUMBERS_KNOWN still do, until issue 36's later pass; the list is held exact).
+    pages = [out / "index.html", out / "smoke" / "index.html", *(out / "smoke" / n / f"{n}.html" for n in results.name)]
+    dead = {str(p.relative_to(out)): dead_links(p) for p in pages if dead_links(p)}
+    assert not dead, dead
+    raw = {p.stem: raw_numbers(p)[:3] for p in pages if raw_numbers(p)}
+    assert set(raw) == set(RAW_NUMBERS_KNOWN) & set(results.name), raw
 
 
 def _rejudge(name, data):

@@ -11,9 +11,13 @@ and is re-exported here.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import re
+import tempfile
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -25,8 +29,8 @@ from .measure_args import _device, check_device
 from .timing import Timing, calls_for, time_callable, time_interleaved
 
 __all__ = [
-    "AllocatorMeter", "LiveStorageMode", "MemoryMeter", "Timing", "calls_for", "check_device", "time_callable",
-    "format_bytes",
+    "AllocatorMeter", "LiveStorageMode", "MemoryMeter", "Timing", "allocator_events", "calls_for", "check_device",
+    "time_callable", "format_bytes",
     "measure_training_step", "plot_memory_trace", "state_bytes", "time_interleaved",
 ]
 
@@ -133,6 +137,52 @@ class _StorageTracker(LiveStorageMode):
         self._record("free")
 
 
+# kineto's trace markers: `USDT:<date> <time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start`,
+# written from C++ straight to fd 2 at every profiler start and stop, whatever KINETO_LOG_LEVEL says short of
+# silencing kineto's errors too (the level that hides them hides ERROR lines; it is also read once, at init).
+_KINETO_MARKER = re.compile(rb"^USDT:\S+ \S+ \d+:\d+ \S+\.cpp:\d+\] .*$\n?", re.MULTILINE)
+
+
+@contextlib.contextmanager
+def _without_kineto_markers() -> Iterator[None]:
+    """Hold what is written to fd 2 inside the block and write it back without kineto's trace markers.
+
+    # NOTE: the markers come from C++ (std::cerr), below sys.stderr, so only a redirect of the file
+    # descriptor catches them: in Jupyter, ipykernel forwards fd 2 to the notebook as a red stderr block,
+    # under papermill into the report. Only the profiler's start and stop run inside (milliseconds), and every
+    # other line written meanwhile (a warning, another thread's error) is written back right after.
+    """
+    with tempfile.TemporaryFile() as held:
+        saved = os.dup(2)
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            rest = _KINETO_MARKER.sub(b"", held.read())
+            if rest:
+                os.write(2, rest)
+
+
+@contextlib.contextmanager
+def allocator_events(user: str = "allocator_events") -> Iterator[torch.profiler.profile]:
+    """torch.profiler recording the CPU allocator's events (`profile_memory=True`) around the block, without
+    the trace markers kineto prints at each start and stop; read `.profiler.kineto_results` after the block.
+    Only one profiler runs at a time: `user` names the caller in the error raised when one already runs."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        raise RuntimeError(f"{user} needs torch.profiler, which is already running; stop it first")
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with _without_kineto_markers():
+        profiler.__enter__()
+    try:
+        yield profiler
+    finally:
+        with _without_kineto_markers():
+            profiler.__exit__(None, None, None)
+
+
 class AllocatorMeter:
     """Peak bytes the device's allocator handed out inside a `with` block, net of frees inside it.
 
@@ -153,7 +203,8 @@ class AllocatorMeter:
         self.peak_bytes = 0
         self.end_bytes = 0
         self.reserved_peak_bytes: int | None = None
-        self._profiler = None
+        self._stack = contextlib.ExitStack()
+        self._profiler: torch.profiler.profile | None = None
         self._cuda_start = 0
 
     def __enter__(self) -> AllocatorMeter:
@@ -162,11 +213,7 @@ class AllocatorMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._cuda_start = torch.cuda.memory_allocated(self.device)
             return self
-        if torch.autograd.profiler._is_profiler_enabled:
-            raise RuntimeError("AllocatorMeter needs torch.profiler, which is already running; stop it first")
-        self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                                profile_memory=True)
-        self._profiler.__enter__()
+        self._profiler = self._stack.enter_context(allocator_events("AllocatorMeter"))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -177,7 +224,7 @@ class AllocatorMeter:
             self.reserved_peak_bytes = torch.cuda.max_memory_reserved(self.device)
             return
         profiler, self._profiler = self._profiler, None
-        profiler.__exit__(*exc)
+        self._stack.close()
         events = [e for e in profiler.profiler.kineto_results.events()
                   if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
         current = peak = 0

@@ -43,3 +43,41 @@ def test_a_page_that_is_not_ours_is_left_alone_and_the_run_still_saved(tmp_path,
     assert path.is_file()
     assert "the index was not updated" in capsys.readouterr().err
     assert (repo / "reports" / "index.html").read_text() == "<html>my notes</html>"
+
+
+def test_every_link_on_the_index_pages_leads_to_a_file(tmp_path, monkeypatch):
+    """A JupyterLab run writes results.json and figures, no executed notebook: its section links only what is
+    there (it linked notebook (HTML) and (.ipynb) for every run: 14 dead links on one page). A failed rebuild
+    that stopped before its HTML links only its notebook."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tests.report.page_checks import dead_links
+    from workbench.report import write_index
+
+    repo = _clone(tmp_path, monkeypatch)
+    fig = plt.figure()
+    save_results("tour", output_dir="", parameters={"batch_size": 4}, records={}, ledger=Ledger(),
+                 figures={"memory": fig})
+    plt.close(fig)
+    save_results("optorch", output_dir="", parameters={}, records={}, ledger=Ledger())
+    reports = repo / "reports"
+    page = reports / "interactive" / "index.html"
+    assert not dead_links(reports / "index.html") and not dead_links(page), dead_links(page)
+    text = page.read_text()
+    assert "notebook (HTML)" not in text and "results.json</a>" in text and 'src="tour/memory.png"' in text
+    # a profile build's folder: the executed notebook and its HTML are linked; a failed rebuild without HTML
+    folder = reports / "cpu" / "tour"
+    (folder / "failed-run").mkdir(parents=True)
+    for f in ("tour.ipynb", "tour.html", "failed-run/tour.ipynb"):
+        (folder / f).write_text("{}")
+    (folder / "run.json").write_text(json.dumps({"status": "ok", "profile": "cpu", "started": "2026-01-01"}))
+    (folder / "results.json").write_text(json.dumps({"name": "tour", "claims": []}))
+    (folder / "failed-run" / "run.json").write_text(json.dumps({"status": "failed", "error": "boom"}))
+    write_index(reports)
+    cpu = (reports / "cpu" / "index.html").read_text()
+    assert "notebook (HTML)" in cpu and "failed run (.ipynb)" in cpu and "failed run (HTML)" not in cpu
+    for page in (reports / "index.html", reports / "cpu" / "index.html", reports / "interactive" / "index.html"):
+        assert not dead_links(page), dead_links(page)

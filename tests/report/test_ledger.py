@@ -1,5 +1,8 @@
 """The claims ledger: two-sided rules, better than claimed, spread, sources, toy scales, checks."""
 
+import json
+
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -148,6 +151,20 @@ def test_values_are_shown_in_readable_units():
     assert "verdict-other-device" in page and "e+" not in page
 
 
+def test_a_notebook_ledger_shows_open_spreads_as_the_index_does():
+    """A spread open at one end (DenseNet's depth search: (-inf, 208)) read `[-inf, 208]` in the notebook while
+    the index page, from results.json (where it is null), read `[—, 208]`: both read `[—, 208]` now."""
+    from workbench.report.results import _jsonable
+
+    ledger = Ledger()
+    ledger.add("depth", paper=200, measured=208, spread=(float("-inf"), 208), unit="layers", scale="s", device="cpu",
+               rule=at_least(200))
+    ledger.add("ratio", paper=2, measured=3, spread=(3, np.inf), unit="x", scale="s", device="cpu", rule=at_least(2))
+    notebook, index = ledger_html(ledger.rows), ledger_html(json.loads(json.dumps(_jsonable(ledger.rows))))
+    assert notebook == index and "[—, 208]" in notebook and "[3, —]" in notebook and "inf" not in notebook
+    assert format_value(float("inf")) == format_value(np.float32("-inf")) == "—"
+
+
 def test_a_spread_that_holds_the_whole_band_is_inconclusive():
     rule = within(160, rel=0.1)  # band [144, 176], no better side
     assert rule.verdict(300, spread=(float("-inf"), 300)) == "inconclusive"
@@ -161,3 +178,20 @@ def test_rules_describe_themselves_without_scientific_notation():
     assert within(83e6, rel=0.25).describe() == "reproduced if within 25% of 83,000,000"
     assert between(1.3e7, 1.4e7).describe() == "reproduced if in [13,000,000, 14,000,000]"
     assert at_most(0.0001, partly=0.001).describe() == "reproduced if measured <= 0.0001; partly if <= 0.001"
+
+
+def test_tables_show_missing_and_non_finite_values_as_the_ledger_does():
+    """pandas prints NaN, None, inf and -inf raw (17 NaN on the optorch report page); `table` shows "—" in the
+    HTML JupyterLab and the reports render and in the plain text, and leaves the frame as it was."""
+    from workbench.report import table
+
+    frame = pd.DataFrame({"budget_bytes": [39944, 75880], "predicted_peak_bytes": [np.nan, 75880.0],
+                          "ratio": [np.inf, 1.5], "plan": [None, "(0, 9)"], "fits": [None, True]})
+    shown = table(frame)
+    html_text, text = shown._repr_html_(), repr(shown)
+    for rendered in (html_text, text):
+        assert "NaN" not in rendered and "inf" not in rendered and "None" not in rendered
+        assert rendered.count("—") == 4 and "75880" in rendered and "1.5" in rendered and "(0, 9)" in rendered
+    assert "<table" in html_text and shown.frame is frame and np.isinf(frame.ratio[0]) and frame.fits[0] is None
+    with pytest.raises(TypeError, match="table needs a pandas DataFrame, got list"):
+        table([1, 2])

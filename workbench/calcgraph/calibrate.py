@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..measure import allocator_events
 from .tracker import CALL_PREFIX, _Trace, _TraceError, _Tracker, _trace
 
 __all__: list[str] = []  # used through CompiledGraph.calibrate
@@ -42,8 +43,7 @@ def _observe(program: Callable[[_Tracker], None]) -> _Observed:
     if torch.autograd.profiler._is_profiler_enabled:
         raise RuntimeError("calibration needs torch.profiler, which is already running; stop it first")
     gc.collect()  # garbage of an earlier run freed inside the profiler would lower its count
-    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
-    with profiler:
+    with allocator_events("calibration") as profiler:  # without kineto's start/stop markers on stderr
         trace = _trace(program, fake=False, profiled=True)
     events = profiler.profiler.kineto_results.events()
     memory = sorted((e.start_ns(), e.nbytes()) for e in events

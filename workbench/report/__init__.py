@@ -12,7 +12,7 @@ numeric parameters declare their allowed values beside their defaults (`# range:
 from .index import write_index
 from .ledger import (
     CHECK, DEVICE_CLASSES, SOURCES, VERDICTS, Claim, Ledger, Measured, Records, Rule, at_least, at_most, between,
-    device_class, finite, format_value, judge, ledger_html, record_frame, tally, within,
+    Table, device_class, finite, format_value, judge, ledger_html, record_frame, table, tally, within,
 )
 from .results import (
     KERNEL_NAME, PAPERS, PROFILES, RESERVED, Paper, UsageError, capture_parameters, notebook_repository,
@@ -24,7 +24,7 @@ from .runner import available_notebooks, build_reports, load_profile
 __all__ = [
     "PROFILES", "KERNEL_NAME", "RESERVED", "VERDICTS", "CHECK", "SOURCES", "DEVICE_CLASSES", "Rule", "at_least",
     "at_most", "within", "between", "Ledger", "tally", "Claim", "Measured", "Records", "judge",
-    "record_frame", "finite", "device_class",
+    "record_frame", "finite", "device_class", "Table", "table",
     "format_value", "ledger_html", "capture_parameters", "save_results", "UsageError", "available_notebooks",
     "load_profile", "notebook_parameters", "Declared",
     "build_reports", "write_index", "Paper", "PAPERS", "paper_citation", "notebook_repository",

@@ -282,18 +282,23 @@ def _references_summary(references: dict[str, list[dict]], head_commit) -> str:
             f"<th>status</th><th>made</th><th>commit</th><th>paper claims</th></tr>{''.join(rows)}</table>")
 
 
+def _file_links(folder: Path, prefix: tuple[str, ...], files) -> list[str]:
+    """Links to those of `files` ((file name, text) pairs) that are plain files in `folder`: a run in JupyterLab
+    writes results.json and figures but no executed notebook, a failed run may have stopped before its HTML."""
+    return [f'<a href="{_href(*prefix, f)}">{_e(text)}</a>' for f, text in files if _plain_file(folder / f) is None]
+
+
 def _section(entry: dict, references: list[dict] | None = None) -> str:
     name, run, results = entry["name"], entry["run"], entry["results"]
     cls, status = _status(entry)
     env = results.get("environment") if isinstance(results.get("environment"), dict) else {}
-    links = [f'<a href="{_href(name, name + ".html")}">notebook (HTML)</a>',
-             f'<a href="{_href(name, name + ".ipynb")}">notebook (.ipynb)</a>']
-    if results:
-        links.append(f'<a href="{_href(name, "results.json")}">results.json</a>')
+    links = _file_links(entry["folder"], (name,), ((f"{name}.html", "notebook (HTML)"),
+                                                   (f"{name}.ipynb", "notebook (.ipynb)"),
+                                                   ("results.json", "results.json")))
     parts = [
         f'<h2 id="{_e(name)}">{_e(name)} <span class="{cls}">({_e(status)})</span></h2>',
         f'<p class="paper">{_e(paper_citation(name))}</p>',
-        f"<p>{' · '.join(links)}</p>",
+        f"<p>{' · '.join(links)}</p>" if links else "",
     ]
     where = f"on {_e(env.get('device_name', 'unknown device'))}, torch {_e(env.get('torch', '?'))}"
     if run.get("interactive"):
@@ -304,12 +309,12 @@ def _section(entry: dict, references: list[dict] | None = None) -> str:
                      f"{_e(run.get('seconds', '—'))} s {where}. Overrides: {_settings_html(run)}.</p>")
     failed = entry["failed_run"]
     if failed:
+        failed_links = _file_links(entry["folder"] / FAILED_RUN, (name, FAILED_RUN),
+                                   ((f"{name}.html", "failed run (HTML)"), (f"{name}.ipynb", "failed run (.ipynb)")))
         parts.append(
             f'<div class="rebuild"><p>The rebuild of {_e(failed.get("started", "?"))} '
             f"(overrides <code>{_e(_overrides_text(failed))}</code>) failed; the report below is the last good one. "
-            f'<a href="{_href(name, FAILED_RUN, name + ".html")}">failed run (HTML)</a> · '
-            f'<a href="{_href(name, FAILED_RUN, name + ".ipynb")}">failed run (.ipynb)</a></p>'
-            f"<pre>{_e(failed.get('error'))}</pre></div>")
+            f"{' · '.join(failed_links)}</p><pre>{_e(failed.get('error'))}</pre></div>")
     if run.get("error"):
         parts.append(f"<pre>{_e(run['error'])}</pre>")
     if entry.get("problems"):

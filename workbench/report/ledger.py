@@ -255,11 +255,13 @@ def judge(
 
 
 def format_value(value, unit: str = "", *, _depth: int = 0) -> str:
-    """A ledger value as a reader wants it: bytes in KiB/MiB/GiB, fractions as %, no None/NaN/1e+06.
+    """A ledger value as a reader wants it: bytes in KiB/MiB/GiB, fractions as %, no None/NaN/inf/1e+06.
 
     Values come back from results.json files, so anything JSON holds is shown: lists nested past 8
-    levels as "[...]", integers too large for a float in scientific notation."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    levels as "[...]", integers too large for a float in scientific notation. A value that is not a finite
+    number (None, NaN, an open end of a spread at -inf or inf) reads "—", as results.json records it (None),
+    so a notebook's ledger and the index page show the same row."""
+    if value is None or (isinstance(value, (float, np.floating)) and not math.isfinite(value)):
         return "—"
     if isinstance(value, (list, tuple)):
         if _depth >= 8:
@@ -282,6 +284,39 @@ def format_value(value, unit: str = "", *, _depth: int = 0) -> str:
     if words.startswith("fraction"):
         return _number(100 * value) + "%"
     return _number(value)
+
+
+class Table:
+    """A DataFrame as a notebook shows it: every missing or non-finite value reads "—" (see `table`)."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        if not isinstance(frame, pd.DataFrame):
+            raise TypeError(f"table needs a pandas DataFrame, got {type(frame).__name__}")
+        self.frame = frame
+
+    def _render(self, method: str, **kwargs) -> str:
+        # NOTE: pandas has no display option for how NaN reads (DataFrame._repr_html_ passes na_rep="NaN"
+        # itself), so the frame is rendered here, with pandas' own display options for its size.
+        shown = self.frame.replace([np.inf, -np.inf], np.nan)
+        for column in shown.columns:  # pandas prints None in an object column as "None"
+            if pd.api.types.is_object_dtype(shown[column]):
+                shown[column] = shown[column].where(shown[column].notna(), np.nan)
+        return getattr(shown, method)(na_rep="—", max_rows=pd.get_option("display.max_rows"),
+                                      max_cols=pd.get_option("display.max_columns"),
+                                      show_dimensions=pd.get_option("display.show_dimensions"), **kwargs)
+
+    def _repr_html_(self) -> str:
+        return self._render("to_html", notebook=True)
+
+    def __repr__(self) -> str:
+        return self._render("to_string", line_width=pd.get_option("display.width"))
+
+
+def table(frame: pd.DataFrame) -> Table:
+    """`frame` shown as the ledger shows values: NaN, None, inf and -inf read "—" (pandas prints them raw),
+    in JupyterLab and in the report's HTML alike. For a cell's last line or `display(table(df))`; the frame
+    itself is not changed (`table(df).frame is df`)."""
+    return Table(frame)
 
 
 _LEDGER_PARTS = (

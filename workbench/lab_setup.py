@@ -1,0 +1,168 @@
+"""JupyterLab in a checkout: a saved notebook reads unchanged to `git status`, widgets behave as cells do.
+
+The set-up `make` installs into the virtual environment beside the nbstripout git filter (README, "Notebooks
+and git"), for the JupyterLab that runs from it:
+
+1. **git's size shortcut.** git's index keeps each file's size from the last time git read it. When a file's
+   size differs from that, `git status` and `git update-index --refresh` call it modified without reading it
+   (git's read-cache.c: a changed size is trusted unless the cached size is 0), so the clean filter never
+   runs. A notebook checked out stripped and saved by JupyterLab with outputs is larger while its filtered
+   content is the committed blob: `git diff`, which compares content, is empty, yet `git status` lists the
+   file until `git add`. A server extension (`workbench.lab_setup`, enabled in
+   `etc/jupyter/jupyter_server_config.d/`) runs after every save: for a tracked file under a clean filter it
+   re-enters the index entry with its own mode and blob (`git update-index --cacheinfo`), which stages
+   nothing and clears the cached stat data, so git's next look reads the file through the filter and
+   refreshes the entry (`git status` then writes the new size back).
+2. **Widget state on save.** A widget's output in a saved notebook names a model that lived in the kernel;
+   reopened, each one reads "Error displaying widget: model not found" unless the notebook also holds the
+   models' state, which JupyterLab writes only with the widget manager's `saveState` setting. The setting
+   is turned on in `share/jupyter/lab/settings/overrides.d/` (the filter strips that state from git). A
+   widget closed before the save has no state to save: tqdm's notebook bars close their container when
+   they finish (`leave=False`, every bar here), while the output that displayed it stays, in a cell or in
+   an output widget's state. The extension's pre-save hook drops those views of closed widgets (the live
+   page shows none of them either), so the reopened notebook reads as it did when saved.
+3. **Widget callbacks on the kernel's main shell.** JupyterLab 4.4+ sends comm messages to a kernel subshell
+   when the kernel has them (ipykernel 7, setting `commsOverSubshells`, default one subshell per comm
+   target), so a widget's callback runs in a thread beside the cells. The kernel indicator then reads Idle
+   while it runs (the output widget's echo of each printed line is answered busy-then-idle on the subshell),
+   a cell run meanwhile competes with it, and a measurement in the callback shares the process with the
+   cell (the allocator's events, the cores). Turned off in the same overrides: a callback runs as a cell
+   does, the kernel reads Busy until it ends, a cell run meanwhile waits its turn.
+
+    python -m workbench.lab_setup install --prefix .venv    # what `make hooks` runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["drop_closed_widget_views", "install", "refresh_git_index"]
+
+SERVER_CONFIG = Path("etc/jupyter/jupyter_server_config.d/workbench.json")
+LAB_OVERRIDES = Path("share/jupyter/lab/settings/overrides.d/workbench.json")
+EXTENSION = "workbench.lab_setup"  # not __name__, which is __main__ under `python -m`
+LAB_SETTINGS = {"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True},
+                "@jupyterlab/apputils-extension:kernels-settings": {"commsOverSubshells": "disabled"}}
+
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+log = logging.getLogger(__name__)
+
+
+def _git(folder: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, check=True,
+                          timeout=30).stdout
+
+
+def refresh_git_index(os_path: str, **_: Any) -> bool:
+    """Make git read `os_path` through its clean filter at its next look, if git tracks it under one.
+
+    A jupyter_server post-save hook (called with `os_path`, `model`, `contents_manager`). Returns whether the
+    index entry was re-entered. Never raises: a failed hook would fail the save (HTTP 500) of a file that is
+    already written, so a git error is logged and left to git's own next look.
+    """
+    path = Path(os_path)
+    try:
+        # NOTE: only an entry git's own rule gets wrong is touched: a tracked file at stage 0 (not in a merge
+        # conflict, tag H: neither assume-unchanged nor skip-worktree) under a clean filter.
+        driver = _git(path.parent, "check-attr", "filter", "--", path.name).rsplit(": ", 1)[-1].strip()
+        if driver in ("unspecified", "unset", ""):
+            return False
+        if not _git(path.parent, "config", "--default", "", f"filter.{driver}.clean").strip():
+            return False
+        entry = _git(path.parent, "ls-files", "--stage", "-t", "--full-name", "--", path.name).splitlines()
+        if len(entry) != 1:
+            return False
+        fields, name = entry[0].split("\t", 1)
+        tag, mode, blob, stage = fields.split(" ")
+        if tag != "H" or stage != "0":
+            return False
+        top = Path(_git(path.parent, "rev-parse", "--show-toplevel").strip())
+        _git(top, "update-index", "--cacheinfo", f"{mode},{blob},{name}")
+        return True
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        log.warning("workbench: could not refresh git's index entry of %s: %s", path, detail)
+        return False
+
+
+def drop_closed_widget_views(model: dict, **_: Any) -> int:
+    """Drop the outputs that display a widget missing from the notebook's saved widget state; return how many.
+
+    A jupyter_server pre-save hook (called with `model`, `path`, `contents_manager`): `model["content"]` is the
+    notebook JupyterLab sends. Without saved widget state (`saveState` off) nothing is known, nothing dropped.
+    """
+    content = model.get("content") if model.get("type") == "notebook" else None
+    widgets = (content or {}).get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {})
+    state = widgets.get("state") if isinstance(widgets, dict) else None
+    if not isinstance(state, dict):
+        return 0
+
+    def shows_a_closed_widget(output: Any) -> bool:
+        data = output.get("data") if isinstance(output, dict) else None
+        view = data.get(WIDGET_VIEW) if isinstance(data, dict) else None
+        return isinstance(view, dict) and bool(view.get("model_id")) and view["model_id"] not in state
+
+    dropped = 0
+    holders = [c for c in content.get("cells", []) if isinstance(c, dict) and isinstance(c.get("outputs"), list)]
+    holders += [m["state"] for m in state.values() if isinstance(m, dict) and m.get("model_name") == "OutputModel"
+                and isinstance(m.get("state"), dict) and isinstance(m["state"].get("outputs"), list)]
+    for holder in holders:
+        before = len(holder["outputs"])
+        holder["outputs"] = [o for o in holder["outputs"] if not shows_a_closed_widget(o)]
+        dropped += before - len(holder["outputs"])
+    return dropped
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": EXTENSION}]
+
+
+def _load_jupyter_server_extension(server_app: Any) -> None:
+    server_app.contents_manager.register_pre_save_hook(drop_closed_widget_views)
+    server_app.contents_manager.register_post_save_hook(refresh_git_index)
+    server_app.log.info("workbench: views of closed widgets dropped on save; git reads each saved file through "
+                        "its clean filter")
+
+
+def install(prefix: Path | str) -> list[Path]:
+    """Write the server extension's switch and the widget setting under the environment `prefix` (the
+    virtual environment JupyterLab runs from); returns the files written. Re-running rewrites them."""
+    prefix = Path(prefix)
+    if not prefix.is_dir():
+        raise FileNotFoundError(f"prefix {str(prefix)!r} is not a folder (the virtual environment's root)")
+    files = {SERVER_CONFIG: {"ServerApp": {"jpserver_extensions": {EXTENSION: True}}},
+             LAB_OVERRIDES: LAB_SETTINGS}
+    written = []
+    for relative, content in files.items():
+        path = prefix / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(content, indent=2) + "\n")
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workbench.lab_setup", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    inst = sub.add_parser("install", help="enable the save hook and the widget setting for a JupyterLab")
+    inst.add_argument("--prefix", default=sys.prefix, help="the environment JupyterLab runs from (default: this one)")
+    args = parser.parse_args(argv)
+    try:
+        for path in install(args.prefix):
+            print(f"wrote {path}")
+    except OSError as exc:
+        print(f"python -m workbench.lab_setup install: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
