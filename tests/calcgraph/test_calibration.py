@@ -103,7 +103,7 @@ def test_calibration_skips_a_batch_the_model_refuses():
 def test_a_check_that_misses_joins_the_calibration_and_twice_it_is_checked(lstm):
     plain, _ = lstm
     graph = plan_training(LSTMNet, LSTM_SHAPE, calibrate=False).calibrate(
-        sizes=(1, 2), check=(4,), tolerance=(0.0, 0.0), refine=2)
+        sizes=(2, 3), check=(4,), tolerance=(0.0, 0.0), refine=2)
     table = graph.calibration_error
     missed = table[table["error"] != 0]
     assert list(table["refined"].unique()) == list(range(table["refined"].max() + 1))
