@@ -93,7 +93,7 @@ class CompiledGraph:
 
     def __init__(self, program: Callable[[int, _Tracker], None], *, device: torch.device | str,
                  trace_sizes: Sequence[int] = (2, 3, 4), description: str = "",
-                 input_shape: Sequence[int] | None = None) -> None:
+                 input_shape: Sequence[int] | None = None, input_dtype: torch.dtype | None = None) -> None:
         trace_sizes = tuple(trace_sizes) if isinstance(trace_sizes, (list, tuple)) else (trace_sizes,)
         whole = all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in trace_sizes)
         if (len(trace_sizes) < 2 or not whole or min(trace_sizes) < 1 or len(set(trace_sizes)) != len(trace_sizes)):
@@ -102,6 +102,7 @@ class CompiledGraph:
         self.device = torch.device(device)  # "cpu" as well as torch.device("cpu")
         self.description = description
         self._input_shape = tuple(input_shape) if input_shape is not None else None
+        self._input_dtype = input_dtype  # named where the program refuses its input
         self._exact: dict[int, _Trace] = {}
         s1, s2, *checks = trace_sizes
         t1, t2 = self._traced(s1), self._traced(s2)
@@ -142,6 +143,7 @@ class CompiledGraph:
                 if isinstance(failure.error, _DtypeMismatch):
                     raise _DtypeMismatch(str(failure.error)) from None
                 shape = f"input [{size}, {', '.join(map(str, self._input_shape))}]" if self._input_shape else "input"
+                shape += f" of {self._input_dtype}" if self._input_dtype is not None else ""
                 where = failure.module or "the training program"
                 raise ValueError(
                     f"{where} refused the {shape} (per-example shape {self._input_shape}, batch {size}, "

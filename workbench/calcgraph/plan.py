@@ -98,7 +98,7 @@ def plan_training(
 
     name = optimizer if isinstance(optimizer, str) else "custom"
     graph = CompiledGraph(program, device=dev, trace_sizes=trace_sizes, input_shape=input_shape,
-                          description=f"input {input_shape} {input_dtype}, optimizer {name}")
+                          input_dtype=input_dtype, description=f"input {input_shape} {input_dtype}, optimizer {name}")
     graph.input_shape, graph.input_dtype = input_shape, input_dtype
     graph.build, graph.loss, graph.optimizer, graph.lr = build, loss, optimizer, lr
     graph.persistent_grads = persistent_grads

@@ -1,27 +1,35 @@
-"""Autograd's gradient accumulation as the user's program runs it, inside CalcGraph's traces.
+"""In-place ops torch runs only where no dispatch mode is active, run in place inside CalcGraph's traces too.
 
 Support for Section 3.2 of "CalcGraph: taming the high costs of deep learning using models (2022)": the plan
 is the program's own sequence of allocations, so the traced program must be the user's. A Python dispatch
-mode (the tracker, and `FakeTensorMode` under which a plan is traced) changes one thing autograd does: when
-a tensor feeds several ops, the engine adds the gradients that reach it, in place into the first one
-(`old.add_(new)`) where it holds the last reference to it, else out of place. It asks
-`at::isTensorSubclassLike`, which answers yes for every tensor while any dispatch mode is active, so every
-such sum runs out of place under a tracker: one more tensor the size of the gradient (three per
-`nn.MultiheadAttention` self-attention, one per residual connection and per tied weight), which the real
-program never allocates (+4.8% to +8.1% on a self-attention model).
+mode (the tracker, and `FakeTensorMode` under which a plan is traced) changes what some of torch's C++
+code does: it asks `at::isTensorSubclassLike`, which answers yes for every tensor while any dispatch mode
+is active, and then takes an out-of-place path meant for tensor subclasses. Two such paths are on every
+training step's way, each one more tensor that the real program never allocates (+4.8% to +8.1% on an
+`nn.MultiheadAttention` self-attention model):
 
-`Accumulation` follows the engine from node hooks: which gradients each node hands to the input buffers
-of the next ones, how many buffer slots hold each gradient, and which ops run between a node's end and the
-next node's start (the buffer additions). A tracker asks it, for each op, whether the op is such an
-addition that the engine without a dispatch mode would run in place (`in_place`), and then runs `add_`
-instead, under fake tensors and in real runs alike.
+- the autograd engine's buffer sums: when a tensor feeds several ops, the engine adds the gradients that
+  reach it, in place into the first one (`old.add_(new)`) where it holds the last reference to it, else out
+  of place (one sum per residual connection, per tied weight, three in self-attention);
+- `at::linear` on an input it cannot flatten (more than 2 dimensions, not a contiguous 3-d one: the
+  projections of `nn.MultiheadAttention` on its transposed input) computes `matmul` and then adds the bias
+  in place into the product.
+
+`InPlace` runs both in place as the real program does, under fake tensors and in calibration's real runs
+alike: the tracker asks it for the op to run (`op_for`) and tells it the result (`done`). The engine's sums
+are followed from node hooks (`Accumulation`): which gradients each node hands to the input buffers of the
+next ones, how many buffer slots hold each gradient, and which ops run between a node's end and the next
+node's start (the sums). A linear's bias add is the one `add` of the bias while `torch.nn.functional.linear`
+runs (patched while a program is traced, `as_the_user_runs`).
 
 # NOTE: the engine's condition (torch/csrc/autograd/input_buffer.cpp, `can_accumulate_inplace`): grad mode
 # off, the first gradient dense and non-overlapping, its tensor and its storage referenced once. The
 # tensor's references are counted here from the hooks (a gradient a node hands to two buffers, as an add's
 # backward does, is referenced twice until one of them is consumed); the storage's with
 # `torch._C._storage_Use_Count` (a view of a gradient another tensor still holds shares its storage).
-# References held outside the engine (a `retain_grad`, a hook keeping a gradient) are not seen.
+# References held outside the engine (a `retain_grad`, a hook keeping a gradient) are not seen. Other
+# subclass-only paths (a few backward formulas: `masked_fill`, `gather`, `masked_scatter`) are left as they
+# are: calibration sees them in its real runs only where they cost scratch.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 __all__: list[str] = []  # internal to workbench.calcgraph
@@ -53,7 +62,6 @@ class Accumulation:
         self._nodes: list = []  # the hooked nodes of the graphs being differentiated (kept until `reset`)
         self._seen: set[int] = set()
         self._handles: list = []
-        self.in_place_count = 0
 
     # hooks -----------------------------------------------------------------------------------
     def watch(self, roots: Sequence[torch.Tensor]) -> None:
@@ -100,10 +108,9 @@ class Accumulation:
         self.routing = False
 
     # the engine's decision -------------------------------------------------------------------
-    def is_buffer_sum(self, func, args, kwargs) -> bool:
-        """`func(*args)` is the engine adding a gradient into an input buffer that holds one already."""
-        return (self.routing and func is _ADD and not kwargs and len(args) == 2
-                and all(isinstance(a, torch.Tensor) for a in args) and args[0]._cdata in self.held)
+    def is_buffer_sum(self, args) -> bool:
+        """`add(*args)` is the engine adding a gradient into an input buffer that holds one already."""
+        return self.routing and args[0]._cdata in self.held
 
     def in_place(self, old: torch.Tensor, new: torch.Tensor) -> bool:
         """The engine without a dispatch mode would add `new` into `old` in place."""
@@ -118,7 +125,6 @@ class Accumulation:
         in_place = self.in_place(old, new)
         self._release(new._cdata)  # the added gradient is consumed
         if in_place:
-            self.in_place_count += 1
             return _ADD_IN_PLACE
         self._release(old._cdata)
         return func
@@ -129,15 +135,49 @@ class Accumulation:
             self.held[result._cdata] += 1
 
 
+class InPlace:
+    """The in-place ops of the user's program that a dispatch mode would run out of place (module docstring)."""
+
+    def __init__(self) -> None:
+        self.accumulation = Accumulation()
+        self.biases: list[torch.Tensor] = []  # the bias of each `linear` running (innermost last)
+        self.count = 0  # ops run in place that the dispatch mode would not have
+        self._summing = False  # the op being run is an engine's buffer sum
+
+    def op_for(self, func, args, kwargs) -> object:
+        """The op to run for `func(*args, **kwargs)`: `add_` where the user's program adds in place; then
+        `done` with its result."""
+        self._summing = False
+        if func is not _ADD or kwargs or len(args) != 2 or not all(isinstance(a, torch.Tensor) for a in args):
+            return func
+        if self.accumulation.is_buffer_sum(args):
+            self._summing = True
+            op = self.accumulation.sum_op(func, args)
+        elif self.biases and args[1] is self.biases[-1] and args[0].shape[-1:] == args[1].shape:
+            op = _ADD_IN_PLACE
+        else:
+            return func
+        self.count += op is _ADD_IN_PLACE
+        return op
+
+    def done(self, op, result) -> None:
+        if self._summing:
+            self.accumulation.summed(op, result)
+            self._summing = False
+
+
 @contextlib.contextmanager
-def following_the_engine(accumulation: Accumulation) -> Iterator[None]:
-    """Hook the graphs that `torch.autograd.backward` and `torch.autograd.grad` differentiate while active.
+def as_the_user_runs(in_place: InPlace) -> Iterator[None]:
+    """Follow the graphs that `torch.autograd.backward` and `torch.autograd.grad` differentiate, and the bias
+    of each `torch.nn.functional.linear`, while active.
 
     # NOTE: patched process-wide while a program is traced (as `tracker._tracked_cpu_rng_state` does), so that
-    # every backward pass of the program is followed, the reentrant checkpoint's inner one too; each call's
-    # graph is forgotten once the outermost call returns.
+    # every backward pass of the program is followed, the reentrant checkpoint's inner one too (each call's
+    # graph is forgotten once the outermost call returns), and every linear layer (`nn.Linear` and
+    # `nn.MultiheadAttention` look `F.linear` up at each call).
     """
-    backward, grad = torch.autograd.backward, torch.autograd.grad
+    accumulation = in_place.accumulation
+    backward, grad, linear = torch.autograd.backward, torch.autograd.grad, F.linear
     depth = 0
 
     def wrap(function):
@@ -154,8 +194,18 @@ def following_the_engine(accumulation: Accumulation) -> Iterator[None]:
                     accumulation.reset()
         return followed
 
+    def followed_linear(input, weight, bias=None):
+        if bias is None:
+            return linear(input, weight, bias)
+        in_place.biases.append(bias)
+        try:
+            return linear(input, weight, bias)
+        finally:
+            in_place.biases.pop()
+
     torch.autograd.backward, torch.autograd.grad = wrap(backward), wrap(grad)
+    F.linear = followed_linear
     try:
         yield
     finally:
-        torch.autograd.backward, torch.autograd.grad = backward, grad
+        torch.autograd.backward, torch.autograd.grad, F.linear = backward, grad, linear
