@@ -45,7 +45,7 @@ def error(graph, batch_size: int, real: int) -> float:
 
 
 def never_calibrated_at(graph, batch_size: int) -> bool:
-    return batch_size not in graph.calibration.sizes and batch_size not in set(graph.calibration_error["batch_size"])
+    return graph.calibration is not None and batch_size not in graph.calibrated_batches
 
 
 # the users' models ---------------------------------------------------------------------------------------

@@ -307,6 +307,16 @@ class CompiledGraph:
         return self
 
     @property
+    def calibrated_batches(self) -> list[int]:
+        """Batch sizes at which calibration ran real steps (fitted there, checked there or refused there): a
+        prediction at any other batch is held out from it."""
+        if self.calibration is None:
+            return []
+        ran = {*map(int, self.calibration.sizes), *self.calibration.skipped,
+               *map(int, self.calibration_error["batch_size"])}
+        return sorted(ran | ({1} if self._one_calibration is not None else set()))
+
+    @property
     def default_margin(self) -> float:
         """`max_batch_size`'s margin: 0 for an uncalibrated plan (it counts tensors only); for a calibrated
         one 2% plus the largest under-prediction measured at the last round's check sizes."""
