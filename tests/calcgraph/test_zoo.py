@@ -11,9 +11,11 @@ from workbench.calcgraph import plan_training
 from workbench.calcgraph.zoo import HELD_OUT_BATCHES, ZOO, _allocator_peak, accuracy_table
 
 SMALL, LARGE = HELD_OUT_BATCHES[:2], HELD_OUT_BATCHES[2:]
-# (case, batch): measured error and why, for a case that misses (xfail strict); none since a check that misses
-# joins the calibration (oneDNN's bf16 GEMM scratch steps up past batch 32: -11.2% at 64 before that)
-MISSES: dict[tuple[str, int], str] = {}
+# (case, batch): measured error and why, for a case that misses (xfail strict)
+MISSES: dict[tuple[str, int], str] = {
+    ("lstm", 3): "-2.1%: oneDNN's LSTM workspaces at batch 3 are 90,112 bytes, one 4 KiB page above the line "
+                 "through batches 2 and 4 (86,016), its scratch 2 KiB above; the default margin (2.8%) covers it",
+}
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ __all__: list[str] = []  # used through CompiledGraph.calibrate
 class _Observed:
     trace: _Trace
     scratch: np.ndarray  # per op call, bytes above the call's return level
+    peak: int  # the allocator's peak over the run (what `AllocatorMeter` reads)
 
 
 def _observe(program: Callable[[_Tracker], None]) -> _Observed:
@@ -59,7 +60,7 @@ def _observe(program: Callable[[_Tracker], None]) -> _Observed:
         lo, hi = np.searchsorted(times, e.start_ns(), "left"), np.searchsorted(times, e.end_ns(), "right")
         if hi > lo and index < len(scratch):
             scratch[index] = max(0, int(level[lo:hi].max() - level[hi - 1]))
-    return _Observed(trace, scratch)
+    return _Observed(trace, scratch, int(level.max(initial=0)))
 
 
 def _steps(trace: _Trace) -> tuple[int, int, list[str], tuple]:
@@ -77,11 +78,15 @@ class Calibration:
     """The calibrated plan: each allocation's bytes and each op call's scratch at the real runs' batch `sizes`
     (the plan's own sizes there plus what the real run showed beyond them, fitted once against the plan
     alone), affine in the batch size between two neighbouring sizes and beyond the first and last two
-    (piecewise linear).
+    (piecewise linear), except a call's scratch that steps: between two sizes where its slope is more than
+    twice or less than half the slopes on both sides (or of the other sign), the larger of the two sizes'
+    values.
 
     # NOTE: piecewise rather than one line: oneDNN rounds its buffers (the LSTM workspace is 28 KiB
     # per example at batches 2-4 and 24 KiB from 16 on), so a line through two small batches
-    # over-predicts large ones by 12%; a line through the two largest sizes extrapolates.
+    # over-predicts large ones by 12%; a line through the two largest sizes extrapolates. Scratch can step:
+    # oneDNN's bf16 matrix multiply takes none at batches 1-2, 17,536 bytes at 3-32 and 25,728 from 40 on,
+    # so a line from 2 to 4 missed batch 3 by -22% of the step's model and a line from 32 to 64 missed 48.
     """
 
     sizes: np.ndarray
@@ -90,12 +95,21 @@ class Calibration:
     corrected: np.ndarray  # [planned allocations]: which ones the real runs made larger or smaller
     skipped: dict[int, str]  # calibration sizes whose real run failed, with the error
 
-    def _at(self, values: np.ndarray, batch_size: int) -> np.ndarray:
+    def _at(self, values: np.ndarray, batch_size: int, *, steps: bool = False) -> np.ndarray:
         if len(self.sizes) == 1:  # a plan of one batch size
             return values[0]
         i = int(np.clip(np.searchsorted(self.sizes, batch_size) - 1, 0, len(self.sizes) - 2))
         s0, s1 = self.sizes[i], self.sizes[i + 1]
-        return values[i] + (values[i + 1] - values[i]) * (batch_size - s0) / (s1 - s0)
+        line = values[i] + (values[i + 1] - values[i]) * (batch_size - s0) / (s1 - s0)
+        if not steps or not s0 < batch_size < s1:
+            return line
+        slopes = np.diff(values, axis=0) / np.diff(self.sizes)[:, None]
+        here = slopes[i]
+        # a neighbouring interval's slope within a factor of 2 of this one's: the values follow a line here
+        agree = [np.abs(slopes[j] - here) <= 0.5 * np.maximum(np.abs(slopes[j]), np.abs(here))
+                 for j in (i - 1, i + 1) if 0 <= j < len(slopes)]
+        follows = np.logical_or.reduce(agree) if agree else np.ones_like(here, dtype=bool)
+        return np.where(follows, line, np.maximum(values[i], values[i + 1]))
 
     def allocations(self, batch_size: int) -> np.ndarray:
         """Bytes of each planned allocation at `batch_size`."""
@@ -103,7 +117,7 @@ class Calibration:
 
     def scratch(self, batch_size: int) -> np.ndarray:
         """Scratch bytes of each planned op call at `batch_size`."""
-        return np.maximum(0, np.rint(self._at(self.scratch_at, batch_size))).astype(np.int64)
+        return np.maximum(0, np.rint(self._at(self.scratch_at, batch_size, steps=True))).astype(np.int64)
 
 
 def _align(planned: Sequence[str], real: Sequence[str], *, window: int = 256, anchor: int = 4

@@ -18,7 +18,6 @@ dichotomic search (Algorithm 1) over it.
 
 from __future__ import annotations
 
-import gc
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -28,7 +27,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..measure import AllocatorMeter
 from .calibrate import Calibration
 from .calibrate import calibrate as _fit_calibration
 from .calibrate import observe as _observe_at
@@ -252,13 +250,16 @@ class CompiledGraph:
                   tolerance: tuple[float, float] = (-0.02, 0.05), refine: int = 3) -> CompiledGraph:
         """Add the bytes real kernels allocate beyond their fake tensors (see `calibrate.py`),
         measured in real training steps at the small batch `sizes`, and measure the calibrated
-        prediction's error against `AllocatorMeter` at the `check` sizes (`calibration_error`,
+        prediction's error against the allocator at the `check` sizes (`calibration_error`,
         covered by `max_batch_size`'s default margin). CPU only; returns the graph.
 
-        A check size whose error falls outside `tolerance` joins the calibration sizes and twice it
-        becomes a check, at most `refine` times: kernels whose scratch grows in steps (oneDNN's bf16
-        GEMM from batch 64 on) are measured where they step. `calibration_error` keeps every check made,
-        with the round (`refined`) and the calibration sizes it judged.
+        Each check is one more real step, whose allocator peak judges the plan fitted to the runs before it
+        and which then joins the calibration. A check whose error falls outside `tolerance` is followed by a
+        check at twice its size, at most `refine` times: kernels whose scratch grows in steps (oneDNN's bf16
+        GEMM from batch 40 on) are measured where they step. The plan is then fitted once to every run
+        (`calibration`). `calibration_error` keeps every check, with its round (`refined`) and the batches
+        the plan it judged was fitted at; `calibrated_batches` lists every batch a real step ran at (a
+        prediction elsewhere is held out from calibration).
         """
         if self.device.type != "cpu":
             raise ValueError(f"calibration reads the CPU allocator; this plan is for {self.device}")
@@ -279,30 +280,27 @@ class CompiledGraph:
         observed = {int(s): _observe_at(self._program, int(s)) for s in sizes}
         if one is not None and not isinstance(observed[1], str):  # batch 1 runs its own program: calibrated alone
             self._one_calibration = _fit_calibration(one, lambda _: one.sizes, {1: observed.pop(1)}, least=1)
-        checks, rows, allocator = sorted({int(c) for c in check} - set(observed) - {1}), [], {}
+        checks, rows = sorted({int(c) for c in check} - set(observed) - {1}), []
+        # NOTE: every fit is of the plan's own sizes, from all real runs so far, and the last one is the plan:
+        # a correction is never corrected again (refining a correction flipped a checkpointed convolution's
+        # error between -19% and +19% round after round)
         for round_ in range(refine + 1):
-            # NOTE: each round fits the plan's own sizes anew from all real runs so far: a round never
-            # starts from the sizes a previous round corrected (which flipped a checkpointed convolution's
-            # error between -19% and +19% round after round)
             self.calibration = _fit_calibration(self._base, self._planned_sizes, observed)
             missed = []
             for size in checks:
-                if size not in allocator:
-                    gc.collect()  # garbage of an earlier run freed inside the meter would lower its count
-                    with AllocatorMeter(self.device) as meter:
-                        self._program(size, None)
-                    allocator[size] = meter.peak_bytes
+                observed[size] = run = _observe_at(self._program, size)
+                if isinstance(run, str):  # the real step refused this batch: nothing to judge
+                    continue
                 predicted = self.required_bytes(size)
-                error = (predicted - allocator[size]) / allocator[size]
-                rows.append({"batch_size": size, "predicted": predicted, "allocator": allocator[size],
-                             "error": error, "refined": round_,
-                             "calibrated_at": ", ".join(map(str, self.calibration.sizes))})
+                error = (predicted - run.peak) / run.peak
+                rows.append({"batch_size": size, "predicted": predicted, "allocator": run.peak, "error": error,
+                             "refined": round_, "calibrated_at": ", ".join(map(str, self.calibration.sizes))})
                 if not low <= error <= high:
                     missed.append(size)
-            if not missed or round_ == refine:
+            checks = sorted({2 * s for s in missed} - set(observed))
+            if not checks or round_ == refine:
                 break
-            observed.update({s: _observe_at(self._program, s) for s in missed})
-            checks = sorted({*(c for c in checks if c not in missed), *(2 * s for s in missed)} - set(observed))
+        self.calibration = _fit_calibration(self._base, self._planned_sizes, observed)
         self.calibration_error = pd.DataFrame(rows, columns=_CHECK_COLUMNS)
         return self
 
