@@ -92,7 +92,7 @@ def test_calibration_skips_a_batch_the_model_refuses():
         return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
 
     graph = plan_training(bn1d, (8,), calibrate=False).calibrate(sizes=(1, 2, 4), check=(8,), refine=0)
-    assert list(graph.calibration.sizes) == [2, 4] and "more than 1 value" in graph.calibration.skipped[1]
+    assert list(graph.calibration.sizes) == [2, 4, 8] and "more than 1 value" in graph.calibration.skipped[1]
     with pytest.raises(ValueError, match=">= 2 distinct"):
         graph.calibrate(sizes=(2,))
     with pytest.raises(ValueError, match="real runs at >= 2"):
@@ -103,14 +103,17 @@ def test_calibration_skips_a_batch_the_model_refuses():
 def test_a_check_that_misses_joins_the_calibration_and_twice_it_is_checked(lstm):
     plain, _ = lstm
     graph = plan_training(LSTMNet, LSTM_SHAPE, calibrate=False).calibrate(
-        sizes=(1, 2), check=(4,), tolerance=(0.0, 0.0), refine=2)
+        sizes=(2, 3), check=(4,), tolerance=(0.0, 0.0), refine=2)
     table = graph.calibration_error
     missed = table[table["error"] != 0]
     assert list(table["refined"].unique()) == list(range(table["refined"].max() + 1))
     for _, row in missed[missed["refined"] < 2].iterrows():  # a miss joins the sizes, twice it is checked next
         assert row["batch_size"] in graph.calibration.sizes
         assert (table[table["refined"] == row["refined"] + 1]["batch_size"] == 2 * row["batch_size"]).any()
-    assert table.iloc[-1]["calibrated_at"] == ", ".join(map(str, graph.calibration.sizes))
+    last = table[table["refined"] == table["refined"].max()]
+    judged = {int(s) for s in last.iloc[0]["calibrated_at"].split(", ")}
+    assert set(graph.calibration.sizes) == judged | set(last["batch_size"])  # every check joins the final fit
+    assert set(graph.calibrated_batches) == set(graph.calibration.sizes)
     assert plain.calibration is None
 
 

@@ -1,6 +1,6 @@
-"""A held-out zoo (issue 18): CalcGraph's calibrated plan against `AllocatorMeter` on 13 small networks at
-batches 1 to 256 (CPU). Target: within 5% of the allocator everywhere and never under by more than 2%.
-A case that misses is xfail(strict=True) with its measured error, never a looser target."""
+"""A held-out zoo (issues 18 and 37): CalcGraph's calibrated plan against `AllocatorMeter` on 17 small networks
+at batches calibration never ran, 3 to 192 (CPU). Target: within 5% of the allocator everywhere and never under
+by more than 2%. A case that misses is xfail(strict=True) with its measured error, never a looser target."""
 
 import math
 
@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from workbench.calcgraph import plan_training
-from workbench.calcgraph.zoo import ZOO, accuracy_table, _allocator_peak
+from workbench.calcgraph.zoo import HELD_OUT_BATCHES, ZOO, _allocator_peak, accuracy_table
 
-SMALL, LARGE = (1, 2, 8), (64, 256)
-# (case, batch): measured error and why, for a case that misses (xfail strict); none since a check that misses
-# joins the calibration (oneDNN's bf16 GEMM scratch steps up past batch 32: -11.2% at 64 before that)
-MISSES: dict[tuple[str, int], str] = {}
+SMALL, LARGE = HELD_OUT_BATCHES[:2], HELD_OUT_BATCHES[2:]
+# (case, batch): measured error and why, for a case that misses (xfail strict)
+MISSES: dict[tuple[str, int], str] = {
+    ("lstm", 3): "-2.1%: oneDNN's LSTM workspaces at batch 3 are 90,112 bytes, one 4 KiB page above the line "
+                 "through batches 2 and 4 (86,016), its scratch 2 KiB above; the default margin (2.8%) covers it",
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +35,9 @@ def graphs(one_thread_module):
     def get(name):
         if name not in cache:
             case = ZOO[name]
-            cache[name] = plan_training(case.build, case.shape, optimizer=case.optimizer,
-                                        input_dtype=case.input_dtype, calibrate=True)
+            sample = case.sample if case.sample is not None else case.shape
+            cache[name] = plan_training(case.build, sample, optimizer=case.optimizer, loss=case.loss,
+                                        input_dtype=case.input_dtype, calibrate=case.sample is None)
         return cache[name]
 
     return get
@@ -53,31 +56,31 @@ def test_zoo_has_the_named_architectures():
     assert len(ZOO) >= 12
     for name in ("transformer encoder", "lstm", "gru", "batchnorm 1d", "batchnorm 2d", "embedding + sdpa",
                  "dropout + in-place", "depthwise conv", "grouped conv", "upsampling", "bf16 mlp", "sgd momentum",
-                 "adamw cnn"):
+                 "adamw cnn", "checkpoint in forward", "mha self-attention", "tied decoder", "packed bilstm"):
         assert name in ZOO
 
 
 @pytest.mark.parametrize(("name", "batch_size"), list(_params()))
 def test_calibrated_plan_within_five_percent_of_the_allocator(graphs, name, batch_size):
     case, graph = ZOO[name], graphs(name)
-    try:
-        real = _allocator_peak(case, batch_size)
-    except ValueError as error:  # BatchNorm1d cannot train on a batch of one: nothing to judge
-        assert name == "batchnorm 1d" and batch_size == 1, error
-        pytest.skip(f"the real step refuses batch {batch_size}: {error}")
+    assert batch_size not in graph.calibrated_batches  # held out
+    real = _allocator_peak(case, batch_size)
     error = (graph.required_bytes(batch_size) - real) / real
     assert -0.02 <= error <= 0.05, f"{name} at batch {batch_size}: {error:+.2%} against the allocator"
 
 
-def test_accuracy_table_reports_both_plans(one_thread_module):
-    table = accuracy_table(["batchnorm 1d", "sgd momentum"], (1, 8))
+def test_accuracy_table_reports_both_plans_and_which_batches_are_held_out(one_thread_module):
+    table = accuracy_table(["batchnorm 1d", "sgd momentum"], (1, 3, 8))
     assert list(table.columns) == ["model", "batch_size", "predicted", "allocator", "error",
-                                   "uncalibrated_predicted", "uncalibrated_error", "margin"]
-    assert len(table) == 4
+                                   "uncalibrated_predicted", "uncalibrated_error", "margin", "held_out",
+                                   "calibrated_at"]
+    assert len(table) == 6
     refused = table[(table["model"] == "batchnorm 1d") & (table["batch_size"] == 1)].iloc[0]
     assert math.isnan(refused["allocator"]) and math.isnan(refused["error"])
     rest = table.dropna()
     assert (rest["error"] == (rest["predicted"] - rest["allocator"]) / rest["allocator"]).all()
     assert (rest["margin"] >= 0.02).all()
+    assert list(table["held_out"]) == [False, True, False] * 2  # calibration runs 1 and 8, never 3
+    assert (table["calibrated_at"].str.startswith("1, 2, 4, 8, 16")).all()
     with pytest.raises(ValueError, match="unknown zoo cases"):
         accuracy_table(["resnet1000"])

@@ -284,9 +284,10 @@ def test_ledger_of_real_records_has_a_row_for_every_claim():
     assert by[_claim(MORE).text]["measured"] is not None
 
 
-def _zoo(errors):
-    return {"zoo": pd.DataFrame({"model": [f"m{i}" for i in range(len(errors))], "batch_size": 8,
-                                 "error": errors, "uncalibrated_error": [-0.5] * len(errors)})}
+def _zoo(errors, held_out=None):
+    return {"zoo": pd.DataFrame({"model": [f"m{i}" for i in range(len(errors))], "batch_size": 12,
+                                 "error": errors, "uncalibrated_error": [-0.5] * len(errors),
+                                 "held_out": [True] * len(errors) if held_out is None else held_out})}
 
 
 @pytest.mark.parametrize(("errors", "verdict"), [
@@ -298,3 +299,13 @@ def test_the_zoo_target_is_two_sided(errors, verdict):
     row = claim_row(claims, "Calibrated plan within 5%", _zoo(errors), device_class="cpu")
     assert row["verdict"] == verdict and row["source"] == "target"
     assert claim_row(claims, "Calibrated plan within 5%", _zoo(errors), device_class="gpu")["verdict"] == "other device"
+
+
+def test_the_zoo_target_judges_only_batches_calibration_never_ran():
+    from workbench.experiments.calcgraph import claims
+
+    fitted_there = _zoo([0.0, 0.2, -0.01], held_out=[True, False, True])  # +20% where calibration ran: not judged
+    row = claim_row(claims, "Calibrated plan within 5%", fitted_there, device_class="cpu")
+    assert row["verdict"] == "reproduced" and row["measured"] == pytest.approx(-0.01)
+    none_held_out = _zoo([0.0], held_out=[False])
+    assert claim_row(claims, "Calibrated plan within 5%", none_held_out, device_class="cpu")["measured"] is None

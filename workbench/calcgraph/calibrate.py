@@ -36,6 +36,7 @@ __all__: list[str] = []  # used through CompiledGraph.calibrate
 class _Observed:
     trace: _Trace
     scratch: np.ndarray  # per op call, bytes above the call's return level
+    peak: int  # the allocator's peak over the run (what `AllocatorMeter` reads)
 
 
 def _observe(program: Callable[[_Tracker], None]) -> _Observed:
@@ -59,7 +60,7 @@ def _observe(program: Callable[[_Tracker], None]) -> _Observed:
         lo, hi = np.searchsorted(times, e.start_ns(), "left"), np.searchsorted(times, e.end_ns(), "right")
         if hi > lo and index < len(scratch):
             scratch[index] = max(0, int(level[lo:hi].max() - level[hi - 1]))
-    return _Observed(trace, scratch)
+    return _Observed(trace, scratch, int(level.max(initial=0)))
 
 
 def _steps(trace: _Trace) -> tuple[int, int, list[str], tuple]:
@@ -74,35 +75,56 @@ def _steps(trace: _Trace) -> tuple[int, int, list[str], tuple]:
 
 @dataclass
 class Calibration:
-    """Per-allocation size corrections and per-call scratch measured at `sizes`, affine in the batch
-    size between two neighbouring sizes and beyond the first and last two (piecewise linear).
+    """The calibrated plan: each allocation's bytes and each op call's scratch at the real runs' batch `sizes`
+    (the plan's own sizes there plus what the real run showed beyond them, fitted once against the plan
+    alone), affine in the batch size between two neighbouring sizes and beyond the first and last two
+    (piecewise linear), except a call's scratch that steps: between two sizes where its slope is more than
+    twice or less than half the slopes on both sides (or of the other sign), the larger of the two sizes'
+    values.
 
     # NOTE: piecewise rather than one line: oneDNN rounds its buffers (the LSTM workspace is 28 KiB
     # per example at batches 2-4 and 24 KiB from 16 on), so a line through two small batches
-    # over-predicts large ones by 12%; a line through the two largest sizes extrapolates.
+    # over-predicts large ones by 12%; a line through the two largest sizes extrapolates. Scratch can step:
+    # oneDNN's bf16 matrix multiply takes none at batches 1-2, 17,536 bytes at 3-32 and 25,728 from 40 on,
+    # so a line from 2 to 4 missed batch 3 by -22% of the step's model and a line from 32 to 64 missed 48.
     """
 
     sizes: np.ndarray
-    size_delta_at: np.ndarray  # [len(sizes), planned allocations] (0 outside the training steps)
+    bytes_at: np.ndarray  # [len(sizes), planned allocations]: the calibrated allocation sizes
     scratch_at: np.ndarray  # [len(sizes), planned op calls]
+    corrected: np.ndarray  # [planned allocations]: which ones the real runs made larger or smaller
     skipped: dict[int, str]  # calibration sizes whose real run failed, with the error
 
-    def _at(self, values: np.ndarray, batch_size: int) -> np.ndarray:
+    def _at(self, values: np.ndarray, batch_size: int, *, steps: bool = False) -> np.ndarray:
+        if len(self.sizes) == 1:  # a plan of one batch size
+            return values[0]
         i = int(np.clip(np.searchsorted(self.sizes, batch_size) - 1, 0, len(self.sizes) - 2))
         s0, s1 = self.sizes[i], self.sizes[i + 1]
-        return values[i] + (values[i + 1] - values[i]) * (batch_size - s0) / (s1 - s0)
+        line = values[i] + (values[i + 1] - values[i]) * (batch_size - s0) / (s1 - s0)
+        if not steps or not s0 < batch_size < s1:
+            return line
+        slopes = np.diff(values, axis=0) / np.diff(self.sizes)[:, None]
+        here = slopes[i]
+        # a neighbouring interval's slope within a factor of 2 of this one's: the values follow a line here
+        agree = [np.abs(slopes[j] - here) <= 0.5 * np.maximum(np.abs(slopes[j]), np.abs(here))
+                 for j in (i - 1, i + 1) if 0 <= j < len(slopes)]
+        follows = np.logical_or.reduce(agree) if agree else np.ones_like(here, dtype=bool)
+        return np.where(follows, line, np.maximum(values[i], values[i + 1]))
 
-    def size_delta(self, batch_size: int) -> np.ndarray:
-        return np.rint(self._at(self.size_delta_at, batch_size)).astype(np.int64)
+    def allocations(self, batch_size: int) -> np.ndarray:
+        """Bytes of each planned allocation at `batch_size`."""
+        return np.maximum(0, np.rint(self._at(self.bytes_at, batch_size))).astype(np.int64)
 
     def scratch(self, batch_size: int) -> np.ndarray:
-        return np.maximum(0, np.rint(self._at(self.scratch_at, batch_size))).astype(np.int64)
+        """Scratch bytes of each planned op call at `batch_size`."""
+        return np.maximum(0, np.rint(self._at(self.scratch_at, batch_size, steps=True))).astype(np.int64)
 
 
 def _align(planned: Sequence[str], real: Sequence[str], *, window: int = 256, anchor: int = 4
-           ) -> tuple[np.ndarray, np.ndarray]:
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each real element the planned one it stands for (matched op names, else the last matched one
-    before it, else the first planned), and which planned elements the real run has (matched).
+    before it, else the first planned), which planned elements the real run has and which real elements
+    the plan has (matched).
 
     # NOTE: by hand, not difflib: both runs dispatch the same ops in the same order but for a few local
     # insertions (fake-only device queries, real-only copies), and difflib's matcher on long sequences of
@@ -127,11 +149,11 @@ def _align(planned: Sequence[str], real: Sequence[str], *, window: int = 256, an
         if skip is None:  # nothing agrees nearby: the rest stays unmatched
             break
         a, b = a + skip[0], b + skip[1]
-    m = len(real)
+    matched = match >= 0
     last = 0
-    for j in range(m):
-        last = match[j] = match[j] if match[j] >= 0 else last
-    return match, found
+    for j in range(len(real)):
+        last = match[j] = match[j] if matched[j] else last
+    return match, found, matched
 
 
 def _resync(planned: list[str], real: list[str], a: int, b: int, window: int, anchor: int
@@ -159,19 +181,20 @@ def observe(program: Callable[[int, _Tracker], None], size: int) -> _Observed | 
         return str(error)
 
 
-def calibrate(planned: _Trace, plan_sizes: Callable[[int], np.ndarray], observed: dict[int, _Observed | str]
-              ) -> Calibration:
-    """Fit the corrections to the plan (`planned`: its trace, `plan_sizes`: its allocation sizes at a
-    batch size) from real runs `observed` at >= 2 distinct small batch sizes (see `observe`).
+def calibrate(planned: _Trace, plan_sizes: Callable[[int], np.ndarray], observed: dict[int, _Observed | str], *,
+              least: int = 2) -> Calibration:
+    """The calibrated plan from the plan (`planned`: its trace, `plan_sizes`: its own allocation sizes at a
+    batch size, uncorrected) and real runs `observed` at >= `least` distinct small batch sizes (see
+    `observe`; one size calibrates a plan of that size alone).
 
     # NOTE: fake tensors dispatch ops a real run does not (device queries, copies of fake constants),
     # so the steps' op calls and allocations are aligned by op name (`_align`). A planned allocation the
     # real run lacks is removed (delta -size); a real allocation the plan lacks is added to the planned
     # allocation before it; a real call's scratch goes to the planned call it matches (or follows).
     """
-    if len(observed) < 2 or min(observed) < 1:
-        raise ValueError(f"calibration needs >= 2 distinct batch sizes >= 1, got {tuple(sorted(observed))}")
-    deltas, scratches, used, skipped = [], [], [], {}
+    if len(observed) < least or min(observed, default=1) < 1:
+        raise ValueError(f"calibration needs >= {least} distinct batch sizes >= 1, got {tuple(sorted(observed))}")
+    allocations, deltas, scratches, used, skipped = [], [], [], [], {}
     for size in sorted(observed):
         real = observed[size]
         if isinstance(real, str):
@@ -182,17 +205,19 @@ def calibrate(planned: _Trace, plan_sizes: Callable[[int], np.ndarray], observed
         if not r_ops:
             raise ValueError(f"cannot calibrate at batch {size}: the real run dispatched no op in its steps")
         delta = np.zeros(len(planned.sizes), dtype=np.int64)
-        match, found = _align(p_allocs, r_allocs)
+        match, found, matched = _align(p_allocs, r_allocs)
         real_sizes, plan_at = real.trace.sizes[r_alloc:], plan_sizes(size)[p_alloc:]
         delta[p_alloc:][~found] = -plan_at[~found]
-        for j, i in enumerate(match):
-            delta[p_alloc + i] += real_sizes[j] - (plan_at[i] if found[i] else 0)
+        for j, i in enumerate(match):  # a real allocation the plan lacks adds to the planned one before it
+            delta[p_alloc + i] += real_sizes[j] - (plan_at[i] if matched[j] else 0)
         scratch = np.zeros(len(planned.calls), dtype=np.int64)
-        match, _ = _align(p_ops, r_ops)
+        match, _, _ = _align(p_ops, r_ops)
         np.maximum.at(scratch, p_call + match, real.scratch[r_call:])
+        allocations.append(np.maximum(0, plan_sizes(size) + delta))
         deltas.append(delta)
         scratches.append(scratch)
         used.append(size)
-    if len(used) < 2:
-        raise ValueError(f"calibration needs real runs at >= 2 batch sizes; failed at {skipped}")
-    return Calibration(np.asarray(used), np.stack(deltas), np.stack(scratches), skipped)
+    if len(used) < least:
+        raise ValueError(f"calibration needs real runs at >= {least} batch sizes; failed at {skipped}")
+    return Calibration(np.asarray(used), np.stack(allocations), np.stack(scratches),
+                       np.any(np.stack(deltas) != 0, axis=0), skipped)

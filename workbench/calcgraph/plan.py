@@ -1,388 +1,34 @@
-"""CalcGraph's model compiler: a training step's memory known before it runs.
+"""CalcGraph's entry point: the memory plan of a user's training step (`plan_training`).
 
 Implements Sections 3.1-3.2 of "CalcGraph: taming the high costs of deep learning using models
-(2022)". One training program (build the model and optimizer, then forward, loss, backward and
-optimizer step, twice: the first step creates the optimizer state, the second is the steady
-state) is executed under `torch._subclasses.FakeTensorMode`, so no real memory is allocated,
-while a dispatch-mode tracker records every storage an aten op creates and when it is freed.
-Each allocation is tagged with the paper's zone: forward (parameters, buffers, inputs and the
-activations autograd keeps for backward), gradient, optimizer (state) and workspace (every
-other temporary).
-
-The program runs at two batch sizes; the allocation sequence must be identical and every
-allocation's size is fitted as `a + b * batch` (checked on a third batch size). The peak live
-bytes at any batch size is then the maximum of a cumulative sum over that timeline: the paper's
-`requiredMem`, an iteration over variables with no trial run. `max_batch_size` is the paper's
-dichotomic search (Algorithm 1) over it.
+(2022)": the user's model, sample batch, loss and optimizer become one training program (`program.py`)
+that the model compiler (`graph.py`) traces under fake tensors and, on CPU, calibrates against the
+allocator in real steps at small batches (`calibrate.py`).
 """
 
 from __future__ import annotations
 
 import copy
-import gc
 import math
 import warnings
 from collections.abc import Callable, Sequence
 from numbers import Real
 
-import numpy as np
-import pandas as pd
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from ..measure import check_device
+from .graph import CALIBRATED_ZONE, MAX_BATCH, ZONES, CompiledGraph, search_max
 from .program import (
-    _OPTIMIZERS, OptimizerSpec, _DtypeMismatch, make_optimizer, measure_required_bytes, per_example_shape,
-    training_program,
+    _OPTIMIZERS, OptimizerSpec, make_optimizer, measure_required_bytes, per_example_shape, training_program,
 )
-from ..measure import AllocatorMeter, check_device
-from .calibrate import Calibration
-from .calibrate import calibrate as _fit_calibration
-from .calibrate import observe as _observe_at
-from .tracker import _Trace, _TraceError, _Tracker, _trace
+from .tracker import _Tracker
 
 __all__ = [
-    "ZONES", "CompiledGraph", "make_optimizer", "measure_required_bytes", "plan_training", "search_max",
-    "training_program",
+    "CALIBRATED_ZONE", "MAX_BATCH", "ZONES", "CompiledGraph", "make_optimizer", "measure_required_bytes",
+    "plan_training", "search_max", "training_program",
 ]
-
-ZONES = ("forward", "gradient", "optimizer", "workspace")
-# bytes a calibrated plan adds from real kernels (Calibration): scratch and tensors larger than their meta size
-CALIBRATED_ZONE = "workspace (calibrated)"
-# NOTE: the CUDA caching allocator hands out blocks in multiples of 512 bytes; on CUDA each
-# planned allocation is rounded up the same way (block splitting is not modelled: the issue's
-# CUDA tolerance of 5% covers it).
-_CUDA_BLOCK = 512
-_CHECK_COLUMNS = ["batch_size", "predicted", "allocator", "error", "refined", "calibrated_at"]
-
-
-def search_max(fits: Callable[[int], bool], first_guess: int, *, limit: int = 2**24) -> tuple[int, int]:
-    """Largest n >= 1 with `fits(n)` (monotone), by the dichotomic search of Algorithm 1.
-
-    Start from the linear guess, step up (doubling) while it fits and down (halving) while it
-    does not, then bisect until n fits and n + 1 does not. Returns (n, evaluations); n = 0 when
-    1 does not fit. # NOTE: the paper steps by +-1 from the linear guess; doubling and bisection
-    reach the same fixed point in O(log n) evaluations of the plan.
-    """
-    calls = 0
-
-    def test(n: int) -> bool:
-        nonlocal calls
-        calls += 1
-        return fits(n)
-
-    if not test(1):
-        return 0, calls
-    n = min(max(1, int(first_guess)), limit)
-    if test(n):
-        lo, hi = n, None
-        while hi is None and lo < limit:
-            nxt = min(lo * 2, limit)
-            if test(nxt):
-                lo = nxt
-            else:
-                hi = nxt
-        if hi is None:
-            return lo, calls
-    else:
-        hi, lo = n, 1
-        while lo * 2 < hi and not test(hi // 2):
-            hi //= 2
-        lo = max(1, hi // 2)
-    while hi - lo > 1:  # lo fits, hi does not
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if test(mid) else (lo, mid)
-    return lo, calls
-
-MAX_BATCH = 2**40  # largest batch a plan sizes: beyond it the byte counts of even a tiny model leave int64
-
-
-class CompiledGraph:
-    """The compiled memory plan of one training program, affine in the batch size."""
-
-    def __init__(self, program: Callable[[int, _Tracker], None], *, device: torch.device | str,
-                 trace_sizes: Sequence[int] = (2, 3, 4), description: str = "",
-                 input_shape: Sequence[int] | None = None) -> None:
-        trace_sizes = tuple(trace_sizes) if isinstance(trace_sizes, (list, tuple)) else (trace_sizes,)
-        whole = all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in trace_sizes)
-        if (len(trace_sizes) < 2 or not whole or min(trace_sizes) < 1 or len(set(trace_sizes)) != len(trace_sizes)):
-            raise ValueError(f"trace_sizes needs >= 2 distinct whole sizes >= 1, got {trace_sizes!r}")
-        self._program = program
-        self.device = torch.device(device)  # "cpu" as well as torch.device("cpu")
-        self.description = description
-        self._input_shape = tuple(input_shape) if input_shape is not None else None
-        self._exact: dict[int, _Trace] = {}
-        s1, s2, *checks = trace_sizes
-        t1, t2 = self._traced(s1), self._traced(s2)
-        self._base = t2
-        self.affine = t1.signature == t2.signature
-        rows = []
-        if self.affine:
-            self.slope = (t2.sizes - t1.sizes) // (s2 - s1)
-            self.intercept = t1.sizes - self.slope * s1
-            exact = (t2.sizes - t1.sizes) % (s2 - s1) == 0
-            for s in checks:
-                t = self._traced(s)
-                if t.signature != t1.signature:
-                    self.affine = False
-                    rows.append({"size": s, "allocation": -1, "op": "sequence differs", "predicted": -1,
-                                 "traced": -1})
-                    continue
-                bad = np.nonzero((self.intercept + self.slope * s != t.sizes) | ~exact)[0]
-                rows += [{"size": s, "allocation": int(i), "op": t.info[i]["op"],
-                          "predicted": int(self.intercept[i] + self.slope[i] * s), "traced": int(t.sizes[i])}
-                         for i in bad]
-            self.affine = self.affine and not rows
-        # NOTE: where the program is not affine in the batch size (a different allocation sequence,
-        # or sizes off the fitted line) every prediction traces the program at that exact size.
-        self.nonaffine = pd.DataFrame(rows, columns=["size", "allocation", "op", "predicted", "traced"])
-        # shapes of parameters, buffers and optimizer state: what a `Heap` lays out
-        self.spec = t2.spec
-        self.evaluations = 0
-        self.calibration: Calibration | None = None
-        self.calibration_error = pd.DataFrame(columns=_CHECK_COLUMNS)
-
-    def _traced(self, size: int) -> _Trace:
-        if size not in self._exact:
-            try:
-                self._exact[size] = _trace(lambda tracker: self._program(size, tracker))
-            except _TraceError as failure:
-                if isinstance(failure.error, _DtypeMismatch):
-                    raise _DtypeMismatch(str(failure.error)) from None
-                shape = f"input [{size}, {', '.join(map(str, self._input_shape))}]" if self._input_shape else "input"
-                where = failure.module or "the training program"
-                raise ValueError(
-                    f"{where} refused the {shape} (per-example shape {self._input_shape}, batch {size}, "
-                    f"{failure.phase}): {failure}"
-                ) from None
-        return self._exact[size]
-
-    # sizes and timeline ----------------------------------------------------------------------
-    def _sizes(self, batch_size: int, *, inputs: bool = True) -> tuple[np.ndarray, _Trace]:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if batch_size > MAX_BATCH:
-            raise ValueError(f"batch_size must be at most MAX_BATCH=2**40 (a plan's byte counts are int64), "
-                             f"got {batch_size!r}")
-        if self.affine:
-            sizes, trace = self.intercept + self.slope * int(batch_size), self._base
-            if self.calibration is not None:
-                sizes = np.maximum(0, sizes + self.calibration.size_delta(int(batch_size)))
-        else:
-            trace = self._traced(int(batch_size))
-            sizes = trace.sizes
-        if not inputs:  # the batch is a view of a data set resident elsewhere
-            sizes = np.where([i["kind"] == "input" for i in trace.info], 0, sizes)
-        if self.device.type == "cuda":
-            sizes = np.where(sizes > 0, -(-sizes // _CUDA_BLOCK) * _CUDA_BLOCK, 0)
-        return sizes, trace
-
-    def timeline(self, batch_size: int, *, inputs: bool = True) -> np.ndarray:
-        """Live bytes after each allocation or free event of the program."""
-        sizes, trace = self._sizes(batch_size, inputs=inputs)
-        ev = trace.events
-        delta = np.where(ev >= 0, sizes[np.maximum(ev, 0)], -sizes[np.maximum(-ev - 1, 0)])
-        return np.cumsum(delta)
-
-    def _scratch(self, batch_size: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """Calibrated scratch at each event (bytes above the live level while the op at it runs) and
-        the op call index that needs it (-1 where none)."""
-        extra, which = np.zeros(length, dtype=np.int64), np.full(length, -1)
-        if self.calibration is None or not length:
-            return extra, which
-        scratch = self.calibration.scratch(batch_size)
-        for call, (_, pos) in enumerate(self._base.calls):
-            if pos >= 1 and scratch[call] > extra[pos - 1]:
-                extra[pos - 1], which[pos - 1] = scratch[call], call
-        return extra, which
-
-    def live_bytes(self, batch_size: int, *, inputs: bool = True) -> np.ndarray:
-        """Live bytes at each event with the calibrated scratch of the op running there (the timeline
-        itself for an uncalibrated plan)."""
-        timeline = self.timeline(batch_size, inputs=inputs)
-        return timeline + self._scratch(batch_size, len(timeline))[0]
-
-    def required_bytes(self, batch_size: int, *, inputs: bool = True) -> int:
-        """Predicted peak live bytes of the program (model, optimizer and two steps).
-
-        `inputs=False` leaves out the batch's own tensors, for loops that slice batches out of
-        a data set already in memory. A calibrated plan includes the kernels' scratch.
-        """
-        self.evaluations += 1
-        return int(self.live_bytes(batch_size, inputs=inputs).max(initial=0))
-
-    def step_peaks(self, batch_size: int) -> dict[str, int]:
-        """Predicted peak of the model build, the first step (optimizer state created) and the
-        steady-state step (state already allocated)."""
-        live = self.live_bytes(batch_size)
-        marks = self._base.marks if self.affine else self._traced(batch_size).marks
-        bounds = {"build": (0, marks.get("step1", 0)), "first_step": (marks.get("step1", 0), marks.get("step2", 0)),
-                  "steady_state": (marks.get("step2", 0), marks.get("end", len(live)))}
-        return {k: int(live[a:b].max(initial=0)) for k, (a, b) in bounds.items()}
-
-    def calibrate(self, sizes: Sequence[int] = (1, 2, 4, 8, 32), *, check: Sequence[int] = (16, 64),
-                  tolerance: tuple[float, float] = (-0.02, 0.05), refine: int = 3) -> CompiledGraph:
-        """Add the bytes real kernels allocate beyond their fake tensors (see `calibrate.py`),
-        measured in real training steps at the small batch `sizes`, and measure the calibrated
-        prediction's error against `AllocatorMeter` at the `check` sizes (`calibration_error`,
-        covered by `max_batch_size`'s default margin). CPU only; returns the graph.
-
-        A check size whose error falls outside `tolerance` joins the calibration sizes and twice it
-        becomes a check, at most `refine` times: kernels whose scratch grows in steps (oneDNN's bf16
-        GEMM from batch 64 on) are measured where they step. `calibration_error` keeps every check made,
-        with the round (`refined`) and the calibration sizes it judged.
-        """
-        if self.device.type != "cpu":
-            raise ValueError(f"calibration reads the CPU allocator; this plan is for {self.device}")
-        if not self.affine:
-            raise ValueError("calibration needs a plan affine in the batch size (see `nonaffine`)")
-        low, high = tolerance
-        if not (math.isfinite(low) and math.isfinite(high) and low <= 0 <= high):
-            raise ValueError(f"tolerance must be finite (low <= 0 <= high), got {tolerance!r}")
-        if isinstance(refine, bool) or not isinstance(refine, int) or refine < 0:
-            raise ValueError(f"refine must be an integer >= 0, got {refine!r}")
-        if len(sizes) < 2 or len(set(sizes)) != len(sizes) or min(sizes) < 1:
-            raise ValueError(f"calibration needs >= 2 distinct batch sizes >= 1, got {tuple(sizes)}")
-        self.calibration = None
-        observed = {int(s): _observe_at(self._program, int(s)) for s in sizes}
-        checks, rows, allocator = sorted({int(c) for c in check} - set(observed)), [], {}
-        for round_ in range(refine + 1):
-            self.calibration = _fit_calibration(self._base, lambda s: self._sizes(s)[0], observed)
-            missed = []
-            for size in checks:
-                if size not in allocator:
-                    gc.collect()  # garbage of an earlier run freed inside the meter would lower its count
-                    with AllocatorMeter(self.device) as meter:
-                        self._program(size, None)
-                    allocator[size] = meter.peak_bytes
-                predicted = self.required_bytes(size)
-                error = (predicted - allocator[size]) / allocator[size]
-                rows.append({"batch_size": size, "predicted": predicted, "allocator": allocator[size],
-                             "error": error, "refined": round_,
-                             "calibrated_at": ", ".join(map(str, self.calibration.sizes))})
-                if not low <= error <= high:
-                    missed.append(size)
-            if not missed or round_ == refine:
-                break
-            observed.update({s: _observe_at(self._program, s) for s in missed})
-            checks = sorted({*(c for c in checks if c not in missed), *(2 * s for s in missed)} - set(observed))
-        self.calibration_error = pd.DataFrame(rows, columns=_CHECK_COLUMNS)
-        return self
-
-    @property
-    def default_margin(self) -> float:
-        """`max_batch_size`'s margin: 0 for an uncalibrated plan (it counts tensors only); for a calibrated
-        one 2% plus the largest under-prediction measured at the last round's check sizes."""
-        if self.calibration is None:
-            return 0.0
-        final = self.calibration_error
-        final = final[final["refined"] == final["refined"].max()] if len(final) else final
-        under = max(0.0, -float(final["error"].min())) if len(final) else 0.0
-        return min(0.5, 0.02 + under)
-
-    def max_batch_size(self, memory_budget: float, *, margin: float | None = None, limit: int = 2**24) -> int:
-        """Largest batch whose prediction fits `memory_budget * (1 - margin)` (Algorithm 1).
-
-        Zero trial runs: only the plan is evaluated. `memory_budget` is a finite number of bytes
-        > 0. Raises ValueError when batch 1 does not fit, and when even batch `limit` fits (the
-        answer lies beyond the search: pass a larger `limit`). `margin` None is `default_margin`.
-        """
-        uncovered = margin is None and self.calibration is None
-        margin = self.default_margin if margin is None else margin
-        if isinstance(margin, bool) or not isinstance(margin, Real) or not 0.0 <= margin < 1.0:
-            raise ValueError(f"margin must be a number in [0, 1), got {margin!r}")
-        if isinstance(memory_budget, bool) or not isinstance(memory_budget, Real):
-            raise TypeError(f"memory_budget must be a number of bytes in (0, inf), got {memory_budget!r}")
-        if not (math.isfinite(memory_budget) and memory_budget > 0):
-            raise ValueError(f"memory_budget must be a finite number of bytes in (0, inf), got {memory_budget!r}")
-        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 1 <= limit <= MAX_BATCH:
-            raise ValueError(f"limit must be an integer in 1..MAX_BATCH=2**40, got {limit!r}")
-        if uncovered:
-            warnings.warn("this plan is not calibrated (it counts tensors only): kernel scratch is not covered "
-                          "by the default margin 0; calibrate the plan (CPU) or pass margin=", stacklevel=2)
-        cap = memory_budget * (1.0 - margin)
-        one = self.required_bytes(1)
-        if one > cap:
-            raise ValueError(
-                f"batch size 1 needs {one} bytes, more than the budget {memory_budget:.0f} bytes "
-                f"with margin {margin} ({cap:.0f} bytes usable)"
-            )
-        best, self.last_search_evaluations = search_max(
-            lambda b: self.required_bytes(b) <= cap, int(min(cap // one, limit)), limit=limit)
-        if best >= limit:
-            raise ValueError(
-                f"batch size {limit} (the search limit) still fits the budget {memory_budget:.4g} bytes "
-                f"(needs {self.required_bytes(limit)} bytes): the largest batch is beyond the search; "
-                f"pass a larger limit"
-            )
-        return best
-
-    # zones -----------------------------------------------------------------------------------
-    def variables(self, batch_size: int) -> pd.DataFrame:
-        """Every allocation of the program: zone, kind, name, op, phase, bytes, live span."""
-        sizes, trace = self._sizes(batch_size)
-        n = len(sizes)
-        born = np.full(n, -1)
-        died = np.full(n, len(trace.events))
-        for pos, e in enumerate(trace.events):
-            if e >= 0:
-                born[e] = pos
-            else:
-                died[-e - 1] = pos
-        frame = pd.DataFrame(trace.info)
-        frame["zone"] = frame["zone"].fillna("workspace")
-        frame["kind"] = frame["kind"].fillna("temporary")
-        frame["name"] = frame["name"].fillna(frame["module"].where(frame["module"] != "", "model") + ":" + frame["op"])
-        frame["bytes"] = sizes
-        frame["born"], frame["died"] = born, died
-        return frame
-
-    def zones(self, batch_size: int) -> pd.DataFrame:
-        """Per-variable sizes by zone in the steady-state step (the program's second step).
-
-        `live_at_peak` marks the variables live at the moment of the predicted peak; the bytes
-        of those rows sum to `required_bytes(batch_size)` when the peak is in that step.
-        """
-        frame = self.variables(batch_size)
-        timeline = self.live_bytes(batch_size)
-        # the last event at the peak level: the steady-state step reaches the same peak as the first
-        peak_at = len(timeline) - 1 - int(timeline[::-1].argmax()) if len(timeline) else 0
-        marks = (self._base.marks if self.affine else self._traced(batch_size).marks)
-        start, end = marks.get("step2", 0), marks.get("end", len(timeline))
-        steady = frame[(frame["born"] < end) & (frame["died"] >= start)].copy()
-        steady["live_at_peak"] = (steady["born"] <= peak_at) & (steady["died"] > peak_at)
-        zones = list(ZONES)
-        if self.calibration is not None:  # tensors the real kernel makes larger, and scratch, are calibrated
-            zones.append(CALIBRATED_ZONE)
-            steady.loc[self.calibration.size_delta(batch_size)[steady.index] != 0, "zone"] = CALIBRATED_ZONE
-            extra, which = self._scratch(batch_size, len(timeline))
-            calls = self._base.calls
-            scratch = [{"zone": CALIBRATED_ZONE, "kind": "scratch", "name": f"{calls[which[e]][0]} scratch",
-                        "op": calls[which[e]][0], "phase": "step2", "bytes": int(extra[e]), "born": e,
-                        "live_at_peak": e == peak_at} for e in np.nonzero(extra)[0] if start <= e < end]
-            steady = pd.concat([steady, pd.DataFrame(scratch, columns=list(steady.columns))], ignore_index=True)
-        steady["zone"] = pd.Categorical(steady["zone"], categories=zones, ordered=True)
-        cols = ["zone", "kind", "name", "op", "phase", "bytes", "live_at_peak"]
-        return steady.sort_values(["zone", "born"])[cols].reset_index(drop=True)
-
-    def zone_bytes(self, batch_size: int) -> pd.DataFrame:
-        """Bytes per zone live at the predicted peak (what a dynamic allocator needs), and the bytes of
-        every variable live in the steady-state step summed (`bytes_allocated_in_step`: what a static
-        layout needs that gives each variable its own offset, the CalcHeap's rule in Section 3.2)."""
-        z = self.zones(batch_size)
-        at_peak = z[z["live_at_peak"]].groupby("zone", observed=False)["bytes"].sum()
-        total = z.groupby("zone", observed=False)["bytes"].sum()
-        zones = list(z["zone"].cat.categories)
-        return pd.DataFrame({"zone": zones, "bytes_at_peak": [int(at_peak.get(k, 0)) for k in zones],
-                             "bytes_allocated_in_step": [int(total.get(k, 0)) for k in zones]})
-
-    def persistent_bytes(self) -> int:
-        """Bytes of parameters, buffers, gradients and optimizer state (batch-independent)."""
-        frame = self.variables(1)
-        keep = frame["kind"].isin(["parameter", "buffer", "gradient", "state"]) & (frame["phase"] != "step2")
-        return int(frame.loc[keep, "bytes"].sum())
-
-    def __repr__(self) -> str:
-        return f"CompiledGraph({self.description}, affine={self.affine}, device={self.device})"
 
 
 def plan_training(
@@ -397,14 +43,21 @@ def plan_training(
     `model` is a module (deep-copied into fake tensors) or a zero-argument factory;
     `sample_input` a tensor whose first dimension is the batch (or the per-example shape).
     Labels are class indices (cross-entropy) unless `loss` says otherwise. The input's dtype is
-    `input_dtype`, else the sample tensor's, else float32. # NOTE: traced at batches 2, 3 and 4 by
-    default (BatchNorm refuses a batch of one in training); batch 1 comes from the affine fit.
-    `calibrate` (default: on CPU) adds what real kernels allocate beyond their fake tensors, measured
-    in real steps at small batches (`CompiledGraph.calibrate`), so that `required_bytes` and
-    `max_batch_size` cover kernel scratch. `calibrate=False` is the paper's plan with zero real steps:
-    it counts tensors only (an LSTM's oneDNN workspace, convolution and BatchNorm scratch are missed).
+    `input_dtype`, else the sample tensor's, else float32. An integer or boolean sample tensor is the
+    batch itself (its rows, repeated in turn to any batch size): token ids and the lengths computed from
+    them steer memory, e.g. `pack_padded_sequence`, whose plan is then exact at each batch size it is
+    asked for and traced there (not affine in the batch size, not calibrated). Other inputs are random
+    (floats) or zeros. # NOTE: traced at batches 2, 3 and 4 by default (BatchNorm refuses a batch of one
+    in training); batch 1 is traced on its own where its program differs (`CompiledGraph._batch_one`).
+    `calibrate` (True, False or None: on CPU where the plan is affine in the batch size) adds what real
+    kernels allocate beyond their fake tensors, measured in real steps at small batches
+    (`CompiledGraph.calibrate`), so that `required_bytes` and `max_batch_size` cover kernel scratch.
+    `calibrate=False` is the paper's plan with zero real steps: it counts tensors only (an LSTM's oneDNN
+    workspace, convolution and BatchNorm scratch are missed).
     # NOTE: CUDA plans are not calibrated (the CUDA allocator is not read per op call yet).
     """
+    if calibrate is not None and not isinstance(calibrate, bool):
+        raise TypeError(f"calibrate must be True, False or None (calibrate on CPU), got {calibrate!r}")
     if input_dtype is None:
         input_dtype = sample_input.dtype if isinstance(sample_input, torch.Tensor) else torch.float32
     if not isinstance(input_dtype, torch.dtype):
@@ -433,16 +86,37 @@ def plan_training(
         raise TypeError(f"loss must be a callable (output, target) -> scalar, got {loss!r}")
     dev = check_device(device, "plan_training")
 
+    batches = None
+    if isinstance(sample_input, torch.Tensor) and sample_input.dtype == input_dtype and not (
+            input_dtype.is_floating_point or input_dtype.is_complex):
+        batches = _user_rows(sample_input.detach().to(dev))
+
     def program(size: int, tracker: _Tracker) -> None:
         training_program(build, input_shape, size, loss=loss, optimizer=optimizer, lr=lr, device=dev,
-                         persistent_grads=persistent_grads, annotate=tracker, input_dtype=input_dtype)
+                         persistent_grads=persistent_grads, annotate=tracker, input_dtype=input_dtype,
+                         make_batch=batches)
 
     name = optimizer if isinstance(optimizer, str) else "custom"
     graph = CompiledGraph(program, device=dev, trace_sizes=trace_sizes, input_shape=input_shape,
-                          description=f"input {input_shape} {input_dtype}, optimizer {name}")
+                          input_dtype=input_dtype, description=f"input {input_shape} {input_dtype}, optimizer {name}")
     graph.input_shape, graph.input_dtype = input_shape, input_dtype
     graph.build, graph.loss, graph.optimizer, graph.lr = build, loss, optimizer, lr
     graph.persistent_grads = persistent_grads
     if calibrate is None:
-        calibrate = dev.type == "cpu"
+        calibrate = dev.type == "cpu" and graph.affine
+        if dev.type == "cpu" and not graph.affine:
+            warnings.warn(f"{graph.description}: the program's allocations are not affine in the batch size "
+                          f"(see `nonaffine`): each batch size is traced on its own and the plan is not "
+                          f"calibrated (kernel scratch is not covered)", stacklevel=2)
     return graph.calibrate() if calibrate else graph
+
+
+def _user_rows(sample: torch.Tensor) -> Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]]:
+    """`make_batch` for `training_program`: the user's rows, repeated in turn to the batch size (one tensor,
+    real even under fake tensors, see `values.py`), and class-index targets."""
+    def rows(size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        whole, part = divmod(size, len(sample))
+        with unset_fake_temporarily():
+            x = torch.cat([sample] * whole + [sample[:part]])
+        return x, torch.zeros(size, dtype=torch.long, device=device)
+    return rows

@@ -122,8 +122,9 @@ def training_program(
     The program that `plan_training` traces under fake tensors and `measure_required_bytes` runs for
     real, so that both count exactly the same tensors. `persistent_grads` keeps gradient
     buffers for the whole run (zeroed in place, as a `Heap` does) instead of freeing them.
-    Inputs are `randn` of `input_dtype`, or zeros for an integer dtype (token ids); a floating input
-    dtype that no floating parameter has is refused before any step. `make_batch(size, device)`
+    Inputs are `randn` of `input_dtype`, or zeros for an integer dtype (token ids, real tensors even
+    under a plan's fake tensors, see `values.py`); a floating input dtype that no floating parameter has
+    is refused before any step. `make_batch(size, device)`
     replaces that batch (and the class-index targets) by the caller's. Technique switches (the memory
     advisor's): `autocast` runs forward and loss under `torch.autocast` in that dtype; `in_backward`
     applies the optimizer inside backward (`workbench.optim.step_in_backward`).
@@ -159,7 +160,8 @@ def training_program(
         elif input_dtype.is_floating_point:
             x = torch.randn(batch_size, *input_shape, device=device, dtype=input_dtype)
         else:
-            x = torch.zeros(batch_size, *input_shape, device=device, dtype=input_dtype)
+            with unset_fake_temporarily():  # real under a plan's fake tensors: its values can shape memory
+                x = torch.zeros(batch_size, *input_shape, device=device, dtype=input_dtype)
         if make_batch is None:
             y = torch.zeros(batch_size, dtype=torch.long, device=device)
         if annotate is not None:

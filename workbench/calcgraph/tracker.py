@@ -17,9 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import nn
-from torch._subclasses import FakeTensor, FakeTensorMode
+from torch._subclasses import FakeTensorMode
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from workbench.measure import LiveStorageMode
+
+from .inplace import InPlace, as_the_user_runs
+from .values import _refuse_mixed_matmul, with_known_values
 
 __all__: list[str] = []  # internal to workbench.calcgraph
 
@@ -50,14 +54,24 @@ class _Tracker(LiveStorageMode):
         self.calls: list[tuple[str, int]] = []  # each dispatched op: (name, events recorded after it)
         self.profiled = False  # mark each op call for torch.profiler (calibration runs)
         self.call_marks: dict[str, int] = {}
+        self.in_place = InPlace()  # adds the user's program runs in place and a dispatch mode would not
+        self.fake = False  # traced under fake tensors (a plan), not for real (calibration)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.profiled:
-            with torch.profiler.record_function(f"{CALL_PREFIX}{len(self.calls)}"):
-                out = super().__torch_dispatch__(func, types, args, kwargs)
+        op = self.in_place.op_for(func, args, kwargs)
+        if self.fake:
+            _refuse_mixed_matmul(op, args)
+            op, real = with_known_values(op, args, kwargs)
         else:
-            out = super().__torch_dispatch__(func, types, args, kwargs)
-        self.calls.append((func.__name__, len(self.events)))
+            real = False
+        with unset_fake_temporarily() if real else contextlib.nullcontext():
+            if self.profiled:
+                with torch.profiler.record_function(f"{CALL_PREFIX}{len(self.calls)}"):
+                    out = super().__torch_dispatch__(op, types, args, kwargs)
+            else:
+                out = super().__torch_dispatch__(op, types, args, kwargs)
+        self.in_place.done(op, out)
+        self.calls.append((op.__name__, len(self.events)))
         return out
 
     # allocation timeline -------------------------------------------------------------------
@@ -182,7 +196,7 @@ def _canonical_frees(events: list[int]) -> list[int]:
 
 @contextlib.contextmanager
 def _tracked_cpu_rng_state(fake: bool) -> Iterator[None]:
-    """`torch.get_rng_state()` as an op the tracker sees: under fake tensors a fake tensor of the real state's
+    """`torch.get_rng_state()` as an op the tracker sees: under fake tensors a stand-in of the real state's
     size (which `torch.set_rng_state` takes, changing nothing), for real a dispatched copy of the state. So a
     plan counts the CPU generator states that activation checkpointing keeps per segment and
     `torch.random.fork_rng` holds while it recomputes, and calibration finds them in the real run too.
@@ -195,10 +209,12 @@ def _tracked_cpu_rng_state(fake: bool) -> Iterator[None]:
     size = get().numel()
 
     def tracked_get() -> torch.Tensor:
-        return torch.empty(size, dtype=torch.uint8) if fake else get().clone()
+        # the same op in both runs, so that calibration matches the real state with the planned one
+        state = torch.empty(size, dtype=torch.uint8)
+        return state if fake else state.copy_(get())
 
     def tracked_put(state: torch.Tensor) -> None:
-        if not isinstance(state, FakeTensor):
+        if not fake:  # under fake tensors every state is a stand-in (a real one of integers, see values.py)
             put(state)
 
     torch.get_rng_state, torch.set_rng_state = tracked_get, tracked_put
@@ -211,11 +227,11 @@ def _tracked_cpu_rng_state(fake: bool) -> Iterator[None]:
 def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: bool = False) -> _Trace:
     """Run `program` under the tracker: under fake tensors (a plan), or for real (`fake=False`, calibration)."""
     tracker = _Tracker()
-    tracker.profiled = profiled
+    tracker.profiled, tracker.fake = profiled, fake
     try:
         with _quiet_fake_tensor_logs(), (FakeTensorMode(allow_non_fake_inputs=True) if fake
                                          else contextlib.nullcontext()), _tracked_cpu_rng_state(fake):
-            with tracker:
+            with as_the_user_runs(tracker.in_place), tracker:
                 program(tracker)
     except Exception as error:
         label = tracker._modules[-1]

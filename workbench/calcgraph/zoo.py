@@ -1,11 +1,13 @@
 """A held-out zoo of small networks on which CalcGraph's plan is judged against the allocator.
 
-Support for Sections 3.2 and 4.3 of "CalcGraph: taming the high costs of deep learning using
-models (2022)": memory known before execution. Each case is a tiny model (so that the whole zoo
-runs in seconds on a CPU) exercising a different kind of kernel: attention, recurrent cells,
-BatchNorm, embeddings, dropout and in-place ops, depthwise and grouped convolutions, upsampling,
-bfloat16 and three optimizers. `accuracy_table` plans each (calibrated or not) and measures the
-same training program with `AllocatorMeter`, whose counting shares nothing with the plan.
+Support for Sections 3.2 and 4.3 of "CalcGraph: taming the high costs of deep learning using models
+(2022)": memory known before execution. Each case is a tiny model (so that the whole zoo runs in seconds
+on a CPU) exercising a different kind of kernel: attention, recurrent cells, BatchNorm, embeddings, dropout
+and in-place ops, depthwise and grouped convolutions, upsampling, bfloat16 and three optimizers; and four
+kinds of program users bring (issue 37): a checkpoint called inside forward, `nn.MultiheadAttention`
+self-attention, a weight-tied causal decoder, a tagger that packs its sequences. `accuracy_table` plans
+each (calibrated or not) and measures the same training program with `AllocatorMeter`, whose counting
+shares nothing with the plan, at batches calibration never ran (`held_out`).
 """
 
 from __future__ import annotations
@@ -18,23 +20,34 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.utils.checkpoint import checkpoint
 
 from ..measure import AllocatorMeter
-from .plan import plan_training
+from .plan import _user_rows, plan_training
 from .program import training_program
 
-__all__ = ["ZOO", "ZooCase", "accuracy_table"]
+__all__ = ["HELD_OUT_BATCHES", "ZOO", "ZooCase", "accuracy_table"]
+
+# NOTE: batch sizes that calibration never runs (it runs 1, 2, 4, 8, 32, checks 16 and 64, and doubles a
+# check that misses), so that the table judges the calibrated plan where it predicts rather than where it
+# was fitted
+HELD_OUT_BATCHES = (3, 12, 40, 160)
 
 
 @dataclass(frozen=True)
 class ZooCase:
-    """A model factory, its per-example input shape and how it trains."""
+    """A model factory, its per-example input shape and how it trains: optimizer, input dtype, `loss`
+    (cross-entropy on class indices by default) and `sample`, the user's own batch of integer inputs (whose
+    rows make every batch: their values shape memory)."""
 
     build: Callable[[], nn.Module]
     shape: tuple[int, ...]
     optimizer: str = "adam"
     input_dtype: torch.dtype = torch.float32
     note: str = field(default="")
+    loss: Callable | None = None
+    sample: torch.Tensor | None = field(default=None, compare=False)
 
 
 class _Encoder(nn.Module):
@@ -95,6 +108,76 @@ def _cnn(*layers: nn.Module, channels: int = 8) -> nn.Module:
                          nn.Flatten(), nn.Linear(channels, 10))
 
 
+class _CheckpointInForward(nn.Module):
+    """A convolutional block recomputed in backward (non-reentrant checkpoint with dropout inside)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.block = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Dropout(0.2),
+                                   nn.Conv2d(8, 8, 3, padding=1), nn.ReLU())
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.head(checkpoint(self.block, F.relu(self.stem(x)), use_reentrant=False).mean((2, 3)))
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.head = nn.Linear(16, 32), nn.Linear(32, 10)
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, x):
+        h = self.proj(x)
+        return self.head((h + self.attn(h, h, h, need_weights=False)[0]).mean(1))
+
+
+class _TiedDecoder(nn.Module):
+    """Token and position embeddings, one causal pre-norm block, output projection tied to the embedding."""
+
+    def __init__(self, vocab: int = 256, width: int = 32, context: int = 16) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, width), nn.Parameter(torch.zeros(context, width))
+        self.ln1, self.ln2, self.ln = nn.LayerNorm(width), nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attn = nn.MultiheadAttention(width, 4, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.register_buffer("mask", torch.triu(torch.full((context, context), float("-inf")), 1))
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos[: idx.shape[1]]
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=self.mask, need_weights=False)[0]
+        x = x + self.mlp(self.ln2(x))
+        return self.ln(x) @ self.tok.weight.t()
+
+
+def _next_token_loss(logits, targets):
+    return F.cross_entropy(logits.flatten(0, 1), targets.repeat_interleave(logits.shape[1]))
+
+
+class _PackedTagger(nn.Module):
+    """Embedding, a bidirectional LSTM over the sequences packed to their lengths (token 0 pads), a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 16, padding_idx=0)
+        self.lstm = nn.LSTM(16, 24, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(48, 5)
+
+    def forward(self, tokens):
+        packed = pack_padded_sequence(self.embed(tokens), (tokens != 0).sum(1).cpu(), batch_first=True,
+                                      enforce_sorted=False)
+        out, _ = pad_packed_sequence(self.lstm(packed)[0], batch_first=True, total_length=tokens.shape[1])
+        return self.head(out).mean(1)
+
+
+def _padded_tokens(rows: int = 8, length: int = 20) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(3, length + 1, (rows,), generator=generator)
+    return torch.randint(1, 100, (rows, length), generator=generator) * (torch.arange(length) < lengths[:, None])
+
+
 ZOO: dict[str, ZooCase] = {
     "transformer encoder": ZooCase(_Encoder, (8, 16)),
     "lstm": ZooCase(lambda: _Recurrent(nn.LSTM), (12, 16)),
@@ -112,18 +195,25 @@ ZOO: dict[str, ZooCase] = {
     "bf16 mlp": ZooCase(lambda: _mlp().to(torch.bfloat16), (32,), input_dtype=torch.bfloat16),
     "sgd momentum": ZooCase(_mlp, (32,), optimizer="sgd"),
     "adamw cnn": ZooCase(lambda: _cnn(nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1)), (3, 16, 16), optimizer="adamw"),
+    "checkpoint in forward": ZooCase(_CheckpointInForward, (3, 16, 16)),
+    "mha self-attention": ZooCase(_SelfAttention, (12, 16)),
+    "tied decoder": ZooCase(_TiedDecoder, (16,), input_dtype=torch.long, loss=_next_token_loss),
+    "packed bilstm": ZooCase(_PackedTagger, (20,), input_dtype=torch.long, sample=_padded_tokens(),
+                             note="lengths from the batch: planned per batch size, not calibrated"),
 }
 
 
 def _allocator_peak(case: ZooCase, batch_size: int) -> int:
     gc.collect()  # garbage of an earlier run freed inside the meter would lower its count
+    batches = _user_rows(case.sample) if case.sample is not None else None
     with AllocatorMeter("cpu") as meter:
-        training_program(case.build, case.shape, batch_size, optimizer=case.optimizer, input_dtype=case.input_dtype)
+        training_program(case.build, case.shape, batch_size, optimizer=case.optimizer, input_dtype=case.input_dtype,
+                         loss=case.loss, make_batch=batches)
     return meter.peak_bytes
 
 
 def accuracy_table(
-    cases: Mapping[str, ZooCase] | Iterable[str] | None = None, batch_sizes: Sequence[int] = (1, 8, 64, 256), *,
+    cases: Mapping[str, ZooCase] | Iterable[str] | None = None, batch_sizes: Sequence[int] = HELD_OUT_BATCHES, *,
     calibrate: bool = True,
 ) -> pd.DataFrame:
     """Plan each case (calibrated against the allocator at small batches, or not) and judge its
@@ -131,8 +221,11 @@ def accuracy_table(
 
     Rows: model, batch_size, predicted, allocator (bytes), error = (predicted - allocator) / allocator,
     uncalibrated_predicted and uncalibrated_error (the fake-tensor plan alone), margin (the default
-    margin `max_batch_size` would use). `cases`: names in `ZOO`, a mapping of `ZooCase`, or all of ZOO.
-    A batch the real step refuses (BatchNorm1d at 1) has allocator and error NaN.
+    margin `max_batch_size` would use), held_out (calibration neither ran nor checked that batch: only
+    there does the error judge a prediction) and calibrated_at (the batches it ran). A plan that is not
+    affine in the batch size (packed sequences) is traced at each batch and not calibrated. `cases`: names
+    in `ZOO`, a mapping of `ZooCase`, or all of ZOO. A batch the real step refuses (BatchNorm1d at 1) has
+    allocator and error NaN.
     """
     if cases is None:
         cases = ZOO
@@ -143,11 +236,12 @@ def accuracy_table(
         cases = {name: ZOO[name] for name in cases}
     rows = []
     for name, case in cases.items():
-        graph = plan_training(case.build, case.shape, optimizer=case.optimizer, input_dtype=case.input_dtype,
-                              calibrate=False)
+        graph = plan_training(case.build, case.sample if case.sample is not None else case.shape, loss=case.loss,
+                              optimizer=case.optimizer, input_dtype=case.input_dtype, calibrate=False)
         raw = {int(b): graph.required_bytes(int(b)) for b in batch_sizes}
-        if calibrate:
+        if calibrate and graph.affine:
             graph.calibrate()
+        seen = graph.calibrated_batches
         for b, plain in raw.items():
             try:
                 real = _allocator_peak(case, b)
@@ -156,5 +250,6 @@ def accuracy_table(
             predicted = graph.required_bytes(b)
             rows.append({"model": name, "batch_size": b, "predicted": predicted, "allocator": real,
                          "error": (predicted - real) / real, "uncalibrated_predicted": plain,
-                         "uncalibrated_error": (plain - real) / real, "margin": graph.default_margin})
+                         "uncalibrated_error": (plain - real) / real, "margin": graph.default_margin,
+                         "held_out": b not in seen, "calibrated_at": ", ".join(map(str, seen))})
     return pd.DataFrame(rows)

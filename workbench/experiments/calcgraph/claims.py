@@ -299,8 +299,9 @@ CLAIMS: tuple[Claim, ...] = (
         "Calibrated plan within 5% of the allocator on a held-out zoo, never under by more than 2%",
         unit="(predicted - allocator) / allocator", paper="goal: -2%..+5%", source="target", measure=zoo_worst,
         rule=between(*ZOO_BAND), made_on="cpu",
-        definition="Our goal (issue 18) for plan_training's default CPU plan, calibrated at small batches against "
-                   "the allocator; worst error over 13 networks and the zoo's batch sizes, not a paper claim.",
+        definition="Our goal (issues 18, 37) for plan_training's default CPU plan, calibrated at small batches "
+                   "against the allocator; worst error over the zoo's networks at batches calibration never ran, "
+                   "not a paper claim.",
     ),
     Claim(
         "Prediction within 5% on CUDA, allocator rounding included", unit="max |predicted - measured| / measured",

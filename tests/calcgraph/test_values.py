@@ -1,0 +1,61 @@
+"""Values a plan needs under fake tensors (`workbench/calcgraph/values.py`): integer inputs and the integer ops
+on them stay real, so a model that steers its shapes by its token ids plans at the user's batch; matrix
+products refuse mixed dtypes as the real kernels do."""
+
+import pytest
+import torch
+from torch import nn
+
+from workbench.calcgraph import plan_training, training_program
+from workbench.calcgraph.plan import _user_rows
+from workbench.measure import AllocatorMeter
+
+
+class Trimmed(nn.Module):
+    """Cuts the padding (token 0) off its batch before embedding it: shapes follow the longest sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, tokens):
+        longest = int((tokens != 0).sum(1).max())
+        return self.head(self.embed(tokens[:, :longest]).relu().mean(1))
+
+
+def padded(length: int, longest: int) -> torch.Tensor:
+    tokens = torch.randint(1, 50, (4, length))
+    tokens[:, longest:] = 0
+    return tokens
+
+
+def test_a_model_that_cuts_its_padding_plans_at_the_users_lengths(one_thread):
+    short, long = padded(64, 8), padded(64, 48)
+    plans = {n: plan_training(Trimmed, batch, calibrate=False) for n, batch in (("short", short), ("long", long))}
+    assert plans["short"].required_bytes(16) < plans["long"].required_bytes(16)  # values, not shapes, differ
+    for name, batch in (("short", short), ("long", long)):
+        with AllocatorMeter("cpu") as meter:
+            training_program(Trimmed, (64,), 16, input_dtype=torch.long, make_batch=_user_rows(batch))
+        error = (plans[name].required_bytes(16) - meter.peak_bytes) / meter.peak_bytes
+        assert -0.02 <= error <= 0.05, (name, error)
+
+
+def test_integer_factories_inside_forward_keep_their_values():
+    class Positions(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pos = nn.Embedding(16, 8)
+
+        def forward(self, x):
+            steps = torch.arange(x.shape[1])  # a real tensor under fake tensors: its values index below
+            assert int(steps[-1]) == x.shape[1] - 1
+            return self.pos(steps).sum() + x.sum()
+
+    graph = plan_training(Positions, (16,), loss=lambda out, _: out, calibrate=False)
+    assert graph.affine
+
+
+def test_a_matrix_product_of_mixed_dtypes_is_refused_as_the_real_kernel_refuses_it():
+    with pytest.raises(ValueError, match=r"of torch.int32.*addmm.default needs one dtype"):
+        plan_training(lambda: nn.Linear(4, 2), (4,), input_dtype=torch.int32, calibrate=False)

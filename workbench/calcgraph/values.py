@@ -1,0 +1,103 @@
+"""What fake tensors do not know, for CalcGraph's traces: values that shape memory, and kernels' dtype rules.
+
+Support for Section 3.2 of "CalcGraph: taming the high costs of deep learning using models (2022)": a plan
+is traced under `FakeTensorMode`, which keeps shapes and drops values. Two things follow that the real
+program does not do, and this module puts them back:
+
+- Values that decide shapes. A tagger that packs its batch (`pack_padded_sequence`) computes the lengths
+  from its token ids, and the packed data has as many rows as the lengths add up to: under fake tensors
+  torch raises `DynamicOutputShapeException`. Integer inputs therefore enter a plan's trace as real tensors
+  (the user's own batch where `plan_training` has it), every op whose tensor arguments are all real
+  integer or boolean tensors runs for real (lengths, masks, their sums: tiny next to activations), as
+  does every factory of integers (positions, the lengths `pad_packed_sequence` writes), and
+  `_pack_padded_sequence` runs torch's own kernel on a one-element-per-step stand-in for its real lengths
+  and returns fake data of the packed size with the real `batch_sizes`, which the recurrent kernels and
+  `pad_packed_sequence` read as the real program does. The lengths come from the batch, so the plan of
+  such a model is exact at the batches it is traced at and not affine in the batch size: each batch size
+  is traced on its own (`CompiledGraph.nonaffine`).
+- Dtype rules fake kernels skip. The meta kernels of matrix products accept a `Long` input against `Float`
+  weights, which the real CPU and CUDA kernels refuse ("mat1 and mat2 must have the same dtype"): a model
+  given an integer input it cannot take was planned as if it could train.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses import FakeTensor
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+__all__: list[str] = []  # internal to workbench.calcgraph
+
+_aten = torch.ops.aten
+# matrix products whose real kernels require one dtype for all their tensor arguments
+_ONE_DTYPE = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
+              _aten.addbmm.default, _aten.mv.default, _aten.addmv.default, _aten.dot.default,
+              _aten.vdot.default, _aten._addmm_activation.default}
+_PACK = _aten._pack_padded_sequence.default
+
+
+def _tensors(args, kwargs) -> list[torch.Tensor]:
+    """The tensors among an op's arguments (or outputs), in lists one level deep as aten passes them.
+
+    # NOTE: by hand rather than `torch.utils._pytree`, which cost a tenth of a ResNet-50 trace here (called
+    # for every op of it)."""
+    found = []
+    for value in (*args, *kwargs.values()) if isinstance(args, (list, tuple)) else (args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(t for t in value if isinstance(t, torch.Tensor))
+    return found
+
+
+def _refuse_mixed_matmul(func, args) -> None:
+    """Raise as the real kernel would for a matrix product of tensors of different dtypes."""
+    if func in _ONE_DTYPE:
+        dtypes = [t.dtype for t in _tensors(args, {})]
+        if len(set(dtypes)) > 1:
+            raise RuntimeError(f"{func.__name__} needs one dtype for all its tensors (as the real kernel does), "
+                               f"got {', '.join(str(d) for d in dtypes)}")
+
+
+class _PackAtKnownLengths:
+    """`aten._pack_padded_sequence` on a fake input with real lengths (see the module docstring)."""
+
+    def __init__(self, op) -> None:
+        self.op, self.__name__ = op, op.__name__
+
+    def __call__(self, data: torch.Tensor, lengths: torch.Tensor, batch_first: bool):
+        # NOTE: torch's kernel itself, on a stand-in of one element per (step, sequence), checks the lengths
+        # (sorted, positive, one per sequence) and counts `batch_sizes`; only the data is sized by hand
+        with unset_fake_temporarily():
+            stand_in = torch.zeros((*data.shape[:2], *([1] * (data.dim() - 2))))
+            rows, batch_sizes = self.op(stand_in, lengths, batch_first)
+        return data.new_empty((rows.shape[0], *data.shape[2:])), batch_sizes
+
+
+class _RealIntegers:
+    """A factory op under fake tensors, run again for real where it makes integer or boolean tensors (whose
+    dtype the arguments may not say: `arange(0, n)`)."""
+
+    def __init__(self, op) -> None:
+        self.op, self.__name__ = op, op.__name__
+
+    def __call__(self, *args, **kwargs):
+        out = self.op(*args, **kwargs)
+        if not any(t.is_floating_point() or t.is_complex() for t in _tensors(out, {})):
+            with unset_fake_temporarily():
+                out = self.op(*args, **kwargs)
+        return out
+
+
+def with_known_values(func, args, kwargs) -> tuple[object, bool]:
+    """The op to run in a fake trace for `func(*args, **kwargs)`, and whether to run it for real (outside
+    the fake mode): ops on real integer or boolean tensors only keep their values."""
+    tensors = _tensors(args, kwargs)
+    if not tensors:  # a factory: real where it makes integers (`pad_packed_sequence` writes its lengths)
+        return (func if torch.Tag.nondeterministic_seeded in func.tags else _RealIntegers(func)), False
+    if not any(isinstance(t, FakeTensor) for t in tensors) and not any(
+            t.is_floating_point() or t.is_complex() for t in tensors):
+        return func, True
+    if func is _PACK and not isinstance(args[1], FakeTensor):
+        return _PackAtKnownLengths(func), False
+    return func, False
