@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from conftest import requires_cuda
+from tests.conftest import requires_cuda
 from workbench.timing import HOST_BOUND_SHARE, _busy_seconds, host_bound, kernel_seconds, time_callable
 
 
