@@ -247,6 +247,17 @@ def test_table3_in_the_devices_used_memory_on_cuda_only():
     assert _unit(fp32, starts[0], DEVICE)["verdict"] == NOT_COMPARABLE
 
 
+@pytest.mark.parametrize("kw", [dict(vs_fp32=v, vs_fp16=0.05) for v in (0.2001, 0.30, 0.15, 0.05, -0.1)]
+                         + [dict(vs_amp=v) for v in (0.165, 0.22, 0.08, 0.05, -0.1)]
+                         + [dict(vs_fp16=v) for v in (0.017, -0.015, -0.05)])
+def test_each_device_row_gives_every_verdict_of_its_rule(kw):
+    """The same rule in the device's unit: without a context the two units read alike, verdict for verdict."""
+    rows = _judge({"memory_resnet18": _resnet(**kw, device=0)}, device_class="gpu")
+    for start in ("20 to 25% lower peak memory", "fp16+8 uses 16.5% less memory than AMP",
+                  "fp16+8 needs no more memory"):
+        assert _unit(rows, start, DEVICE)["verdict"] == _unit(rows, start, TENSOR)["verdict"], (start, kw)
+
+
 def test_same_accuracy_is_a_signed_gap_with_a_two_sided_band():
     start = "same accuracy as mixed precision (fp16+8 vs AMP, main task"
     assert _verdict({"accuracy": _accuracy([0.5, 0.5])}, start) == "reproduced"
