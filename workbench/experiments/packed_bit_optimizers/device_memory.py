@@ -16,6 +16,7 @@ the run (``max_memory_reserved``) is added to it. On a CPU there is no such figu
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 from collections.abc import Callable, Iterable, Iterator
 
@@ -45,6 +46,7 @@ def used_memory(device: torch.device | str) -> Iterator[dict]:
     if device.type != "cuda":
         yield reading
         return
+    gc.collect()  # the previous run's model and optimizer, if a reference cycle still holds them
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
