@@ -97,3 +97,17 @@ def test_cuda_used_memory_is_context_plus_the_allocators_peak_reserve():
     assert reading["reserved_peak_bytes"] >= 64 * 2**20 and reading["context_bytes"] > 0
     assert reading["device_peak_bytes"] == reading["context_bytes"] + reading["reserved_peak_bytes"]
     assert reading["device_used_after_bytes"] >= reading["context_bytes"]
+
+
+def test_without_transformers_the_notebook_shows_table2_as_not_run():
+    """The notebook's Table 2 cell passes an empty frame where transformers is absent: a figure that says why,
+    and rows that are not measured (never a verdict)."""
+    import pandas as pd
+
+    from workbench.experiments.packed_bit_optimizers import claims, plot_fused_backward
+
+    fig = plot_fused_backward(pd.DataFrame())
+    assert any("needs transformers" in t.get_text() for t in fig.texts)
+    rows = claims.ledger({"fused_backward": pd.DataFrame()}, {}, device="cpu", device_class="cpu", verdicts=True).rows
+    table2 = [r for r in rows if "(Table 2" in r["claim"]]
+    assert len(table2) == 3 and all(r["verdict"] == "not run at this scale" for r in table2)

@@ -134,8 +134,14 @@ def plot_addition_error(df: pd.DataFrame, *, note: str = "") -> Figure:
 def plot_fused_backward(df: pd.DataFrame, *, note: str = "") -> Figure:
     """Table 2: peak tensor memory (phase of the peak, and the ordinary run's saving ceiling: its gradient
     bytes at the peak) and step time with and without the step in backward; time whiskers = paired
-    per-round extremes of the ratio, applied to the median."""
+    per-round extremes of the ratio, applied to the median. An empty ``df`` (transformers absent, so Table 2's
+    T5 was not built) gives a figure that says so."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    if df.empty:
+        for ax in axes:
+            ax.axis("off")
+        fig.text(0.5, 0.5, "Table 2 not run: its T5 needs transformers (pip install transformers)", ha="center")
+        return _noted(fig, note)
     labels = [f"{f}\n{'in backward' if s else 'ordinary'}"
               for f, s in zip(df["format"], df["step_in_backward"], strict=True)]
     axes[0].bar(labels, df["peak_bytes"] / 2**20, color="C1")
