@@ -28,15 +28,13 @@ from workbench.timing import HOST_BOUND_RULE
 from .accuracy import paired_gap
 from .bench import find_row, saving_ceiling
 from .speed import throughput_share_ratio
-from .steps import rounds_ratio
 from .table_claims import (
-    NOT_COMPARABLE, TABLE2_REL, TABLE2_SAVING, below_ceiling, half_precision_alone, step_shares, table2,
-    table2_shares, table3_memory,
+    CEILING_RULE, HARD_REGIME, LIKE_RULE, NOT_COMPARABLE, TABLE2_REL, TABLE2_SAVING, apply_gates, below_ceiling,
+    fused_name, half_precision_alone, round_ratio, step_shares, table2, table2_shares, table3_memory, vs_amp,
 )
 
 __all__ = ["CLAIMS", "NOT_COMPARABLE", "ledger"]
 
-_HARD = "synthetic (harder)"
 _TORCH = "torch AdamW fused (fp32)"
 
 
@@ -70,7 +68,7 @@ def _fig2(per_param: bool) -> Callable[[Records, Mapping], Measured | None]:
 
 def _regime(which: str, params: Mapping) -> str:
     main = params.get("acc_dataset", "digits")
-    return {"main": main, "low": f"{main}, low lr", "hard": _HARD}[which]
+    return {"main": main, "low": f"{main}, low lr", "hard": HARD_REGIME}[which]
 
 
 def _acc_scale(df: pd.DataFrame, params: Mapping) -> str:
@@ -106,58 +104,6 @@ def _paper_scale_accuracy(fmt: str) -> Callable[[Records, Mapping], Measured | N
         acc = 100 * sub["test_acc"]
         return Measured(float(acc.mean()), spread=(float(acc.min()), float(acc.max())),
                         scale=_acc_scale(sub, params))
-    return measure
-
-
-# ------------------------------------------------------------------------------ training-step time (Table 3)
-
-
-def _fused(name: str, params: Mapping) -> str:
-    return f"{name} fused" + (" compiled" if params.get("speed_compile") else "")
-
-
-def _speed_scale(records: Records, params: Mapping) -> str:
-    acc, df = record_frame(records, "accuracy"), record_frame(records, "step_time")
-    if df is not None and "workload" in df and df["workload"].iloc[0]:
-        task, batch = df["workload"].iloc[0], int(df["batch"].iloc[0])
-    else:  # records from before the workload was recorded: the harder task's model at acc_batch
-        hard = None if acc is None else acc[acc["regime"] == _HARD]
-        task = hard["task"].iloc[0] if hard is not None and len(hard) and "task" in hard else "the harder task's model"
-        batch = params.get("acc_batch")
-    fp32 = find_row(df, format="fp32")
-    vs = ("" if fp32 is None or "speedup_vs_amp" not in fp32
-          else f"; on this device fp32 runs {fp32['speedup_vs_amp']:.2f}x AMP's speed")
-    rounds = "" if df is None else f", {int(df['rounds'].iloc[0])} interleaved rounds"
-    return f"{task}, batch {batch}, {params.get('optimizer', 'sgd')}{rounds}{vs}"
-
-
-def _vs_amp(fmt: Callable[[Mapping], str], time_saved: bool) -> Callable[[Records, Mapping], Measured | None]:
-    """From ``speedup_vs_amp`` (AMP time / the format's time): time saved (1 - 1/s) or AMP's speed
-    over the format's (1/s)."""
-    def measure(records: Records, params: Mapping) -> Measured | None:
-        df = record_frame(records, "step_time")
-        row = find_row(df, format=fmt(params))
-        if row is None or "speedup_vs_amp" not in row:
-            return None
-        s, lo, hi = (float(row[c]) for c in ("speedup_vs_amp", "speedup_vs_amp_lo", "speedup_vs_amp_hi"))
-        value, spread = ((1 - 1 / s, (1 - 1 / lo, 1 - 1 / hi)) if time_saved else (1 / s, (1 / hi, 1 / lo)))
-        return Measured(value, spread=spread, scale=_speed_scale(records, params) + f"; {fmt(params)}")
-    return measure
-
-
-def _round_ratio(name: Callable[[Mapping], str], base: Callable[[Mapping], str], *,
-                 time_saved: bool) -> Callable[[Records, Mapping], Measured | None]:
-    """Paired per-round ratio base time / name time: as time saved (1 - 1/r) or as a time ratio
-    name / base (1/r)."""
-    def measure(records: Records, params: Mapping) -> Measured | None:
-        rounds = record_frame(records, "step_time_rounds")
-        got = None if rounds is None else rounds_ratio(rounds, name(params), base(params))
-        if got is None:
-            return None
-        r, lo, hi = got
-        value, spread = ((1 - 1 / r, (1 - 1 / lo, 1 - 1 / hi)) if time_saved else (1 / r, (1 / hi, 1 / lo)))
-        return Measured(value, spread=spread,
-                        scale=_speed_scale(records, params) + f"; {name(params)} vs {base(params)}")
     return measure
 
 
@@ -350,23 +296,24 @@ CLAIMS: tuple[Claim, ...] = (
     # training-step time: Table 3 and section 4, on a V100
     Claim("up to 16% faster training than AMP (fp16+8; Table 3: 20 vs 24 min)",
           unit="training-step time saved vs AMP (fraction, medians)", paper=0.16,
-          measure=_vs_amp(lambda p: _fused("fp16+8", p), time_saved=True),
+          measure=vs_amp(lambda p: fused_name("fp16+8", p), time_saved=True),
           rule=within(0.16, rel=0.25, better="higher", partly_rel=1.0), made_on="gpu",
           definition=f"{_TABLE3_SPEED}: time saved 1 - 20/24 = 16.7%; here 1 - t(fp16+8 fused) / t(AMP)"),
     Claim("AMP trains faster than fp32 (Table 3: 24 vs 42 min, 1.75x)", unit="AMP speed / fp32 speed (medians)",
-          paper=1.75, measure=_vs_amp(_fixed("fp32"), time_saved=False),
+          paper=1.75, measure=vs_amp(_fixed("fp32"), time_saved=False),
           rule=within(1.75, rel=0.15, better="higher", partly_rel=0.3, refuted=1.0), made_on="gpu",
           definition=f"{_TABLE3_SPEED}: 42/24 = 1.75; here t(fp32) / t(AMP). fp16 autocast has no fast path on "
                      "a CPU. Partly down to 1.04x; AMP slower than fp32 (below 1) is refuted"),
     Claim("the fused optimizer trains 2-10% faster than the per-parameter one (section 4, Fig 5)",
           unit="training-step time saved by fusing (fraction, medians)", paper="2-10%",
-          measure=_round_ratio(lambda p: _fused("fp16+8", p), _fixed("fp16+8"), time_saved=True),
+          measure=round_ratio(lambda p: fused_name("fp16+8", p), _fixed("fp16+8"), time_saved=True),
           rule=between(0.02, 0.10, better="higher", partly_rel=0.5), made_on="gpu",
           definition="section 4 (DCGAN, Fig 5): '2% to 10% faster training' with the fused optimizer; as for "
                      "Table 3's times, faster = time saved: 1 - t(fused) / t(per-parameter), paired by round"),
     Claim("stochastic rounding is slower (fp16+13 SR vs fp16+8; Table 3: 38 vs 20 min)",
           unit="time ratio fp16+13 SR / fp16+8 (medians, fused steps)", paper=38 / 20,
-          measure=_round_ratio(lambda p: _fused("fp16+13 SR", p), lambda p: _fused("fp16+8", p), time_saved=False),
+          measure=round_ratio(lambda p: fused_name("fp16+13 SR", p), lambda p: fused_name("fp16+8", p),
+                              time_saved=False),
           rule=within(38 / 20, rel=0.25, better="lower", partly_rel=0.5), made_on="gpu",
           definition=f"{_TABLE3_SPEED}: 38/20 = 1.9; a smaller cost reads better than claimed"),
     # Table 2
@@ -444,34 +391,20 @@ def _text(prefix: str) -> str:
     return next(c.text for c in CLAIMS if c.text.startswith(prefix))
 
 
-_CEILING_RULE = (f"'{NOT_COMPARABLE}' where the ordinary peak's gradients are under "
-                 f"{TABLE2_SAVING * (1 - TABLE2_REL):.1%} of it (the ceiling)")
-_LIKE_RULE = f"'{NOT_COMPARABLE}' where plain fp16 saves at least as much against fp32 in the same run"
-# claim text -> (the rule text it adds, the verdict it gives instead of the rule's, or None)
 _GATES: dict[str, tuple[str, Callable[[Records, Mapping], str | None]]] = {
-    _text("step fused into backward lowers peak memory by 11% (Table 2): tensor"): (_CEILING_RULE, below_ceiling),
+    _text("step fused into backward lowers peak memory by 11% (Table 2): tensor"): (CEILING_RULE, below_ceiling),
     **{_text(f"20 to 25% lower peak memory in real training than fp32 (fp16+8 with the step in backward; section 4, "
-             f"Table 3: 3776 vs 4720 MB): {label}"): (_LIKE_RULE, half_precision_alone(unit))
+             f"Table 3: 3776 vs 4720 MB): {label}"): (LIKE_RULE, half_precision_alone(unit))
        for unit, label in (("tensor", "tensor peak"), ("device", "device's used memory"))},
     _text("fused backward barely slows"): (HOST_BOUND_RULE, table2_shares),
-    _text("up to 16% faster"): (HOST_BOUND_RULE, step_shares(lambda p: _fused("fp16+8", p), _fixed("amp"))),
+    _text("up to 16% faster"): (HOST_BOUND_RULE, step_shares(lambda p: fused_name("fp16+8", p), _fixed("amp"))),
     _text("AMP trains faster"): (HOST_BOUND_RULE, step_shares(_fixed("fp32"), _fixed("amp"))),
-    _text("the fused optimizer"): (HOST_BOUND_RULE, step_shares(lambda p: _fused("fp16+8", p), _fixed("fp16+8"))),
-    _text("stochastic rounding is slower"): (HOST_BOUND_RULE, step_shares(lambda p: _fused("fp16+13 SR", p),
-                                                                            lambda p: _fused("fp16+8", p))),
+    _text("the fused optimizer"): (HOST_BOUND_RULE, step_shares(lambda p: fused_name("fp16+8", p), _fixed("fp16+8"))),
+    _text("stochastic rounding is slower"): (HOST_BOUND_RULE, step_shares(lambda p: fused_name("fp16+13 SR", p),
+                                                                            lambda p: fused_name("fp16+8", p))),
 }
-_JUDGED = {"better than claimed", "reproduced", "partly", "not reproduced", "refuted", "inconclusive"}
-
-
 def ledger(records: Records, params: Mapping, *, device: str, device_class: str, verdicts: bool) -> Ledger:
     """The packed-bit notebook's ledger from its records and parameters; the gated rows (`_GATES`) read their
     gate's verdict instead of their rule's where the gate says so, and name the gate in their rule."""
     book = judge(CLAIMS, records, params, device=device, device_class=device_class, verdicts=verdicts)
-    for row in book.rows:
-        if row["claim"] not in _GATES:
-            continue
-        text, gate = _GATES[row["claim"]]
-        row["rule"] += "; " + text
-        if row["verdict"] in _JUDGED and (instead := gate(records, params)) is not None:
-            row["verdict"] = instead
-    return book
+    return apply_gates(book, _GATES, records, params)

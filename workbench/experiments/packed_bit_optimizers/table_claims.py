@@ -1,5 +1,5 @@
-"""Table 2 and Table 3's claims measured in the paper's units and judged like with like (the packed-bit ledger's
-gated rows; the claims themselves are data in ``claims``).
+"""Table 2 and Table 3's claims measured in the paper's units and regime and judged like with like (the
+packed-bit ledger's measures for those rows and its gates; the claims themselves are data in ``claims``).
 
 Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 4, Table 2 (the step fused
 into backward, flan-T5 fine-tuning: 11% lower peak memory, +3-4% time) and Table 3 (ResNet-18 on CIFAR-10:
@@ -8,22 +8,26 @@ into backward, flan-T5 fine-tuning: 11% lower peak memory, +3-4% time) and Table
 Each ``measure`` reads a value from the notebook's records; each gate returns the verdict a row reads instead of
 its rule's, or None: `NOT_COMPARABLE` where the run cannot show the claim (a Table 2 saving above its ceiling, a
 saving against fp32 that plain fp16 alone reaches) and `HOST_BOUND` where a GPU timing measured the host.
+`apply_gates` applies them to a judged ledger.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from workbench.report import Measured, Records, finite, record_frame
+from workbench.report import Ledger, Measured, Records, finite, record_frame
 from workbench.timing import HOST_BOUND, host_bound
 
 from .bench import find_row
+from .steps import rounds_ratio
 
-__all__ = ["NOT_COMPARABLE", "TABLE2_REL", "TABLE2_SAVING", "below_ceiling", "half_precision_alone", "step_shares",
-           "table2", "table2_shares", "table3_memory"]
+__all__ = ["CEILING_RULE", "HARD_REGIME", "LIKE_RULE", "NOT_COMPARABLE", "TABLE2_REL", "TABLE2_SAVING", "apply_gates",
+           "below_ceiling", "fused_name", "half_precision_alone", "round_ratio", "step_shares", "table2",
+           "table2_shares", "table3_memory", "vs_amp"]
 
 #: The verdict of a row whose run cannot show the claim (its ceiling, or a like-with-like baseline, rules it out)
 NOT_COMPARABLE = "not comparable"
+HARD_REGIME = "synthetic (harder)"  # the accuracy regime whose model the training-step times ran on before
 
 
 # ------------------------------------------------------------------------------ Table 3 memory, both units
@@ -76,7 +80,56 @@ def half_precision_alone(unit: str) -> Callable[[Records, Mapping], str | None]:
     return gate
 
 
-# ------------------------------------------------------------------------------ Table 3 speed: host-bound steps
+# ------------------------------------------------------------------------------ Table 3 speed: training-step time
+
+
+def fused_name(name: str, params: Mapping) -> str:
+    return f"{name} fused" + (" compiled" if params.get("speed_compile") else "")
+
+
+def _speed_scale(records: Records, params: Mapping) -> str:
+    acc, df = record_frame(records, "accuracy"), record_frame(records, "step_time")
+    if df is not None and "workload" in df and df["workload"].iloc[0]:
+        task, batch = df["workload"].iloc[0], int(df["batch"].iloc[0])
+    else:  # records from before the workload was recorded: the harder task's model at acc_batch
+        hard = None if acc is None else acc[acc["regime"] == HARD_REGIME]
+        task = hard["task"].iloc[0] if hard is not None and len(hard) and "task" in hard else "the harder task's model"
+        batch = params.get("acc_batch")
+    fp32 = find_row(df, format="fp32")
+    vs = ("" if fp32 is None or "speedup_vs_amp" not in fp32
+          else f"; on this device fp32 runs {fp32['speedup_vs_amp']:.2f}x AMP's speed")
+    rounds = "" if df is None else f", {int(df['rounds'].iloc[0])} interleaved rounds"
+    return f"{task}, batch {batch}, {params.get('optimizer', 'sgd')}{rounds}{vs}"
+
+
+def vs_amp(fmt: Callable[[Mapping], str], time_saved: bool) -> Callable[[Records, Mapping], Measured | None]:
+    """From ``speedup_vs_amp`` (AMP time / the format's time): time saved (1 - 1/s) or AMP's speed
+    over the format's (1/s)."""
+    def measure(records: Records, params: Mapping) -> Measured | None:
+        df = record_frame(records, "step_time")
+        row = find_row(df, format=fmt(params))
+        if row is None or "speedup_vs_amp" not in row:
+            return None
+        s, lo, hi = (float(row[c]) for c in ("speedup_vs_amp", "speedup_vs_amp_lo", "speedup_vs_amp_hi"))
+        value, spread = ((1 - 1 / s, (1 - 1 / lo, 1 - 1 / hi)) if time_saved else (1 / s, (1 / hi, 1 / lo)))
+        return Measured(value, spread=spread, scale=_speed_scale(records, params) + f"; {fmt(params)}")
+    return measure
+
+
+def round_ratio(name: Callable[[Mapping], str], base: Callable[[Mapping], str], *,
+                 time_saved: bool) -> Callable[[Records, Mapping], Measured | None]:
+    """Paired per-round ratio base time / name time: as time saved (1 - 1/r) or as a time ratio
+    name / base (1/r)."""
+    def measure(records: Records, params: Mapping) -> Measured | None:
+        rounds = record_frame(records, "step_time_rounds")
+        got = None if rounds is None else rounds_ratio(rounds, name(params), base(params))
+        if got is None:
+            return None
+        r, lo, hi = got
+        value, spread = ((1 - 1 / r, (1 - 1 / lo, 1 - 1 / hi)) if time_saved else (1 / r, (1 / hi, 1 / lo)))
+        return Measured(value, spread=spread,
+                        scale=_speed_scale(records, params) + f"; {name(params)} vs {base(params)}")
+    return measure
 
 
 def step_shares(*names: Callable[[Mapping], str]) -> Callable[[Records, Mapping], str | None]:
@@ -139,3 +192,27 @@ def table2_shares(records: Records, params: Mapping) -> str | None:
         return None
     return HOST_BOUND if any(host_bound(k, w, d) for k, w, d in zip(df["kernel_s"], df["step_s"], df["device"],
                                                                      strict=True)) else None
+
+
+# ------------------------------------------------------------------------------ gates
+
+
+CEILING_RULE = (f"'{NOT_COMPARABLE}' where the ordinary peak's gradients are under "
+                 f"{TABLE2_SAVING * (1 - TABLE2_REL):.1%} of it (the ceiling)")
+LIKE_RULE = f"'{NOT_COMPARABLE}' where plain fp16 saves at least as much against fp32 in the same run"
+# claim text -> (the rule text it adds, the verdict it gives instead of the rule's, or None)
+_JUDGED = {"better than claimed", "reproduced", "partly", "not reproduced", "refuted", "inconclusive"}
+
+
+def apply_gates(book: Ledger, gates: Mapping[str, tuple[str, Callable[[Records, Mapping], str | None]]],
+                records: Records, params: Mapping) -> Ledger:
+    """`book` with each gated row's rule naming its gate (claim text -> (rule text, gate)) and, where the row
+    was judged and its gate gives a verdict, that verdict instead of the rule's."""
+    for row in book.rows:
+        if row["claim"] not in gates:
+            continue
+        text, gate = gates[row["claim"]]
+        row["rule"] += "; " + text
+        if row["verdict"] in _JUDGED and (instead := gate(records, params)) is not None:
+            row["verdict"] = instead
+    return book
