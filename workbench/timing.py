@@ -1,6 +1,11 @@
 """Timing calls honestly (DESIGN.md, "Measuring honestly"): wall-clock seconds after warm-up, CUDA
 synchronised, and several variants interleaved round by round so that their ratios can be paired.
 Re-exported by `workbench.measure`.
+
+Beside wall time, `kernel_seconds` reads from torch.profiler how long the device itself was busy, so a
+GPU time ratio can say whether it measured the GPU or the host: a step whose kernels fill under
+`HOST_BOUND_SHARE` of its wall time is host-bound (`host_bound`), and its ratios time Python, the
+dispatcher and kernel launches rather than the device the claim is about.
 """
 
 from __future__ import annotations
@@ -15,7 +20,15 @@ import torch
 
 from .measure_args import _callable, _count, _device
 
-__all__ = ["Timing", "calls_for", "time_callable", "time_interleaved"]
+__all__ = ["HOST_BOUND", "HOST_BOUND_RULE", "HOST_BOUND_SHARE", "Timing", "calls_for", "host_bound",
+           "kernel_seconds", "time_callable", "time_interleaved"]
+
+#: Below this share of its wall time spent in device kernels, a CUDA timing measures the host.
+HOST_BOUND_SHARE = 0.5
+#: The verdict a GPU timing row reads instead of its rule's when it is host-bound.
+HOST_BOUND = "inconclusive: host-bound"
+HOST_BOUND_RULE = (f"on CUDA, '{HOST_BOUND}' where a timed step's kernels (torch.profiler) fill under "
+                   f"{HOST_BOUND_SHARE:.0%} of its median wall time")
 
 
 @dataclass(frozen=True)
@@ -107,3 +120,68 @@ def calls_for(fn: Callable[[], object], sample_s: float, *, repeats: int = 1,
     timed calls (the `calls` of `time_interleaved`); at least 1."""
     once = time_callable(fn, warmup=0, repeats=repeats, device=device).median_s
     return max(1, math.ceil(sample_s / max(once, 1e-9)))
+
+
+def _busy_seconds(intervals: list[tuple[int, int]]) -> float:
+    """Seconds covered by the union of (start_ns, end_ns) intervals: nested or overlapping ones count once."""
+    busy, end = 0, None
+    for start, stop in sorted(intervals):
+        if end is None or start > end:
+            busy += stop - start
+            end = stop
+        elif stop > end:
+            busy += stop - end
+            end = stop
+    return busy / 1e9
+
+
+def kernel_seconds(fn: Callable[[], object], *, calls: int = 1, warmup: int = 1,
+                   device: torch.device | str | None = None) -> float:
+    """Seconds per call during which the device ran operators, read from torch.profiler over `calls` calls
+    (after `warmup` untimed ones).
+
+    On CUDA: the union of the GPU's activity intervals (kernels, copies, memsets), so work on two streams
+    at once counts once; the profiler's own cost falls on the host and does not lengthen them. Compare
+    with the wall time measured without the profiler (`time_callable`, `time_interleaved`): the rest is
+    the GPU waiting for the host. On CPU: the union of the intervals spent inside aten operators (the
+    kernels and their dispatch), the rest being Python and autograd bookkeeping; here the host is the
+    device, so `host_bound` does not apply (see there).
+
+    # NOTE: the profiler's event list is read directly (kineto results), as `AllocatorMeter` does,
+    # rather than `key_averages()`, whose per-operator sums count nested and concurrent work twice.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    calls, warmup = _count(calls, "calls", 1), _count(warmup, "warmup", 0)
+    _callable(fn, "kernel_seconds: fn")
+    device = _device(device, "kernel_seconds") if device is not None else torch.device("cpu")
+    if torch.autograd.profiler._is_profiler_enabled:
+        raise RuntimeError("kernel_seconds needs torch.profiler, which is already running; stop it first")
+    cuda = device.type == "cuda"
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+        _sync(device)
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    intervals = [(e.start_ns(), e.start_ns() + e.duration_ns()) for e in prof.profiler.kineto_results.events()
+                 if e.device_type() == kind and (cuda or e.name().startswith("aten::"))]
+    return _busy_seconds(intervals) / calls
+
+
+def host_bound(kernel_s: float | None, wall_s: float | None, device: torch.device | str) -> bool:
+    """True where a CUDA timing is mostly host overhead: its kernels fill under `HOST_BOUND_SHARE` of its wall
+    time. Never on a CPU (nor when either figure is missing).
+
+    # NOTE: CUDA only. On a GPU the host launches kernels that run asynchronously, and a step whose kernels
+    # are short leaves the GPU idle while Python, the dispatcher and the launches run: a ratio of such wall
+    # times measures the host, not the device a GPU claim is about. On a CPU the same thread runs the
+    # Python and the kernels; the overhead is part of what the device costs (not a waiting device), and
+    # the paper's GPU claims read "other device" there anyway.
+    """
+    kind = getattr(device, "type", None) or str(device).split(":")[0]
+    if kind != "cuda" or kernel_s is None or wall_s is None or math.isnan(kernel_s) or math.isnan(wall_s):
+        return False
+    return kernel_s < HOST_BOUND_SHARE * wall_s

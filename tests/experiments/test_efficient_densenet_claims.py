@@ -1,6 +1,7 @@
 """The efficient DenseNet claims (workbench/experiments/efficient_densenet/claims.py) on hand-made records:
-one case per verdict each rule can give, at the boundaries; GPU claims on a CPU; records that are absent;
-and the ledger of records the experiment functions really produce, re-judged from results.json."""
+one case per verdict each rule can give, at the boundaries; GPU claims on a CPU; host-bound GPU timings;
+records that are absent; and the ledger of records the experiment functions really produce, re-judged from
+results.json."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import workbench.experiments.efficient_densenet as bench
 from workbench.experiments.efficient_densenet import claims
 from workbench.report import CHECK, save_results
+from workbench.timing import HOST_BOUND
 
 from claim_rows import claim_row, claim_text
 
@@ -42,10 +44,16 @@ def _fits(**exponents: float) -> dict:
     return {"fits": fits, "memory": _memory({("naive", 16): 1.0, ("naive", 40): 2.0})}
 
 
-def _budget(ratio: float, capped: bool) -> dict:
-    budget = pd.DataFrame([{"form": "shared_max", "depth_ratio": ratio, "limited_by_sweep": capped,
-                            "budget_depth": 100, "budget_bytes": 2**20, "deepest_depth": int(100 * ratio)}])
-    return {"budget": budget, "memory": _memory({("luatorch", 100): 2.0**20})}
+def _budget(ratio: float, capped: bool, *, params_ratio: float = 6.0, depth: int = claims.NAIVE_BEST_DEPTH) -> dict:
+    """Budget records at the naive peak at `depth`: shared (max buffer) `ratio` times as deep, `params_ratio`
+    times the parameters of the deepest naive (LuaTorch-style) model."""
+    base = {"budget_depth": depth, "budget_bytes": 2**20}
+    budget = pd.DataFrame([
+        {**base, "form": "luatorch", "depth_ratio": 1.0, "limited_by_sweep": False, "deepest_depth": depth,
+         "params_at_deepest": 1000},
+        {**base, "form": "shared_max", "depth_ratio": ratio, "limited_by_sweep": capped,
+         "deepest_depth": int(depth * ratio), "params_at_deepest": int(1000 * params_ratio)}])
+    return {"budget": budget, "memory": _memory({("luatorch", depth): 2.0**20})}
 
 
 def _at_scale(form: str, depth: float, params: float, capped: bool = False) -> dict:
@@ -59,21 +67,27 @@ def _counts(*rows: tuple[int, int, int]) -> dict:
                                            "block_config": [1, 2, 3]} for d, k, p in rows])}
 
 
-def _timing(form: str, ratio: float, lo: float, hi: float, to: str = "naive") -> dict:
-    row = {"form": form, f"ratio_to_{to}": ratio, f"ratio_to_{to}_min": lo, f"ratio_to_{to}_max": hi,
-           "depth": 100, "growth_rate": 12, "batch_size": 16, "image_size": 32, "rounds": 5}
-    return {"timing": pd.DataFrame([row])}
+def _timing(form: str, ratio: float, lo: float, hi: float, to: str = "naive", kernel_share: float = 0.9,
+            device: str = "cuda") -> dict:
+    """Timing records of `form` and `to`: each step 0.1 s, its kernels `kernel_share` of that (on `device`)."""
+    common = {"depth": 100, "growth_rate": 12, "batch_size": 16, "image_size": 32, "rounds": 5, "median_s": 0.1,
+              "kernel_s": 0.1 * kernel_share, "device": device}
+    row = {"form": form, f"ratio_to_{to}": ratio, f"ratio_to_{to}_min": lo, f"ratio_to_{to}_max": hi, **common}
+    return {"timing": pd.DataFrame([row, {"form": to, f"ratio_to_{to}": 1.0, f"ratio_to_{to}_min": 1.0,
+                                          f"ratio_to_{to}_max": 1.0, **common}])}
 
 
-def _bn(share: float, lo: float, hi: float) -> dict:
+def _bn(share: float, lo: float, hi: float, forward_kernel_share: float = 0.9, device: str = "cuda") -> dict:
     row = {"variant": "with BN", "bn_forward_share": share, "bn_forward_share_min": lo,
            "bn_forward_share_max": hi, "bn_share": 2 * share, "depth": 100, "growth_rate": 12, "batch_size": 16,
-           "image_size": 32, "rounds": 5}
+           "image_size": 32, "rounds": 5, "median_s": 0.1, "kernel_s": 0.09, "forward_median_s": 0.04,
+           "forward_kernel_s": 0.04 * forward_kernel_share, "device": device}
     return {"bn_share": pd.DataFrame([row])}
 
 
-def _conv(ratio: float, rounds: list[float]) -> dict:
-    base = {"in_channels": 48, "out_channels": 12, "batch_size": 16, "image_size": 32}
+def _conv(ratio: float, rounds: list[float], kernel_share: float = 0.9) -> dict:
+    base = {"in_channels": 48, "out_channels": 12, "batch_size": 16, "image_size": 32, "median_s": 1e-3,
+            "kernel_s": 1e-3 * kernel_share, "device": "cuda"}
     return {"conv": pd.DataFrame([
         {**base, "layout": "contiguous", "ratio_to_contiguous": 1.0, "round_ratios": [1.0] * len(rounds)},
         {**base, "layout": "non-contiguous", "ratio_to_contiguous": ratio, "round_ratios": rounds}])}
@@ -130,10 +144,10 @@ def test_per_block_buffers_target(ratio, verdict) -> None:
     assert row["verdict"] == verdict and row["source"] == "target"
 
 
-@pytest.mark.parametrize("ratio, capped, verdict", [(2.125, False, "reproduced"), (1.92, False, "reproduced"),
-                                                    (2.125, True, "inconclusive"), (3.1, True, "better than claimed"),
-                                                    (3.1, False, "better than claimed"), (1.7, False, "partly"),
-                                                    (1.0, False, "not reproduced")])
+@pytest.mark.parametrize("ratio, capped, verdict", [(2.5, False, "reproduced"), (2.26, False, "reproduced"),
+                                                    (2.5, True, "inconclusive"), (3.1, True, "better than claimed"),
+                                                    (3.1, False, "better than claimed"), (2.0, False, "partly"),
+                                                    (1.5, False, "not reproduced")])
 def test_same_budget_depth_ratio(ratio, capped, verdict) -> None:
     row = _verdict("Same memory budget", _budget(ratio, capped))
     assert row["verdict"] == verdict
@@ -141,12 +155,28 @@ def test_same_budget_depth_ratio(ratio, capped, verdict) -> None:
     assert _verdict("Same memory budget", {"budget": pd.DataFrame()})["verdict"] == "not run at this scale"
 
 
+@pytest.mark.parametrize("params_ratio, capped, verdict", [(6.0, False, "reproduced"), (5.5, False, "reproduced"),
+                                                           (7.2, True, "better than claimed"),
+                                                           (6.0, True, "inconclusive"), (5.0, False, "partly"),
+                                                           (3.97, False, "not reproduced")])
+def test_six_times_the_parameters_in_the_same_budget(params_ratio, capped, verdict) -> None:
+    row = _verdict("... and has 6x as many parameters", _budget(2.5, capped, params_ratio=params_ratio))
+    assert row["verdict"] == verdict and row["measured"] == pytest.approx(params_ratio)
+
+
+def test_budget_rows_are_read_only_at_the_best_naive_depth() -> None:
+    """340 / 2.5 = 136: at another budget (the old reading, the naive peak at 160) the rows are not measured."""
+    assert claims.NAIVE_BEST_DEPTH == 136 == claims.EFFICIENT_DEPTH / 2.5
+    for prefix in ("Same memory budget", "... and has 6x as many parameters"):
+        assert _verdict(prefix, _budget(2.5, False, depth=160))["verdict"] == "not run at this scale"
+
+
 @pytest.mark.parametrize("prefix, form, column, value, verdict", [
     ("Training a naive (LuaTorch) model", "luatorch", "deepest_depth", 208, "inconclusive"),
     ("Training a naive (LuaTorch) model", "luatorch", "deepest_depth", 150, "inconclusive"),
     ("Training a naive (LuaTorch) model", "luatorch", "deepest_depth", 100, "not reproduced"),
-    ("Networks of 4M parameters", "luatorch", "params", 2.79e6, "inconclusive"),
-    ("Networks of 4M parameters", "luatorch", "params", 1e6, "not reproduced"),
+    ("Networks of 4M parameters", "naive", "params", 4.4e6, "inconclusive"),
+    ("Networks of 4M parameters", "naive", "params", 1e6, "not reproduced"),
     ("The efficient PyTorch implementation trains", "shared_max", "deepest_depth", 1228, "inconclusive"),
     ("The efficient PyTorch implementation trains", "shared_max", "deepest_depth", 300, "not reproduced"),
     ("... with 13M parameters", "shared_max", "params", 82e6, "inconclusive"),
@@ -157,6 +187,7 @@ def test_extrapolated_depths_are_upper_bounds(prefix, form, column, value, verdi
     row = _verdict(prefix, records)
     assert row["verdict"] == verdict and row["measured"] == value
     assert row["spread"][0] == -math.inf and row["spread"][1] == value
+    assert "never 'reproduced' until measured on a 12 GB GPU" in row["rule"]
     capped = _verdict(prefix, _at_scale(form, value, value, capped=True))
     assert capped["spread"] == (-math.inf, math.inf)
     if form == "shared_max":  # better="higher": the two ends of the spread read differently
@@ -164,33 +195,41 @@ def test_extrapolated_depths_are_upper_bounds(prefix, form, column, value, verdi
     assert _verdict(prefix, _at_scale(form, math.nan, math.nan))["verdict"] == "not run at this scale"
 
 
-def test_an_upper_bound_above_the_band_is_inconclusive() -> None:
+def test_an_upper_bound_can_never_read_reproduced() -> None:
+    """Even an estimate that lands on the claim is only a bound: every verdict below it is possible."""
+    for prefix, form, _column, value in (("Training a naive (LuaTorch) model", "luatorch", "deepest_depth", 140),
+                                        ("Networks of 4M parameters", "naive", "params", 4e6),
+                                        ("The efficient PyTorch implementation trains", "shared_max",
+                                         "deepest_depth", 500), ("... with 13M parameters", "shared_max", "params",
+                                                                 13.5e6)):
+        assert _verdict(prefix, _at_scale(form, value, value))["verdict"] == "inconclusive", prefix
     assert _verdict("Training a naive (LuaTorch) model", _at_scale("luatorch", 300, 4e6))["verdict"] == (
         "inconclusive")
 
 
-def test_extrapolation_names_pytorch_naive_beside_luatorch() -> None:
-    records = _at_scale("luatorch", 208, 2.79e6)
-    records["at_scale"] = pd.concat([records["at_scale"], _at_scale("naive", 262, 4.4e6)["at_scale"]])
-    assert "PyTorch naive: 4,400,000" in _verdict("Networks of 4M parameters", records)["scale"]
+def test_four_million_is_read_for_the_naive_form_with_shared_gradients() -> None:
+    records = _at_scale("naive", 268, 4.43e6)
+    records["at_scale"] = pd.concat([records["at_scale"], _at_scale("luatorch", 202, 2.64e6)["at_scale"]])
+    row = _verdict("Networks of 4M parameters", records)
+    assert row["measured"] == 4.43e6 and "LuaTorch-style naive (Section 5: 160 layers, 1.8M): 2,640,000" in row[
+        "scale"]
 
 
-@pytest.mark.parametrize("deep, verdict", [(6 * 1_739_002, "reproduced"), (5 * 1_739_002, "partly"),
-                                           (6_909_322, "not reproduced")])
-def test_six_times_the_parameters(deep, verdict) -> None:
-    row = _verdict("The 340-layer efficient model", _counts((340, 12, deep), (160, 12, 1_739_002)))
-    assert row["verdict"] == verdict
+def test_the_papers_ratios_at_one_naive_depth_are_a_check() -> None:
+    row = _verdict("The paper's two ratios", _counts((340, 12, 6_909_322), (136, 12, 1_306_000)))
+    assert row["verdict"] == CHECK and row["source"] == "check"
+    assert row["measured"] == pytest.approx(6_909_322 / 1_306_000)
 
 
-@pytest.mark.parametrize("prefix, depth, k, params, verdict", [
-    ("A 40-layer", 40, 12, 176_122, "partly"), ("A 40-layer", 40, 12, 160_000, "reproduced"),
-    ("A 40-layer", 40, 12, 250_000, "not reproduced"), ("A 160-layer", 160, 12, 1_739_002, "reproduced"),
-    ("A 161-layer", 161, 48, 28_681_000, "reproduced"), ("A 264-layer ImageNet DenseNet-BC, k=48", 264, 48,
-                                                         72_686_632, "reproduced"),
-])
-def test_parameter_counts(prefix, depth, k, params, verdict) -> None:
-    assert _verdict(prefix, _counts((depth, k, params)))["verdict"] == verdict
-    assert _verdict(prefix, {})["verdict"] == "not run at this scale"
+@pytest.mark.parametrize("prefix, depth, k, params", [
+    ("A 40-layer", 40, 12, 176_122), ("A 160-layer", 160, 12, 1_739_002), ("A 161-layer", 161, 48, 28_681_000),
+    ("A 264-layer ImageNet DenseNet-BC, k=48", 264, 48, 72_686_632)])
+def test_parameter_counts_are_checks_not_paper_verdicts(prefix, depth, k, params) -> None:
+    row = _verdict(prefix, _counts((depth, k, params)))
+    assert row["verdict"] == CHECK and row["source"] == "check" and row["measured"] == params
+    ledger = claims.ledger(_counts((depth, k, params)), {}, device="gpu", device_class="gpu", verdicts=True)
+    tally = ledger.tally()  # paper rows only: checks are never tallied
+    assert CHECK not in tally and sum(tally.values()) == sum(c.source == "paper" for c in claims.CLAIMS)
 
 
 TIME = "shared storage, one max-size buffer (the paper's): 15-20%"
@@ -249,6 +288,31 @@ def test_non_contiguous_convolution(ratio, rounds, verdict) -> None:
     assert _verdict("Non-contiguous convolution", _conv(ratio, rounds))["verdict"] == verdict
     cpu = _verdict("Non-contiguous convolution", _conv(ratio, rounds), device_class="cpu")
     assert cpu["verdict"] == "other device"
+
+
+@pytest.mark.parametrize("prefix, records", [
+    (TIME, lambda share: _timing("shared_max", 1.17, 1.15, 1.2, kernel_share=share)),
+    ("checkpoint (torch.utils.checkpoint): time", lambda share: _timing("checkpoint", 1.17, 1.15, 1.2,
+                                                                          kernel_share=share)),
+    ("Shared storage is no slower", lambda share: _timing("shared", 0.9, 0.85, 0.95, to="checkpoint",
+                                                          kernel_share=share)),
+    ("Batch normalization is roughly 5%", lambda share: _bn(0.05, 0.045, 0.055, forward_kernel_share=share)),
+    ("Non-contiguous convolution", lambda share: _conv(1.4, [1.4, 1.4, 1.4], kernel_share=share)),
+])
+def test_gpu_timings_whose_kernels_fill_under_half_the_wall_time_are_host_bound(prefix, records) -> None:
+    assert _verdict(prefix, records(0.5))["verdict"] in ("reproduced", "better than claimed")
+    host = _verdict(prefix, records(0.49))
+    assert host["verdict"] == HOST_BOUND and "host-bound" in host["rule"]
+    assert _verdict(prefix, records(0.1), verdicts=False)["verdict"] == "not run at this scale"
+
+
+def test_host_bound_is_cuda_only() -> None:
+    cpu_records = _timing("shared", 0.9, 0.85, 0.95, to="checkpoint", kernel_share=0.1, device="cpu")
+    assert _verdict("Shared storage is no slower", cpu_records, device_class="cpu")["verdict"] == "reproduced"
+    assert _verdict(TIME, _timing("shared_max", 1.17, 1.15, 1.2, kernel_share=0.1),
+                    device_class="cpu")["verdict"] == "other device"
+    old = _timing("shared_max", 1.17, 1.15, 1.2)["timing"].drop(columns=["kernel_s"])  # a results.json from before
+    assert _verdict(TIME, {"timing": old})["verdict"] == "reproduced"
 
 
 @pytest.mark.parametrize("diff, verdict", [(0.0, "reproduced"), (1e-4, "reproduced"), (1e-3, "not reproduced")])
@@ -319,10 +383,11 @@ def test_real_records_give_a_row_for_every_claim(real_records) -> None:
     ledger = claims.ledger(real_records, {}, device="cpu", device_class="cpu", verdicts=True)
     assert [r["claim"] for r in ledger.rows] == TEXTS
     by_text = {r["claim"]: r for r in ledger.rows}
-    # measured at these sizes: exponents, budget, extrapolations, counts, times, parity, the check
-    for prefix in ("Naive DenseNet (LuaTorch", "Same memory budget", "Training a naive (LuaTorch) model",
-                   "A 161-layer", TIME, "Batch normalization", "Non-contiguous", "The efficient forms compute",
-                   "Every memory form"):
+    # measured at these sizes: exponents, extrapolations, counts, times, parity, the checks (the budget rows
+    # only at the paper's budget, the naive peak at 136 layers)
+    for prefix in ("Naive DenseNet (LuaTorch", "Training a naive (LuaTorch) model", "A 161-layer",
+                   "The paper's two ratios", TIME, "Batch normalization", "Non-contiguous",
+                   "The efficient forms compute", "Every memory form"):
         assert by_text[_text(prefix)]["measured"] is not None, prefix
     # the paper's depths (40, 160) are not in a toy sweep
     assert by_text[_text("Naive (LuaTorch-style): 160")]["verdict"] == "not run at this scale"

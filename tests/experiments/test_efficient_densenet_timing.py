@@ -41,6 +41,7 @@ def test_bn_time_share_times_a_model_without_batch_norm(one_thread, monkeypatch)
     # a difference of two forward times over a step time: noise can put a round anywhere, so no bound of 1
     assert row["bn_forward_share_min"] <= row["bn_forward_share"] <= row["bn_forward_share_max"]
     assert (df["forward_median_s"] > 0).all()
+    assert (df[["kernel_s", "forward_kernel_s", "kernel_share", "forward_kernel_share"]] > 0).all().all()
     assert set(seen) == {"with BN", "without BN", ("forward", "with BN"), ("forward", "without BN")}
     models = {k: dict(zip(fn.__code__.co_freevars, fn.__closure__, strict=True))["m"].cell_contents
               for k, fn in seen.items()}
@@ -60,6 +61,8 @@ def test_time_per_minibatch_pairs_ratios(one_thread) -> None:
         assert r["ratio_to_naive_min"] <= r["ratio_to_naive"] <= r["ratio_to_naive_max"]
     assert df.loc["checkpoint", "ratio_to_checkpoint"] == 1.0
     assert (df["median_s"] > 0).all() and (df["min_s"] <= df["max_s"]).all()
+    # the device's operator time of one more step under the profiler, beside the wall time
+    assert (df["kernel_s"] > 0).all() and (df["kernel_share"] == df["kernel_s"] / df["median_s"]).all()
     default = bench.time_per_minibatch(10, batch_size=2, image_size=8, rounds=1, warmup=0, device="cpu",
                                        progress=False)
     assert list(default["form"]) == ["naive", "checkpoint", "shared"]
@@ -70,3 +73,4 @@ def test_conv_contiguity_layouts(one_thread) -> None:
     assert set(df["layout"]) == {"contiguous", "non-contiguous"}
     assert (df[df["layout"] == "contiguous"]["ratio_to_contiguous"] == 1.0).all()
     assert all(len(r) == 1 for r in df["round_ratios"])
+    assert (df["kernel_s"] > 0).all() and "kernel_share" in df

@@ -1,13 +1,15 @@
-"""Training-step times (paired spreads, per-round records) and the step fused into backward of the
-packed-bit notebook (Memory Efficient Mixed Precision Optimizers, Lewandowski & Kosson)."""
+"""Training-step times of the packed-bit notebook (Memory Efficient Mixed Precision Optimizers, Lewandowski &
+Kosson): paired spreads, per-round records, the device time beside the wall time, and the workloads timed."""
 
+import pytest
 import torch
 
+from workbench.data import synthetic_images
 from workbench.experiments.packed_bit_optimizers import (
-    fused_backward,
     paired_ratio,
     round_times,
     rounds_ratio,
+    speed_workload,
     step_time_by_format,
 )
 from workbench.models import MLP
@@ -41,9 +43,27 @@ def test_step_times_pair_fused_with_per_parameter_and_carry_spreads():
     assert set(rounds["name"]) == set(df["format"]) and set(rounds["round"]) == {0, 1, 2}
 
 
-def test_fused_backward_reports_phase_and_time_spread():
-    df = fused_backward(d_model=32, layers=1, vocab=50, batch=2, seq=4, steps=1, repeats=2, progress=False)
-    assert list(df["step_in_backward"]) == [False, True]
-    sib = df.iloc[1]
-    assert sib["peak_bytes"] < df.iloc[0]["peak_bytes"] and sib["peak_phase"] in {"forward", "backward", "end"}
-    assert sib["time_ratio_lo"] <= sib["time_ratio"] <= sib["time_ratio_hi"]
+def test_step_times_carry_the_device_time_beside_the_wall_time(one_thread):
+    gen = torch.Generator().manual_seed(0)
+    batch = (torch.randn(4, 128, generator=gen), torch.randint(10, (4,), generator=gen))
+    df = step_time_by_format(_mlp, batch, formats=["fp32", "fp16+8"], repeats=2, fused=True, workload="MLP 128",
+                             progress=False)
+    assert (df["kernel_s"] > 0).all() and (df["kernel_share"] == df["kernel_s"] / df["median_s"]).all()
+    assert set(df["device"]) == {"cpu"} and set(df["workload"]) == {"MLP 128"} and set(df["batch"]) == {4}
+
+
+def test_speed_workloads_are_table3s_resnet_or_a_task():
+    model_fn, (x, y), text = speed_workload("resnet18", 3, seed=0)
+    assert x.shape == (3, 3, 32, 32) and y.shape == (3,) and "ResNet-18" in text
+    model = model_fn()
+    assert sum(p.numel() for p in model.parameters()) > 11e6  # the paper's 64 channels: 11.2M parameters
+    data = synthetic_images(10, shape=(1, 4, 4), num_classes=3, seed=0)
+    task = (lambda: MLP(sizes=(16, 3)), data, data, "tiny task")
+    fn, (x, _), text = speed_workload("task", 5, task=task)
+    assert x.shape[0] == 5 and text == "tiny task" and fn is task[0]
+    with pytest.raises(ValueError, match="must be one of"):
+        speed_workload("vgg", 4)
+    with pytest.raises(ValueError, match="needs task="):
+        speed_workload("task", 4)
+    with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
+        speed_workload("resnet18", 0)

@@ -4,6 +4,11 @@ Weinberger, "Memory-Efficient Implementation of DenseNets" (2017).
 Fig 5 (time per minibatch per variant, paired ratios from interleaved rounds with their spread),
 Section 4's share of batch normalization in a forward-backward pass, and Fig 2 right (contiguous
 vs strided convolution input). The paper timed all three on GPUs (a Maxwell Titan-X, a GTX 980).
+
+Beside each wall time, ``kernel_s`` is the time the device spent in operators during one more call
+under torch.profiler (`workbench.timing.kernel_seconds`) and ``kernel_share`` its share of the median
+wall time: on a GPU, a share under one half says the timing measured the host (Python, launches), not
+the GPU (issue 34: the 100-layer model's step at batch 64 took 44 ms on an H100, about 1% of its rate).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from tqdm.auto import tqdm
 from workbench.devices import pick_device
 from workbench.measure import time_interleaved
 from workbench.models import densenet_bc
+from workbench.timing import kernel_seconds
 
 from .memory import _batch, _forms, _model
 
@@ -36,6 +42,11 @@ def _paired(times: dict, form: str, ref: str) -> tuple[float, float, float]:
     return float(np.median(r)), float(r.min()), float(r.max())
 
 
+def _kernel(fn, device: torch.device) -> float:
+    """Seconds in device operators of one call of ``fn`` (already warmed up by the timed rounds)."""
+    return kernel_seconds(fn, calls=1, warmup=0, device=device)
+
+
 def time_per_minibatch(depth: int = 100, *, forms=_TIME_FORMS, growth_rate: int = 12,
                        batch_size: int = 64, image_size: int = 32, rounds: int = 5,
                        warmup: int = 1, device: torch.device | str | None = None,
@@ -46,6 +57,7 @@ def time_per_minibatch(depth: int = 100, *, forms=_TIME_FORMS, growth_rate: int 
     (order rotated each round) so drift and other load hit all of them alike.
     ``ratio_to_naive`` is the median over rounds of time(form) / time(naive) in that round,
     ``ratio_to_naive_min``/``_max`` its spread over rounds; ``ratio_to_checkpoint`` likewise.
+    ``kernel_s``/``kernel_share``: device time of one more step and its share of ``median_s``.
     """
     forms = _forms(forms)
     if rounds < 1 or warmup < 0:
@@ -65,17 +77,20 @@ def time_per_minibatch(depth: int = 100, *, forms=_TIME_FORMS, growth_rate: int 
         return step
 
     # warmup + 1: the first timed call of each form was discarded before as well
-    times = time_interleaved({f: make_step(f) for f in forms}, warmup=warmup + 1, repeats=rounds,
+    steps = {f: make_step(f) for f in forms}
+    times = time_interleaved(steps, warmup=warmup + 1, repeats=rounds,
                              device=device, rotate=True, progress=progress, desc="time per minibatch")
     rows = []
     for f in forms:
         t = np.asarray(times[f])
+        kernel = _kernel(steps[f], device)
         to_naive, to_ckpt = _paired(times, f, "naive"), _paired(times, f, "checkpoint")
         rows.append({"form": f, "median_s": float(np.median(t)), "min_s": float(t.min()),
                      "max_s": float(t.max()), "ratio_to_naive": to_naive[0],
                      "ratio_to_naive_min": to_naive[1], "ratio_to_naive_max": to_naive[2],
                      "ratio_to_checkpoint": to_ckpt[0], "ratio_to_checkpoint_min": to_ckpt[1],
-                     "ratio_to_checkpoint_max": to_ckpt[2], "depth": depth,
+                     "ratio_to_checkpoint_max": to_ckpt[2], "kernel_s": kernel,
+                     "kernel_share": kernel / float(np.median(t)), "depth": depth,
                      "growth_rate": growth_rate, "batch_size": batch_size,
                      "image_size": image_size, "rounds": rounds, "device": str(device)})
     return pd.DataFrame(rows)
@@ -95,6 +110,8 @@ def bn_time_share(depth: int = 100, *, growth_rate: int = 12, batch_size: int = 
     cost of recomputing them in backward). ``bn_share`` is ``1 - step without BN / step with BN``
     (BN's forward and backward). Both are medians over rounds with their min/max. Convolution
     cost does not depend on the values it is given, so the differences are the BN layers' time.
+    ``kernel_share``/``forward_kernel_share``: device time of one more step / forward under the profiler
+    over the median wall time of each.
     """
     if rounds < 1 or warmup < 0:
         raise ValueError(f"rounds={rounds} (>= 1), warmup={warmup} (>= 0)")
@@ -128,11 +145,15 @@ def bn_time_share(depth: int = 100, *, growth_rate: int = 12, batch_size: int = 
                              progress=progress, desc="BN time share")
     step = {v: np.asarray(times[v]) for v in models}
     fwd = {v: np.asarray(times["forward", v]) for v in models}
+    kernel = {key: _kernel(fn, device) for key, fn in calls.items()}
     share = 1.0 - step["without BN"] / step["with BN"]
     fwd_share = (fwd["with BN"] - fwd["without BN"]) / step["with BN"]
     return pd.DataFrame([{
         "variant": v, "median_s": float(np.median(step[v])), "min_s": float(step[v].min()),
         "max_s": float(step[v].max()), "forward_median_s": float(np.median(fwd[v])),
+        "kernel_s": kernel[v], "kernel_share": kernel[v] / float(np.median(step[v])),
+        "forward_kernel_s": kernel["forward", v],
+        "forward_kernel_share": kernel["forward", v] / float(np.median(fwd[v])),
         "bn_share": float(np.median(share)), "bn_share_min": float(share.min()),
         "bn_share_max": float(share.max()), "bn_forward_share": float(np.median(fwd_share)),
         "bn_forward_share_min": float(fwd_share.min()), "bn_forward_share_max": float(fwd_share.max()),
@@ -149,7 +170,8 @@ def conv_contiguity(channels=(48, 96, 192, 384), *, out_channels: int = 12,
     The non-contiguous input is a channel slice of a buffer twice as wide (batch stride
     larger than the tensor), the layout a layer reading from a wider feature store sees.
     Timed interleaved; ``ratio_to_contiguous`` is the median paired ratio (paper Fig 2 right)
-    and ``round_ratios`` the paired ratio of each round.
+    and ``round_ratios`` the paired ratio of each round; ``kernel_share`` the device time of one more
+    call under the profiler over the median wall time.
     """
     device = pick_device(str(device) if device is not None else None)
     g = torch.Generator().manual_seed(seed)
@@ -163,10 +185,12 @@ def conv_contiguity(channels=(48, 96, 192, 384), *, out_channels: int = 12,
         calls = {k: functools.partial(F.conv2d, v, weight, padding=1) for k, v in inputs.items()}
         with torch.no_grad():
             times = time_interleaved(calls, warmup=2, repeats=repeats, device=device)
+            kernel = {k: _kernel(fn, device) for k, fn in calls.items()}
         base = np.asarray(times["contiguous"])
         for k, t in times.items():
             r = np.asarray(t) / base
             rows.append({"in_channels": c, "layout": k, "median_s": float(np.median(t)),
+                         "kernel_s": kernel[k], "kernel_share": kernel[k] / float(np.median(t)),
                          "ratio_to_contiguous": float(np.median(r)),
                          "round_ratios": [float(v) for v in r],
                          "out_channels": out_channels, "batch_size": batch_size,

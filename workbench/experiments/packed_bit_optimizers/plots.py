@@ -132,15 +132,25 @@ def plot_addition_error(df: pd.DataFrame, *, note: str = "") -> Figure:
 
 
 def plot_fused_backward(df: pd.DataFrame, *, note: str = "") -> Figure:
-    """Table 2 analogue: peak memory (phase of the peak) and step time with and without the step
-    in backward; time whiskers = paired per-round extremes of the ratio, applied to the median."""
+    """Table 2: peak tensor memory (phase of the peak, and the ordinary run's saving ceiling: its gradient
+    bytes at the peak) and step time with and without the step in backward; time whiskers = paired
+    per-round extremes of the ratio, applied to the median. An empty ``df`` (transformers absent, so Table 2's
+    T5 was not built) gives a figure that says so."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    if df.empty:
+        for ax in axes:
+            ax.axis("off")
+        fig.text(0.5, 0.5, "Table 2 not run: its T5 needs transformers (pip install transformers)", ha="center")
+        return _noted(fig, note)
     labels = [f"{f}\n{'in backward' if s else 'ordinary'}"
               for f, s in zip(df["format"], df["step_in_backward"], strict=True)]
     axes[0].bar(labels, df["peak_bytes"] / 2**20, color="C1")
     for i, (mib, phase) in enumerate(zip(df["peak_bytes"] / 2**20, df["peak_phase"], strict=True)):
         axes[0].text(i, mib, f"peak in {phase}", ha="center", va="bottom", fontsize=8)
     axes[0].set_ylabel("peak tensor memory (MiB)")
+    if "ceiling" in df:
+        axes[0].set_title(f"saving ceiling (gradients at the ordinary peak): {df['ceiling'].iloc[0]:.1%}",
+                          fontsize=9)
     base = df["step_s"] / df["time_ratio"]
     lo, hi = base * df["time_ratio_lo"], base * df["time_ratio_hi"]
     axes[1].bar(labels, df["step_s"] * 1e3, color="C4",
@@ -148,8 +158,9 @@ def plot_fused_backward(df: pd.DataFrame, *, note: str = "") -> Figure:
     axes[1].set_ylabel("time per training step (ms, median)")
     for ax in axes:
         ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle(f"Transformer encoder, {df['params'].iloc[0] / 1e6:.1f}M params, "
-                 f"{int(df['tokens'].iloc[0])} tokens per batch")
+    model = df["model"].iloc[0] if "model" in df else "transformer"
+    fig.suptitle(f"{model}: {df['params'].iloc[0] / 1e6:.1f}M params, {int(df['tokens'].iloc[0])} tokens per batch",
+                 fontsize=10)
     return _noted(fig, note)
 
 

@@ -1,12 +1,14 @@
-"""Training-step times of the packed-bit formats and the optimizer step fused into backward.
+"""Training-step times of the packed-bit formats (the step fused into backward is timed in ``table2``).
 
 Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 4: Table 3's
-training times by format (AMP vs fp32 vs fp16+8 vs fp16+13 with stochastic rounding), the text's
-fused-optimizer (2-10% faster) remark, and Table 2 (optimizer step fused into backward: peak memory
-and time of fine-tuning a transformer).
+training times by format (AMP vs fp32 vs fp16+8 vs fp16+13 with stochastic rounding, ResNet-18 on
+CIFAR-10 at batch 256 on a V100) and the text's fused-optimizer (2-10% faster) remark.
 
 Every variant is timed in interleaved rounds (one call each per round) so that load from other
-processes hits all of them alike; ratios pair the rounds and carry their per-round extremes.
+processes hits all of them alike; ratios pair the rounds and carry their per-round extremes. Beside
+the wall time, the device time of one more step under torch.profiler (``kernel_s``): a GPU step whose
+kernels fill under half its wall time measured the host (`workbench.timing.host_bound`), as the first
+H100 run's 1.7-9.2 ms steps of a small MLP at batch 64 did.
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ import pandas as pd
 import torch
 from torch import nn
 
+from workbench.data import make_loader, synthetic_images
 from workbench.measure import time_interleaved
+from workbench.models import build
 from workbench.optim import step_in_backward
+from workbench.timing import kernel_seconds
 
-from .bench import _loss, make_model, make_optimizer, measure_peak, parse_format
+from .bench import _loss, make_model, make_optimizer, parse_format
 
-__all__ = ["paired_ratio", "round_times", "rounds_ratio", "step_time_by_format", "TokenClassifier", "fused_backward"]
+__all__ = ["paired_ratio", "round_times", "rounds_ratio", "speed_workload", "step_time_by_format"]
+
+SPEED_MODELS = ("task", "resnet18")
 
 
 def paired_ratio(times: dict[Hashable, list[float]], name: Hashable, base: Hashable) -> tuple[float, float, float]:
@@ -74,7 +81,7 @@ def step_time_by_format(
     model_fn: Callable[[], nn.Module], batch: tuple[torch.Tensor, torch.Tensor], *,
     formats: Iterable[str], optimizer: str = "sgd", lr: float = 0.01, repeats: int = 10,
     fused: bool = False, compile: bool = False, baseline: str = "amp", device: torch.device | str = "cpu",
-    progress: bool = True,
+    workload: str = "", progress: bool = True,
 ) -> pd.DataFrame:
     """Time of one training step (forward, backward, optimizer step) per format, interleaved.
 
@@ -82,7 +89,9 @@ def step_time_by_format(
     flat fused step (row ``<format> fused``); ``compile`` is passed to both, so the pair differs
     in fusion only. Rounds alternate the variants (load from other processes hits all alike).
     ``speedup_vs_<baseline>`` = median baseline time / median time, with ``*_lo``/``*_hi`` the
-    lowest and highest paired per-round ratio.
+    lowest and highest paired per-round ratio. ``kernel_s``: the device time of one more step under
+    torch.profiler; ``kernel_share`` its share of ``median_s``. ``workload`` (the model's description)
+    and the batch size are recorded on every row.
     """
     device = torch.device(device)
     suffix = " compiled" if compile else ""
@@ -97,7 +106,10 @@ def step_time_by_format(
                 fused=True, compile=compile)[0]
     times = time_interleaved(steps, warmup=2 if compile else 1, repeats=repeats, device=device,
                              progress=progress, desc="training steps")
-    rows = [{"format": n, "median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "rounds": len(t)}
+    kernel = {n: kernel_seconds(fn, calls=1, warmup=0, device=device) for n, fn in steps.items()}
+    rows = [{"format": n, "median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "rounds": len(t),
+             "kernel_s": kernel[n], "kernel_share": kernel[n] / statistics.median(t), "device": device.type,
+             "workload": workload, "batch": len(batch[0])}
             for n, t in times.items()]
     df = pd.DataFrame(rows)
     if baseline in times:
@@ -108,71 +120,22 @@ def step_time_by_format(
     return df
 
 
-class TokenClassifier(nn.Module):
-    """A small transformer encoder over token ids with a classification head (Table 2 stand-in)."""
+def speed_workload(model: str, batch: int, *, task: tuple | None = None, seed: int = 0,
+                   ) -> tuple[Callable[[], nn.Module], tuple[torch.Tensor, torch.Tensor], str]:
+    """The model and one batch the training-step times run on, and its description.
 
-    def __init__(self, vocab: int = 1000, d_model: int = 256, heads: int = 4, layers: int = 4,
-                 classes: int = 2) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d_model)
-        layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.head = nn.Linear(d_model, classes)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(self.embed(tokens)).mean(1))
-
-
-def fused_backward(
-    *, d_model: int = 256, layers: int = 4, vocab: int = 1000, batch: int = 8, seq: int = 64,
-    steps: int = 2, repeats: int = 3, optimizer: str = "adamw", lr: float = 2e-5,
-    formats: Iterable[str] = ("fp32",), device: torch.device | str = "cpu", seed: int = 0,
-    progress: bool = True,
-) -> pd.DataFrame:
-    """Table 2 analogue: peak memory and step time of a transformer with/without step in backward.
-
-    Memory: ``steps`` metered steps each (fresh optimizer, state included), with the phase where
-    the peak falls. Time: the two configurations' training steps interleaved round by round;
-    ``time_ratio`` = median in-backward / median ordinary, ``time_ratio_lo``/``_hi`` the paired
-    per-round extremes.
+    ``"resnet18"``: Table 3's model, ResNet-18 at the paper's 64 channels with the CIFAR stem, on seeded
+    synthetic 3 x 32 x 32 images (pixels do not change a step's time); ``"task"``: ``task``'s model and
+    training set (an accuracy task of ``load_task``: (model_fn, train, test, description)).
     """
-    if batch < 1 or seq < 1 or d_model < 1 or layers < 1:
-        raise ValueError(f"need batch, seq, d_model, layers >= 1, got {batch}, {seq}, {d_model}, {layers}")
-    device = torch.device(device)
-    gen = torch.Generator().manual_seed(seed)
-    batches = [(torch.randint(vocab, (batch, seq), generator=gen), torch.randint(2, (batch,), generator=gen))
-               for _ in range(steps)]
-
-    def model_fn():
-        torch.manual_seed(seed)
-        return TokenClassifier(vocab, d_model, max(1, d_model // 64), layers)
-
-    rows, fns, handles = [], {}, []
-    for name in formats:
-        fmt = parse_format(name)
-        for sib in (False, True):
-            rows.append(measure_peak(model_fn, fmt, batches, in_backward=sib, optimizer=optimizer, lr=lr,
-                                     device=device))
-            fns[(name, sib)], handle = _training_step(model_fn, fmt, batches[0], in_backward=sib,
-                                                      optimizer=optimizer, lr=lr, device=device)
-            handles.append(handle)
-    times = time_interleaved(fns, warmup=1, repeats=repeats, device=device, progress=progress,
-                             desc="fused backward")
-    for h in handles:
-        if h is not None:
-            h.remove()
-    df = pd.DataFrame(rows)
-    df["step_s"] = [statistics.median(times[(f, s)]) for f, s in zip(df["format"], df["step_in_backward"],
-                                                                       strict=True)]
-    df["tokens"] = batch * seq
-    base = df.groupby("format")["peak_bytes"].transform("first")
-    df["peak_ratio"] = df["peak_bytes"] / base
-    ratio, lo, hi = [], [], []
-    for f, s in zip(df["format"], df["step_in_backward"], strict=True):
-        # arguments swapped on purpose: this gives in-backward time / ordinary time
-        r, a, b = paired_ratio(times, (f, False), (f, s))
-        ratio.append(r)
-        lo.append(a)
-        hi.append(b)
-    df["time_ratio"], df["time_ratio_lo"], df["time_ratio_hi"] = ratio, lo, hi
-    return df
+    if model not in SPEED_MODELS:
+        raise ValueError(f"speed model must be one of {list(SPEED_MODELS)}, got {model!r}")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    if model == "resnet18":
+        data = synthetic_images(batch, shape=(3, 32, 32), num_classes=10, seed=seed)
+        return (lambda: build("resnet18", width=1.0, num_classes=10, stem="cifar"),
+                next(iter(make_loader(data, batch, shuffle=False))), "ResNet-18 (64 channels, CIFAR stem), 32x32")
+    if task is None:
+        raise ValueError("speed model 'task' needs task=(model_fn, train, test, description) from load_task")
+    return task[0], next(iter(make_loader(task[1], batch, shuffle=False))), task[3]

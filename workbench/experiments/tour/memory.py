@@ -18,16 +18,33 @@ from .plots import plot_step_trace
 __all__ = ["allocation_check", "explore_step", "training_step"]
 
 
+def _traced(trace: pd.DataFrame | None) -> tuple[int, int]:
+    """(peak, end) of the live tensor bytes in a MemoryMeter trace (each row: the bytes live after that event)."""
+    if trace is None or trace.empty:
+        return 0, 0
+    return int(trace["bytes"].max()), int(trace["bytes"].iloc[-1])
+
+
 def allocation_check(device: torch.device | str) -> pd.DataFrame:
-    """Allocate 2.5 MB and 10 MB, free the first, allocate 1 MB: the peak is 12.5 MB, the end 11 MB."""
-    with MemoryMeter(device) as meter:
+    """Allocate 2.5 MB and 10 MB, free the first, allocate 1 MB: the peak is 12.5 MB, the end 11 MB.
+
+    Three counts of the same block: ``peak_bytes``/``end_bytes`` as MemoryMeter reports them (on CUDA
+    the caching allocator's, rounded up to its 512-byte blocks; on CPU the tensor tracker's),
+    ``tensor_peak_bytes``/``tensor_end_bytes`` from the meter's tensor trace (the storages the ops created,
+    on either device), and ``allocator_peak_bytes`` (on CPU the c10 allocator's events, on CUDA
+    ``max_memory_allocated``).
+    """
+    with MemoryMeter(device, trace=True, allocator=True) as meter:
         a = torch.empty(2_500_000, dtype=torch.uint8, device=device)
         b = torch.empty(10_000_000, dtype=torch.uint8, device=device)
         del a
         c = torch.empty(1_000_000, dtype=torch.uint8, device=device)
     del b, c
+    tensor_peak, tensor_end = _traced(meter.trace)
     return pd.DataFrame([{"peak_bytes": meter.peak_bytes, "expected_peak_bytes": 12_500_000,
-                          "end_bytes": meter.end_bytes, "expected_end_bytes": 11_000_000}])
+                          "end_bytes": meter.end_bytes, "expected_end_bytes": 11_000_000,
+                          "tensor_peak_bytes": tensor_peak, "tensor_end_bytes": tensor_end,
+                          "allocator_peak_bytes": meter.allocator_peak_bytes, "device": torch.device(device).type}])
 
 
 def training_step(
@@ -35,6 +52,10 @@ def training_step(
     seed: int = 0, progress: bool = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One training step of a ResNet: its record (peak, gradient and parameter bytes, time) and memory trace.
+
+    ``grad_bytes`` is what MemoryMeter reports live after the step (on CUDA the allocator's count, rounded
+    up to its 512-byte blocks), ``tensor_grad_bytes`` the end of the meter's tensor trace (the storages
+    still live, on either device).
 
     It runs 1 + `repeats` + 1 steps (warm-up, timed, traced); `progress` shows a bar that moves at
     each step, with the stage and, after the first step, tqdm's estimate of the time left.
@@ -63,7 +84,8 @@ def training_step(
                                               loss_fn=loss_fn)
     finally:
         bar.close()
-    row = {"model": model_name, "stem": stem, "batch_size": batch_size, "image_size": image_size, **record}
+    row = {"model": model_name, "stem": stem, "batch_size": batch_size, "image_size": image_size, **record,
+           "tensor_grad_bytes": _traced(trace)[1], "device": torch.device(device).type}
     return pd.DataFrame([row]), trace
 
 

@@ -1,0 +1,113 @@
+"""Table 2 at the paper's architecture (transformers' T5 from flan-T5 large's configuration, random weights) and the
+device's used memory beside the tensor peak, of the packed-bit notebook (Lewandowski & Kosson, section 4)."""
+
+import math
+
+import pytest
+import torch
+
+import workbench.experiments.packed_bit_optimizers.table2 as table2
+from tests.conftest import requires_cuda
+from workbench.experiments.packed_bit_optimizers import (
+    DEVICE_COLUMNS,
+    T5Classifier,
+    device_memory_by_format,
+    flan_t5_config,
+    fused_backward,
+    memory_by_format,
+    t5_available,
+    used_memory,
+)
+from workbench.models import MLP
+
+needs_t5 = pytest.mark.skipif(not t5_available(), reason="Table 2's T5 needs transformers (pip install transformers)")
+
+
+@needs_t5
+def test_the_config_is_flan_t5_large_and_scales_proportionally():
+    large = flan_t5_config()
+    assert (large.d_model, large.num_layers, large.num_decoder_layers, large.num_heads, large.d_kv) == (
+        1024, 24, 24, 16, 64)
+    assert (large.d_ff, large.vocab_size, large.feed_forward_proj, large.dropout_rate) == (2816, 32128, "gated-gelu",
+                                                                                           0.1)
+    with torch.device("meta"):  # shapes only: 750M parameters, no memory
+        params = sum(p.numel() for p in T5Classifier(large).parameters())
+    assert params == pytest.approx(751.3e6, rel=1e-3)  # flan-T5 large's 783M less its 32.9M LM head, plus the head
+    small = flan_t5_config(256, 4)
+    assert (small.num_heads, small.d_ff, small.vocab_size) == (4, 704, round(32128 / 4 / 6))
+
+
+@needs_t5
+@pytest.mark.parametrize("kw, match", [({"d_model": 100}, "multiple of 64 .*, got 100"),
+                                       ({"layers": 0}, "layers >= 1")])
+def test_bad_configs_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        flan_t5_config(**kw)
+
+
+def test_without_transformers_the_refusal_names_the_install(monkeypatch):
+    monkeypatch.setattr(table2, "t5_available", lambda: False)
+    with pytest.raises(ImportError, match="pip install transformers"):
+        fused_backward(d_model=64, layers=1, batch=2, seq=4, steps=1, repeats=1, progress=False)
+
+
+@needs_t5
+def test_fused_backward_records_the_ceiling_kernel_time_and_device_columns(one_thread):
+    df = fused_backward(d_model=64, layers=1, batch=2, seq=8, steps=1, repeats=2, progress=False)
+    assert list(df["step_in_backward"]) == [False, True]
+    base, sib = df.iloc[0], df.iloc[1]
+    assert sib["peak_bytes"] < base["peak_bytes"] and sib["peak_phase"] in {"forward", "backward", "end"}
+    assert sib["time_ratio_lo"] <= sib["time_ratio"] <= sib["time_ratio_hi"]
+    # one step: the optimizer state is created at the step, where every gradient is live
+    assert base["peak_phase"] == "step" and base["ceiling"] == base["peak_gradients"] / base["peak_bytes"] > 0.1
+    assert (df["ceiling"] == base["ceiling"]).all() and (df["kernel_s"] > 0).all()
+    assert all(math.isnan(v) for c in DEVICE_COLUMNS for v in df[c])  # CUDA only
+    assert df["model"].iloc[0].startswith("T5 d_model 64, 1+1 layers")
+    config = flan_t5_config(64, 1)
+    tokens = table2._token_batches(config.vocab_size, 3, 5, 2, seed=0)
+    assert all((t[:, -1] == 1).all() and (t[:, :-1] >= 2).all() for t, _ in tokens)
+    logits = T5Classifier(config).eval()(tokens[0][0])
+    assert logits.shape == (3, 2)
+
+
+def test_device_memory_by_format_adds_the_devices_reading_to_the_tensor_peak(one_thread):
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(2, 16, generator=gen), torch.randint(4, (2,), generator=gen))]
+
+    def mlp():
+        torch.manual_seed(0)
+        return MLP(sizes=(16, 16, 4), activation="relu")
+
+    memory_by_format(mlp, batches, formats=["fp16+8"], progress=False)  # the process's first run holds 4 B more
+    df = device_memory_by_format(mlp, batches, formats=["amp", "fp16+8"], progress=False)
+    plain = memory_by_format(mlp, batches, formats=["amp", "fp16+8"], progress=False)
+    assert list(df["peak_bytes"]) == list(plain["peak_bytes"]) and list(df["ratio_vs_amp"]) == list(
+        plain["ratio_vs_amp"])
+    assert df[list(DEVICE_COLUMNS)].isna().all().all()
+    with used_memory("cpu") as reading:
+        pass
+    assert set(reading) == set(DEVICE_COLUMNS) and all(math.isnan(v) for v in reading.values())
+
+
+@requires_cuda
+def test_cuda_used_memory_is_context_plus_the_allocators_peak_reserve():
+    with used_memory("cuda") as reading:
+        x = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+        del x
+    assert reading["reserved_peak_bytes"] >= 64 * 2**20 and reading["context_bytes"] > 0
+    assert reading["device_peak_bytes"] == reading["context_bytes"] + reading["reserved_peak_bytes"]
+    assert reading["device_used_after_bytes"] >= reading["context_bytes"]
+
+
+def test_without_transformers_the_notebook_shows_table2_as_not_run():
+    """The notebook's Table 2 cell passes an empty frame where transformers is absent: a figure that says why,
+    and rows that are not measured (never a verdict)."""
+    import pandas as pd
+
+    from workbench.experiments.packed_bit_optimizers import claims, plot_fused_backward
+
+    fig = plot_fused_backward(pd.DataFrame())
+    assert any("needs transformers" in t.get_text() for t in fig.texts)
+    rows = claims.ledger({"fused_backward": pd.DataFrame()}, {}, device="cpu", device_class="cpu", verdicts=True).rows
+    table2 = [r for r in rows if "(Table 2" in r["claim"]]
+    assert len(table2) == 3 and all(r["verdict"] == "not run at this scale" for r in table2)

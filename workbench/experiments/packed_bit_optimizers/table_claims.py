@@ -1,0 +1,218 @@
+"""Table 2 and Table 3's claims measured in the paper's units and regime and judged like with like (the
+packed-bit ledger's measures for those rows and its gates; the claims themselves are data in ``claims``).
+
+Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 4, Table 2 (the step fused
+into backward, flan-T5 fine-tuning: 11% lower peak memory, +3-4% time) and Table 3 (ResNet-18 on CIFAR-10:
+"Global GPU Memory usage" and execution time by format).
+
+Each ``measure`` reads a value from the notebook's records; each gate returns the verdict a row reads instead of
+its rule's, or None: `NOT_COMPARABLE` where the run cannot show the claim (a Table 2 saving above its ceiling, a
+saving against fp32 that plain fp16 alone reaches) and `HOST_BOUND` where a GPU timing measured the host.
+`apply_gates` applies them to a judged ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from workbench.report import Ledger, Measured, Records, finite, record_frame
+from workbench.timing import HOST_BOUND, host_bound
+
+from .bench import find_row
+from .steps import rounds_ratio
+
+__all__ = ["CEILING_RULE", "HARD_REGIME", "LIKE_RULE", "NOT_COMPARABLE", "TABLE2_REL", "TABLE2_SAVING", "apply_gates",
+           "below_ceiling", "fused_name", "half_precision_alone", "round_ratio", "step_shares", "table2",
+           "table2_shares", "table3_memory", "vs_amp"]
+
+#: The verdict of a row whose run cannot show the claim (its ceiling, or a like-with-like baseline, rules it out)
+NOT_COMPARABLE = "not comparable"
+HARD_REGIME = "synthetic (harder)"  # the accuracy regime whose model the training-step times ran on before
+
+
+# ------------------------------------------------------------------------------ Table 3 memory, both units
+
+
+_UNITS = {"tensor": ("peak_bytes", "tensor peak"), "device": ("device_peak_bytes", "device's used memory")}
+
+
+def table3_memory(baseline: str, unit: str = "tensor") -> Callable[[Records, Mapping], Measured | None]:
+    """1 - fp16+8 (step in backward) / ``baseline`` (ordinary) in ``unit``: the tensor peak or the device's
+    used memory (CUDA only). Against fp32 the same run's plain fp16 must be there (like with like)."""
+    column, what = _UNITS[unit]
+
+    def measure(records: Records, params: Mapping) -> Measured | None:
+        df = record_frame(records, "memory_resnet18")
+        base = find_row(df, format=baseline, step_in_backward=False)
+        ours = find_row(df, format="fp16+8", step_in_backward=True)
+        fp16 = find_row(df, format="fp16", step_in_backward=False)
+        if base is None or ours is None or (baseline == "fp32" and fp16 is None):
+            return None
+        size = params.get("t3_size")
+        scale = (f"ResNet-18 width x{params.get('t3_width')} ({base['params'] / 1e6:.2f}M params), batch "
+                 f"{params.get('t3_batch')} x 3 x {size}^2, {params.get('optimizer', 'sgd')}, state included; {what}")
+        if column not in df or finite(ours[column]) is None or finite(base[column]) is None:
+            return Measured(None, scale=scale + ": read on CUDA only (torch.cuda.mem_get_info), none on this device")
+        ordinary = find_row(df, format="fp16+8", step_in_backward=False)
+        scale += f"; peak in {ours['peak_phase']} ({baseline}: {base['peak_phase']})"
+        if ordinary is not None:
+            scale += f"; without the step in backward: {1 - ordinary[column] / base[column]:.1%}"
+        if baseline == "fp32":
+            amp = find_row(df, format="amp", step_in_backward=False)
+            scale += f"; same run vs fp32: plain fp16 {1 - fp16[column] / base[column]:.1%}" + (
+                "" if amp is None else f", AMP {1 - amp[column] / base[column]:.1%}")
+        if unit == "device":
+            scale += f" (CUDA context and handles {ours['context_bytes'] / 2**20:,.0f} MiB in each)"
+        return Measured(float(1 - ours[column] / base[column]), scale=scale)
+    return measure
+
+
+def half_precision_alone(unit: str) -> Callable[[Records, Mapping], str | None]:
+    """`NOT_COMPARABLE` when plain fp16 saves at least as much against fp32 as fp16+8 (in backward) does."""
+    column = _UNITS[unit][0]
+
+    def gate(records: Records, params: Mapping) -> str | None:
+        df = record_frame(records, "memory_resnet18")
+        rows = [find_row(df, format=f, step_in_backward=s) for f, s in (("fp16", False), ("fp16+8", True))]
+        if any(r is None or finite(r.get(column)) is None for r in rows):
+            return None
+        return NOT_COMPARABLE if rows[0][column] <= rows[1][column] else None
+    return gate
+
+
+# ------------------------------------------------------------------------------ Table 3 speed: training-step time
+
+
+def fused_name(name: str, params: Mapping) -> str:
+    return f"{name} fused" + (" compiled" if params.get("speed_compile") else "")
+
+
+def _speed_scale(records: Records, params: Mapping) -> str:
+    acc, df = record_frame(records, "accuracy"), record_frame(records, "step_time")
+    if df is not None and "workload" in df and df["workload"].iloc[0]:
+        task, batch = df["workload"].iloc[0], int(df["batch"].iloc[0])
+    else:  # records from before the workload was recorded: the harder task's model at acc_batch
+        hard = None if acc is None else acc[acc["regime"] == HARD_REGIME]
+        task = hard["task"].iloc[0] if hard is not None and len(hard) and "task" in hard else "the harder task's model"
+        batch = params.get("acc_batch")
+    fp32 = find_row(df, format="fp32")
+    vs = ("" if fp32 is None or "speedup_vs_amp" not in fp32
+          else f"; on this device fp32 runs {fp32['speedup_vs_amp']:.2f}x AMP's speed")
+    rounds = "" if df is None else f", {int(df['rounds'].iloc[0])} interleaved rounds"
+    return f"{task}, batch {batch}, {params.get('optimizer', 'sgd')}{rounds}{vs}"
+
+
+def vs_amp(fmt: Callable[[Mapping], str], time_saved: bool) -> Callable[[Records, Mapping], Measured | None]:
+    """From ``speedup_vs_amp`` (AMP time / the format's time): time saved (1 - 1/s) or AMP's speed
+    over the format's (1/s)."""
+    def measure(records: Records, params: Mapping) -> Measured | None:
+        df = record_frame(records, "step_time")
+        row = find_row(df, format=fmt(params))
+        if row is None or "speedup_vs_amp" not in row:
+            return None
+        s, lo, hi = (float(row[c]) for c in ("speedup_vs_amp", "speedup_vs_amp_lo", "speedup_vs_amp_hi"))
+        value, spread = ((1 - 1 / s, (1 - 1 / lo, 1 - 1 / hi)) if time_saved else (1 / s, (1 / hi, 1 / lo)))
+        return Measured(value, spread=spread, scale=_speed_scale(records, params) + f"; {fmt(params)}")
+    return measure
+
+
+def round_ratio(name: Callable[[Mapping], str], base: Callable[[Mapping], str], *,
+                 time_saved: bool) -> Callable[[Records, Mapping], Measured | None]:
+    """Paired per-round ratio base time / name time: as time saved (1 - 1/r) or as a time ratio
+    name / base (1/r)."""
+    def measure(records: Records, params: Mapping) -> Measured | None:
+        rounds = record_frame(records, "step_time_rounds")
+        got = None if rounds is None else rounds_ratio(rounds, name(params), base(params))
+        if got is None:
+            return None
+        r, lo, hi = got
+        value, spread = ((1 - 1 / r, (1 - 1 / lo, 1 - 1 / hi)) if time_saved else (1 / r, (1 / hi, 1 / lo)))
+        return Measured(value, spread=spread,
+                        scale=_speed_scale(records, params) + f"; {name(params)} vs {base(params)}")
+    return measure
+
+
+def step_shares(*names: Callable[[Mapping], str]) -> Callable[[Records, Mapping], str | None]:
+    """`HOST_BOUND` when any of the named steps' kernels fill under half its wall time (CUDA only)."""
+    def gate(records: Records, params: Mapping) -> str | None:
+        df = record_frame(records, "step_time")
+        rows = [find_row(df, format=name(params)) for name in names]
+        rows = [r for r in rows if r is not None and "kernel_s" in r]
+        return HOST_BOUND if any(host_bound(r["kernel_s"], r["median_s"], r["device"]) for r in rows) else None
+    return gate
+
+
+# ------------------------------------------------------------------------------ Table 2: step fused into backward
+
+
+TABLE2_SAVING, TABLE2_REL = 0.11, 0.15  # Table 2: 11% lower peak; reproduced within 15% of it
+
+
+def table2(what: str) -> Callable[[Records, Mapping], Measured | None]:
+    """Table 2 from the fused_backward records: the saving in the tensor peak (``"memory"``) or the device's
+    used memory (``"device"``, CUDA only), or the time ratio (``"time"``)."""
+    def measure(records: Records, params: Mapping) -> Measured | None:
+        df = record_frame(records, "fused_backward")
+        base = find_row(df, format="fp32", step_in_backward=False)
+        sib = find_row(df, format="fp32", step_in_backward=True)
+        if base is None or sib is None:
+            return None
+        model = base["model"] if "model" in base else (
+            f"transformer d={params.get('tf_d_model')}, {params.get('tf_layers')} layers")
+        scale = (f"{model} ({base['params'] / 1e6:.2f}M params), batch {params.get('tf_batch')}x"
+                 f"{params.get('tf_seq')} tokens, AdamW fp32; peak in {base['peak_phase']} (ordinary) / "
+                 f"{sib['peak_phase']} (in backward)")
+        if "ceiling" in base:
+            scale += f"; ceiling (gradients at the ordinary peak / the peak): {base['ceiling']:.1%}"
+        if what == "memory":
+            return Measured(float(1 - sib["peak_bytes"] / base["peak_bytes"]), scale=scale)
+        if what == "device":
+            if "device_peak_bytes" not in df or finite(base["device_peak_bytes"]) is None:
+                return Measured(None, scale=scale + "; the device's used memory is read on CUDA only")
+            return Measured(float(1 - sib["device_peak_bytes"] / base["device_peak_bytes"]), scale=scale + (
+                f"; device's used memory {base['device_peak_bytes'] / 2**20:,.0f} -> "
+                f"{sib['device_peak_bytes'] / 2**20:,.0f} MiB"))
+        return Measured(float(sib["time_ratio"]), spread=(float(sib["time_ratio_lo"]), float(sib["time_ratio_hi"])),
+                        scale=scale + f", {params.get('tf_repeats')} interleaved rounds")
+    return measure
+
+
+def below_ceiling(records: Records, params: Mapping) -> str | None:
+    """`NOT_COMPARABLE` when the ordinary run's ceiling lies below the claim's band: freeing every gradient
+    live at its peak could not reach it."""
+    base = find_row(record_frame(records, "fused_backward"), format="fp32", step_in_backward=False)
+    if base is None or "ceiling" not in base:
+        return None
+    return NOT_COMPARABLE if base["ceiling"] < TABLE2_SAVING * (1 - TABLE2_REL) else None
+
+
+def table2_shares(records: Records, params: Mapping) -> str | None:
+    df = record_frame(records, "fused_backward")
+    if df is None or "kernel_s" not in df:
+        return None
+    return HOST_BOUND if any(host_bound(k, w, d) for k, w, d in zip(df["kernel_s"], df["step_s"], df["device"],
+                                                                     strict=True)) else None
+
+
+# ------------------------------------------------------------------------------ gates
+
+
+CEILING_RULE = (f"'{NOT_COMPARABLE}' where the ordinary peak's gradients are under "
+                 f"{TABLE2_SAVING * (1 - TABLE2_REL):.1%} of it (the ceiling)")
+LIKE_RULE = f"'{NOT_COMPARABLE}' where plain fp16 saves at least as much against fp32 in the same run"
+# claim text -> (the rule text it adds, the verdict it gives instead of the rule's, or None)
+_JUDGED = {"better than claimed", "reproduced", "partly", "not reproduced", "refuted", "inconclusive"}
+
+
+def apply_gates(book: Ledger, gates: Mapping[str, tuple[str, Callable[[Records, Mapping], str | None]]],
+                records: Records, params: Mapping) -> Ledger:
+    """`book` with each gated row's rule naming its gate (claim text -> (rule text, gate)) and, where the row
+    was judged and its gate gives a verdict, that verdict instead of the rule's."""
+    for row in book.rows:
+        if row["claim"] not in gates:
+            continue
+        text, gate = gates[row["claim"]]
+        row["rule"] += "; " + text
+        if row["verdict"] in _JUDGED and (instead := gate(records, params)) is not None:
+            row["verdict"] = instead
+    return book
