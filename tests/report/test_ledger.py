@@ -195,3 +195,17 @@ def test_tables_show_missing_and_non_finite_values_as_the_ledger_does():
     assert "<table" in html_text and shown.frame is frame and np.isinf(frame.ratio[0]) and frame.fits[0] is None
     with pytest.raises(TypeError, match="table needs a pandas DataFrame, got list"):
         table([1, 2])
+
+
+def test_every_verdict_has_its_colour_and_the_gates_verdicts_are_known():
+    """One palette for notebook and index: each verdict's class is in VERDICT_CSS (checks and 'not run'
+    rows are uncoloured on purpose), and the verdicts other modules write are in VERDICTS."""
+    from workbench.experiments.packed_bit_optimizers.table_claims import NOT_COMPARABLE
+    from workbench.report.ledger import VERDICT_CSS, VERDICTS, verdict_class
+    from workbench.timing import HOST_BOUND
+
+    assert {HOST_BOUND, NOT_COMPARABLE} <= set(VERDICTS)
+    assert verdict_class(HOST_BOUND) == "verdict-inconclusive-host-bound"
+    for verdict in VERDICTS:
+        if not verdict.startswith("not run"):
+            assert "." + verdict_class(verdict) + "{" in VERDICT_CSS.replace(",", "{"), verdict

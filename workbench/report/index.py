@@ -11,7 +11,7 @@ import urllib.parse
 from pathlib import Path
 
 from .folders import GENERATOR, page_is_ours
-from .ledger import format_value, ledger_html, tally
+from .ledger import VERDICT_CSS, format_value, ledger_html, tally, verdict_class
 from .reference import (
     REFERENCE, checkout_commit, commit_mismatch, commit_relation, cuda_memory_rows, read_references,
 )
@@ -23,9 +23,7 @@ from .results import (
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:4px 8px;font-size:14px}
-.ok{color:#176317}.failed{color:#b00020}.verdict-reproduced{background:#e3f6e3}
-.verdict-better-than-claimed{background:#dcecff}.verdict-partly,.verdict-inconclusive{background:#fff6d6}
-.verdict-not-reproduced,.verdict-refuted{background:#fde2e2}.verdict-other-device{background:#eeeeee}.note{color:#555;font-size:13px;margin:0}
+.ok{color:#176317}.failed{color:#b00020}.note{color:#555;font-size:13px;margin:0}
 .paper{color:#333;font-style:italic}.rebuild{border:1px solid #b00020;padding:.3em .8em;background:#fff4f4}
 figure{display:inline-block;margin:6px;vertical-align:top}figcaption{font-size:12px;color:#555}
 img{width:480px;max-width:100%;border:1px solid #ddd}img.wide{width:960px}pre{white-space:pre-wrap;color:#b00020}
@@ -211,7 +209,7 @@ def _cell(claim: dict | None, missing: str) -> str:
         return f"<td>—</td><td>{_e(missing)}</td>"
     verdict = str(claim.get("verdict", ""))
     value = format_value(claim.get("measured"), str(claim.get("unit") or ""))
-    return f'<td>{_e(value)}</td><td class="verdict-{_e(verdict.replace(" ", "-"))}">{_e(verdict)}</td>'
+    return f'<td>{_e(value)}</td><td class="{verdict_class(verdict)}">{_e(verdict)}</td>'
 
 
 def _memory_table(ref: dict) -> str:
@@ -346,7 +344,7 @@ def _summary_rows(entries: list[dict], prefix: str) -> str:
 
 def _page(title: str, body: str) -> str:
     return (f"<!doctype html><html><head><meta charset='utf-8'>{GENERATOR}<title>{_e(title)}</title>"
-            f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>{body}</body></html>")
+            f"<style>{_CSS}{VERDICT_CSS}</style></head><body><h1>{_e(title)}</h1>{body}</body></html>")
 
 
 _GROUP_NOTES = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -22,14 +23,17 @@ from .rules import Rule, _number, as_number, as_spread, at_least, at_most, betwe
 __all__ = [
     "VERDICTS", "CHECK", "SOURCES", "DEVICE_CLASSES", "Rule", "at_least", "at_most", "within", "between",
     "Ledger", "tally", "Claim", "Measured", "Records", "judge",
-    "record_frame", "finite", "device_class", "format_value", "ledger_html",
+    "record_frame", "finite", "device_class", "format_value", "ledger_html", "verdict_class", "VERDICT_CSS",
 ]
 
 # Verdicts of paper claims and targets, best first; "inconclusive" when the spread straddles a threshold;
 # "other device" when a claim made on one kind of hardware (a GPU speed-up) was measured on another.
+# "not comparable" when the run cannot show the claimed effect at all (a like-with-like baseline saves as much,
+# or the quantity the claim is about is absent at this peak); "inconclusive: host-bound" when a GPU timing is
+# mostly host overhead (workbench.timing.host_bound).
 VERDICTS = (
     "better than claimed", "reproduced", "partly", "not reproduced", "refuted", "inconclusive",
-    "other device", "not run at this scale", "not run",
+    "inconclusive: host-bound", "not comparable", "other device", "not run at this scale", "not run",
 )
 CHECK = "exact by construction"  # a row that cannot fail: shown, never tallied
 SOURCES = ("paper", "target", "check")
@@ -339,7 +343,7 @@ def ledger_html(claims: list[dict]) -> str:
             continue
         rows = []
         for c in chosen:
-            cls = "verdict-" + str(c.get("verdict", "")).replace(" ", "-")
+            cls = verdict_class(c.get("verdict", ""))
             unit = str(c.get("unit") or "")
             cells = []
             for k in _SHOWN:
@@ -352,9 +356,17 @@ def ledger_html(claims: list[dict]) -> str:
     return _LEDGER_CSS + "".join(parts)
 
 
-# Inline so the ledger reads the same in a notebook's own HTML as on the index page.
-_LEDGER_CSS = (
-    "<style>.verdict-reproduced{background:#e3f6e3}.verdict-better-than-claimed{background:#dcecff}"
-    ".verdict-partly,.verdict-inconclusive{background:#fff6d6}.verdict-not-reproduced,.verdict-refuted"
-    "{background:#fde2e2}.verdict-other-device{background:#eeeeee}</style>"
+def verdict_class(verdict) -> str:
+    """The CSS class of a verdict: `verdict-` and its words joined by hyphens ("inconclusive: host-bound" ->
+    `verdict-inconclusive-host-bound`)."""
+    return "verdict-" + "-".join(re.findall(r"[a-z0-9]+", str(verdict).lower()))
+
+
+# One palette for the ledger in a notebook's own HTML and on the index pages.
+VERDICT_CSS = (
+    ".verdict-reproduced{background:#e3f6e3}.verdict-better-than-claimed{background:#dcecff}"
+    ".verdict-partly,.verdict-inconclusive,.verdict-inconclusive-host-bound{background:#fff6d6}"
+    ".verdict-not-reproduced,.verdict-refuted{background:#fde2e2}"
+    ".verdict-other-device,.verdict-not-comparable{background:#eeeeee}"
 )
+_LEDGER_CSS = f"<style>{VERDICT_CSS}</style>"
