@@ -213,3 +213,31 @@ def test_kernel_update_runs_the_kernel_when_it_can(kernel, one_thread):
     cpu_kernel.kernel_update(fallback, **static)(a[0], grad, a[1], a[2], coef_for(adam_math), None)
     chunked_update(b[0], grad, b[1], b[2], coef_for(adam_math), None, bits=16, **static)
     assert_same_bits([a[0], *a[1], *a[2]], [b[0], *b[1], *b[2]])
+
+
+def test_the_build_is_named_by_its_sources_and_a_stale_lock_is_taken_away(tmp_path, monkeypatch):
+    """Two checkouts with different kernels never share a build folder (each would rebuild the other's
+    library, and a process could load the other's schema); a lock left by a killed build is removed,
+    since torch waits on it forever, while a fresh lock (a build under way) is left alone."""
+    import os
+    import time
+
+    from torch.utils import cpp_extension
+
+    from workbench.optim import cpu_kernel
+
+    name = cpu_kernel.extension_name("AVX512")
+    assert name.startswith("workbench_packed_step_avx512_") and len(name.rsplit("_", 1)[1]) == 10
+    assert name != cpu_kernel.extension_name("AVX2") and name == cpu_kernel.extension_name("AVX512")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: None)
+    monkeypatch.setattr(torch.library, "register_fake", lambda name: (lambda fn: fn))
+    lock = tmp_path / cpu_kernel.extension_name() / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    cpu_kernel._build()
+    assert lock.exists()  # fresh: another process may be compiling
+    old = time.time() - cpu_kernel.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    cpu_kernel._build()
+    assert not lock.exists()

@@ -23,7 +23,9 @@ returns False, and :func:`kernel_update` runs its fallback (the ``torch.compile`
 
 from __future__ import annotations
 
+import hashlib
 import os
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,7 +37,8 @@ from workbench.optim.formats import storage_bits
 from workbench.optim.kernel_args import GradSegments, as_flat, flat_args_reason, planes_of
 from workbench.optim.update import adam_math, chunked_update, sgd_math
 
-__all__ = ["available", "build_flags", "kernel_update", "packed_update_cpu", "supports", "unsupported_reason"]
+__all__ = ["available", "build_flags", "extension_name", "kernel_update", "packed_update_cpu", "supports",
+           "unsupported_reason"]
 
 # NOTE: hand-written because the torch.compile'd step (inductor's C++ backend) measured 0.43-0.56x
 # of torch.optim.AdamW(fused=True) at 1 thread and 0.67-0.85x at 2 (issue 21; 0.15-0.45x in
@@ -70,13 +73,33 @@ def build_flags(capability: str | None = None) -> list[str]:
     return ["-O3", "-fopenmp", "-ffp-contract=off", *_ARCH_FLAGS.get(cap, [])]
 
 
+# NOTE: a build killed midway leaves torch's `lock` file in the build folder, and torch then waits on it
+# forever; a build takes about a minute here, so a lock older than this is taken as abandoned.
+STALE_LOCK_S = 600.0
+
+
+def extension_name(capability: str | None = None) -> str:
+    """The build's name in torch's extension cache: the CPU capability and a digest of the sources and
+    flags, so two checkouts with different kernels never share (and keep rebuilding) one build folder."""
+    cap = _capability() if capability is None else capability
+    digest = hashlib.sha256()
+    for path in sorted(SOURCE.parent.glob("packed_*")):  # packed_step.cpp and the header it includes
+        digest.update(path.read_bytes())
+    digest.update(" ".join(build_flags(cap)).encode())
+    return f"workbench_packed_step_{cap.lower()}_{digest.hexdigest()[:10]}"
+
+
 def _build() -> None:
     """Compile (or find in torch's extension cache) and load the kernel's shared library."""
     from torch.utils import cpp_extension
 
     cap = _capability()
+    name = extension_name(cap)
+    lock = Path(cpp_extension._get_build_directory(name, False)) / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+        lock.unlink(missing_ok=True)
     cpp_extension.load(
-        name=f"workbench_packed_step_{cap.lower()}", sources=[str(SOURCE)], extra_cflags=build_flags(cap),
+        name=name, sources=[str(SOURCE)], extra_cflags=build_flags(cap),
         extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False,
     )
     # under fake tensors (CalcGraph's plan of a step) the in-place update allocates nothing
