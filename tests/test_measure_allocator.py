@@ -8,7 +8,10 @@ import torch
 from torch import nn
 
 from tests.conftest import requires_cuda
-from workbench.measure import AllocatorMeter, MemoryMeter, _without_kineto_markers, allocator_events
+from workbench.kineto import without_kineto_markers
+from workbench.measure import AllocatorMeter, MemoryMeter, allocator_events
+from workbench.timing import kernel_seconds
+from workbench.vbs import measure_layers
 
 
 def _allocations(device="cpu"):
@@ -110,6 +113,9 @@ def test_kineto_markers_stay_off_stderr(capfd):
         pass
     with allocator_events("calibration") as profiler:
         pass
+    kernel_seconds(lambda: torch.ones(8).sum(), calls=1)  # the timing's profiler, and VBS's per-layer pass
+    measure_layers(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), torch.randn(4), 2, repeats=1,
+                   min_run_time=0.0)
     assert meter.peak_bytes == 12_500_000 and profiler.profiler.kineto_results is not None
     err = capfd.readouterr().err
     assert "USDT:" not in err and "profiler_st" not in err, err
@@ -120,11 +126,11 @@ def test_only_kineto_markers_are_held_back_from_stderr(capfd):
     """What else reaches fd 2 while the profiler starts or stops (a warning, another thread's error) is
     written back, in order; only kineto's marker lines are dropped."""
     marker = b"USDT:2026-11-26 15:28:12 12885:12885 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
-    with _without_kineto_markers():
+    with without_kineto_markers():
         os.write(2, b"first real line\n" + marker + b"ERROR: a real error, USDT: inside\n")
         os.write(2, marker.replace(b"start", b"stop") + b"no newline at the end")
     assert capfd.readouterr().err == "first real line\nERROR: a real error, USDT: inside\nno newline at the end"
-    with pytest.raises(ValueError, match="inside"), _without_kineto_markers():
+    with pytest.raises(ValueError, match="inside"), without_kineto_markers():
         os.write(2, b"before the error\n")
         raise ValueError("raised inside")
     assert capfd.readouterr().err == "before the error\n"  # fd 2 restored and flushed on the way out

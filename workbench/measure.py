@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import re
-import tempfile
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -25,6 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .kineto import quiet_profile
 from .measure_args import _device, check_device
 from .timing import Timing, calls_for, time_callable, time_interleaved
 
@@ -137,50 +135,13 @@ class _StorageTracker(LiveStorageMode):
         self._record("free")
 
 
-# kineto's trace markers: `USDT:<date> <time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start`,
-# written from C++ straight to fd 2 at every profiler start and stop, whatever KINETO_LOG_LEVEL says short of
-# silencing kineto's errors too (the level that hides them hides ERROR lines; it is also read once, at init).
-_KINETO_MARKER = re.compile(rb"^USDT:\S+ \S+ \d+:\d+ \S+\.cpp:\d+\] .*$\n?", re.MULTILINE)
-
-
-@contextlib.contextmanager
-def _without_kineto_markers() -> Iterator[None]:
-    """Hold what is written to fd 2 inside the block and write it back without kineto's trace markers.
-
-    # NOTE: the markers come from C++ (std::cerr), below sys.stderr, so only a redirect of the file
-    # descriptor catches them: in Jupyter, ipykernel forwards fd 2 to the notebook as a red stderr block,
-    # under papermill into the report. Only the profiler's start and stop run inside (milliseconds), and every
-    # other line written meanwhile (a warning, another thread's error) is written back right after.
-    """
-    with tempfile.TemporaryFile() as held:
-        saved = os.dup(2)
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            rest = _KINETO_MARKER.sub(b"", held.read())
-            if rest:
-                os.write(2, rest)
-
-
 @contextlib.contextmanager
 def allocator_events(user: str = "allocator_events") -> Iterator[torch.profiler.profile]:
     """torch.profiler recording the CPU allocator's events (`profile_memory=True`) around the block, without
     the trace markers kineto prints at each start and stop; read `.profiler.kineto_results` after the block.
     Only one profiler runs at a time: `user` names the caller in the error raised when one already runs."""
-    if torch.autograd.profiler._is_profiler_enabled:
-        raise RuntimeError(f"{user} needs torch.profiler, which is already running; stop it first")
-    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
-    with _without_kineto_markers():
-        profiler.__enter__()
-    try:
+    with quiet_profile(user, [torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
         yield profiler
-    finally:
-        with _without_kineto_markers():
-            profiler.__exit__(None, None, None)
 
 
 class AllocatorMeter:

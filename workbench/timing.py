@@ -150,18 +150,18 @@ def kernel_seconds(fn: Callable[[], object], *, calls: int = 1, warmup: int = 1,
     # NOTE: the profiler's event list is read directly (kineto results), as `AllocatorMeter` does,
     # rather than `key_averages()`, whose per-operator sums count nested and concurrent work twice.
     """
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
+
+    from .kineto import quiet_profile
 
     calls, warmup = _count(calls, "calls", 1), _count(warmup, "warmup", 0)
     _callable(fn, "kernel_seconds: fn")
     device = _device(device, "kernel_seconds") if device is not None else torch.device("cpu")
-    if torch.autograd.profiler._is_profiler_enabled:
-        raise RuntimeError("kernel_seconds needs torch.profiler, which is already running; stop it first")
     cuda = device.type == "cuda"
     for _ in range(warmup):
         fn()
     _sync(device)
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+    with quiet_profile("kernel_seconds", [ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(calls):
             fn()
         _sync(device)

@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..measure import check_device, time_callable
+from ..measure import allocator_events, check_device, time_callable
 from .graph import run_stages, stages_of
 
 __all__ = ["LayerProfile", "measure_layers", "unit_for"]
@@ -197,13 +197,12 @@ class _Allocations:
     """
 
     def __init__(self, device: torch.device) -> None:
-        self.device, self.peaks, self._profiler = device, [], None
+        self.device, self.peaks, self._profiler, self._profiling = device, [], None, None
 
     def __enter__(self) -> _Allocations:
         if self.device.type != "cuda":
-            self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                                    profile_memory=True)
-            self._profiler.__enter__()
+            self._profiling = allocator_events("measure_layers")
+            self._profiler = self._profiling.__enter__()
         return self
 
     def __call__(self, fn, x: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -226,7 +225,7 @@ class _Allocations:
         if self._profiler is None:
             return
         profiler, self._profiler = self._profiler, None
-        profiler.__exit__(*exc)
+        self._profiling.__exit__(None, None, None)
         events = profiler.profiler.kineto_results.events()
         memory = sorted((e.start_ns(), e.nbytes()) for e in events
                         if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
