@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from workbench.measure import LiveStorageMode
 
-from .inplace import InPlace, as_the_user_runs
+from workbench.inplace import InPlace, as_the_user_runs
 from .values import _refuse_mixed_matmul, with_known_values
 
 __all__: list[str] = []  # internal to workbench.calcgraph
