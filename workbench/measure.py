@@ -2,11 +2,11 @@
 
 Memory is the peak of tensor bytes allocated inside a region and live at the same moment:
 on CUDA from the caching allocator's statistics, on CPU from a dispatch-mode tracker of the
-storages created in the region. `AllocatorMeter` is the independent measure beside it: the
-allocator's own running total (on CPU the c10 allocator's events, as torch.profiler records them),
-which also sees kernel-internal scratch that never becomes a tensor. Process RSS is never used as a
-tensor-memory figure. Timing (`time_callable`, `time_interleaved`, `calls_for`) lives in `workbench.timing`
-and is re-exported here.
+storages created in the region, which runs the program as it runs without one (`workbench.inplace`).
+`AllocatorMeter` is the independent measure beside it: the allocator's own running total (on CPU the
+c10 allocator's events, as torch.profiler records them), which also sees kernel-internal scratch that
+never becomes a tensor. Process RSS is never used as a tensor-memory figure. Timing (`time_callable`,
+`time_interleaved`, `calls_for`) lives in `workbench.timing` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .inplace import InPlace, as_the_user_runs
 from .kineto import quiet_profile
 from .measure_args import _device, check_device
 from .timing import Timing, calls_for, time_callable, time_interleaved
@@ -58,8 +59,11 @@ class LiveStorageMode(TorchDispatchMode):
 
     The counting rule of :class:`MemoryMeter` on CPU (and of CalcGraph's tracker and budget guard):
     a view, in-place or ``out=`` result on a storage an op received is not new memory; a storage
-    resized in place counts again. Subclasses get ``_allocated(key, nbytes, old_nbytes, op)``
-    (``old_nbytes`` None for a new storage) and ``_released(key, nbytes)``.
+    resized in place counts again. The program counted is the user's: the adds that torch runs in
+    place only where no dispatch mode is active (autograd's gradient sums, ``linear``'s bias) run in
+    place here too (`workbench.inplace`). Subclasses get ``_allocated(key, nbytes, old_nbytes, op)``
+    (``old_nbytes`` None for a new storage) and ``_released(key, nbytes)``, and may wrap ``_counted``,
+    which runs an op and counts what it creates.
 
     # NOTE: written by hand rather than torch's MemTracker, which is private to
     # torch.distributed._tools and attributes memory to modules; here only live storages are
@@ -71,6 +75,20 @@ class LiveStorageMode(TorchDispatchMode):
         super().__init__()
         self._nbytes: dict[int, int] = {}
         self._finalizers: list[weakref.finalize] = []
+        self.in_place = InPlace()  # the user's in-place adds that a dispatch mode would run out of place
+        self._following: list[contextlib.AbstractContextManager] = []  # one per entry
+
+    def __enter__(self) -> LiveStorageMode:
+        following = as_the_user_runs(self.in_place)
+        following.__enter__()
+        self._following.append(following)
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._following.pop().__exit__(None, None, None)
 
     def _watching(self) -> bool:
         """False lets ops run unobserved while the mode stays on the stack (frees are still followed)."""
@@ -89,8 +107,15 @@ class LiveStorageMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        op = self.in_place.op_for(func, args, kwargs)
+        out = self._counted(op, args, kwargs)
+        self.in_place.done(op, out)
+        return out
+
+    def _counted(self, op, args, kwargs):
+        """Run `op` and count the storages it creates."""
         inputs = {s._cdata for s in _storages((args, kwargs))}
-        out = func(*args, **kwargs)
+        out = op(*args, **kwargs)
         if self._watching():
             for storage in _storages(out):
                 key, nbytes = storage._cdata, storage.nbytes()
@@ -102,7 +127,7 @@ class LiveStorageMode(TorchDispatchMode):
                 elif old == nbytes:
                     continue
                 self._nbytes[key] = nbytes
-                self._allocated(key, nbytes, old, func.__name__)
+                self._allocated(key, nbytes, old, op.__name__)
         return out
 
     def close(self) -> None:
@@ -200,12 +225,13 @@ class MemoryMeter:
 
     On CUDA: `max_memory_allocated` after `reset_peak_memory_stats`, relative to the bytes
     allocated at entry (allocator rounding included, frees of older tensors lower the count).
-    On CPU: exact storage bytes of every tensor an aten op creates inside the block; tensors
-    created before entry are not counted. Kernel-internal scratch buffers that never become
-    tensors are invisible on CPU. With `trace=True`, `.trace` is memory over time: a DataFrame
-    with one row per allocation or free (columns event, op, bytes), on either device. With
-    `allocator=True`, `.allocator_peak_bytes` is the same block's peak by `AllocatorMeter` (the
-    independent count, scratch included) and, on CUDA, `.reserved_peak_bytes` the allocator's reserve.
+    On CPU: exact storage bytes of every tensor an aten op creates inside the block, in the program
+    as it runs without the meter (`LiveStorageMode`); tensors created before entry are not counted.
+    Kernel-internal scratch buffers that never become tensors are invisible on CPU. With
+    `trace=True`, `.trace` is memory over time: a DataFrame with one row per allocation or free
+    (columns event, op, bytes), on either device. With `allocator=True`, `.allocator_peak_bytes` is
+    the same block's peak by `AllocatorMeter` (the independent count, scratch included) and, on
+    CUDA, `.reserved_peak_bytes` the allocator's reserve.
 
     Example::
 

@@ -1,4 +1,4 @@
-"""The program CalcGraph traces is the user's (`workbench/calcgraph/inplace.py`): under any dispatch mode torch
+"""The program CalcGraph traces is the user's (`workbench/inplace.py`): under any dispatch mode torch
 sums a tensor's gradients and adds `linear`'s bias out of place; the tracer runs them in place where the plain
 program does, so a real run under the tracker allocates what the plain run allocates, to a scalar (a few
 tiny models peak 8 bytes higher under any dispatch mode, as they did before these paths were run in place)."""

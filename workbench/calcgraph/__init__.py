@@ -7,8 +7,8 @@ and out with one copy per zone (Section 3.3); `train_many` trains many models in
 (Sections 4.4-4.5). `BudgetGuard` makes a memory budget real on CPU for trial-based peers. On CPU a
 plan is calibrated against the allocator by default: the workspaces and scratch real kernels allocate
 beyond their fake tensors, measured in real steps at small batches (`calibrate=False`: the paper's
-plan, fake tensors alone). The traced program is the user's (`inplace`: the in-place paths torch leaves
-under a dispatch mode; `values`: integer values that shape memory, packed sequences).
+plan, fake tensors alone). The traced program is the user's (`workbench.inplace`: the in-place paths torch
+leaves under a dispatch mode; `values`: integer values that shape memory, packed sequences).
 `plan_sharded_training` plans one rank of a model sharded by FSDP2 in a fake process group (`sharded`).
 """
 

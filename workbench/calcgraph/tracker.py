@@ -22,7 +22,6 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from workbench.measure import LiveStorageMode
 
-from .inplace import InPlace, as_the_user_runs
 from .values import _refuse_mixed_matmul, with_known_values
 
 __all__: list[str] = []  # internal to workbench.calcgraph
@@ -54,11 +53,9 @@ class _Tracker(LiveStorageMode):
         self.calls: list[tuple[str, int]] = []  # each dispatched op: (name, events recorded after it)
         self.profiled = False  # mark each op call for torch.profiler (calibration runs)
         self.call_marks: dict[str, int] = {}
-        self.in_place = InPlace()  # adds the user's program runs in place and a dispatch mode would not
         self.fake = False  # traced under fake tensors (a plan), not for real (calibration)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        op = self.in_place.op_for(func, args, kwargs)
+    def _counted(self, op, args, kwargs):
         if self.fake:
             _refuse_mixed_matmul(op, args)
             op, real = with_known_values(op, args, kwargs)
@@ -67,10 +64,9 @@ class _Tracker(LiveStorageMode):
         with unset_fake_temporarily() if real else contextlib.nullcontext():
             if self.profiled:
                 with torch.profiler.record_function(f"{CALL_PREFIX}{len(self.calls)}"):
-                    out = super().__torch_dispatch__(op, types, args, kwargs)
+                    out = super()._counted(op, args, kwargs)
             else:
-                out = super().__torch_dispatch__(op, types, args, kwargs)
-        self.in_place.done(op, out)
+                out = super()._counted(op, args, kwargs)
         self.calls.append((op.__name__, len(self.events)))
         return out
 
@@ -231,7 +227,7 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
     try:
         with _quiet_fake_tensor_logs(), (FakeTensorMode(allow_non_fake_inputs=True) if fake
                                          else contextlib.nullcontext()), _tracked_cpu_rng_state(fake):
-            with as_the_user_runs(tracker.in_place), tracker:
+            with tracker:
                 program(tracker)
     except Exception as error:
         label = tracker._modules[-1]

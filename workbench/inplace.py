@@ -1,12 +1,13 @@
-"""In-place ops torch runs only where no dispatch mode is active, run in place inside CalcGraph's traces too.
+"""In-place ops torch runs only where no dispatch mode is active, run in place under every tensor-counting mode.
 
-Support for Section 3.2 of "CalcGraph: taming the high costs of deep learning using models (2022)": the plan
-is the program's own sequence of allocations, so the traced program must be the user's. A Python dispatch
-mode (the tracker, and `FakeTensorMode` under which a plan is traced) changes what some of torch's C++
-code does: it asks `at::isTensorSubclassLike`, which answers yes for every tensor while any dispatch mode
-is active, and then takes an out-of-place path meant for tensor subclasses. Two such paths are on every
-training step's way, each one more tensor that the real program never allocates (+4.8% to +8.1% on an
-`nn.MultiheadAttention` self-attention model):
+A tensor count (DESIGN.md, "Measuring honestly": `workbench.measure.MemoryMeter` on CPU, CalcGraph's plan,
+"CalcGraph: taming the high costs of deep learning using models (2022)", Section 3.2, and its budget guard)
+runs the program inside a Python dispatch mode, and must count the user's own program. A dispatch mode
+changes what some of torch's C++ code does: it asks `at::isTensorSubclassLike`, which answers yes for every
+tensor while any dispatch mode is active, and then takes an out-of-place path meant for tensor subclasses.
+Two such paths are on every training step's way, each one more tensor that the real program never
+allocates (+4.5% to +8.1% on an `nn.MultiheadAttention` self-attention model, in CalcGraph's plan and in
+MemoryMeter's peak alike):
 
 - the autograd engine's buffer sums: when a tensor feeds several ops, the engine adds the gradients that
   reach it, in place into the first one (`old.add_(new)`) where it holds the last reference to it, else out
@@ -15,12 +16,12 @@ training step's way, each one more tensor that the real program never allocates 
   projections of `nn.MultiheadAttention` on its transposed input) computes `matmul` and then adds the bias
   in place into the product.
 
-`InPlace` runs both in place as the real program does, under fake tensors and in calibration's real runs
-alike: the tracker asks it for the op to run (`op_for`) and tells it the result (`done`). The engine's sums
-are followed from node hooks (`Accumulation`): which gradients each node hands to the input buffers of the
-next ones, how many buffer slots hold each gradient, and which ops run between a node's end and the next
-node's start (the sums). A linear's bias add is the one `add` of the bias while `torch.nn.functional.linear`
-runs (patched while a program is traced, `as_the_user_runs`).
+`InPlace` runs both in place as the real program does, for real and under fake tensors alike: the mode asks
+it for the op to run (`op_for`) and tells it the result (`done`). The engine's sums are followed from node
+hooks (`Accumulation`): which gradients each node hands to the input buffers of the next ones, how many
+buffer slots hold each gradient, and which ops run between a node's end and the next node's start (the
+sums). A linear's bias add is the one `add` of the bias while `torch.nn.functional.linear` runs. Both are
+followed while `as_the_user_runs` is active; outside it `op_for` changes nothing.
 
 # NOTE: the engine's condition (torch/csrc/autograd/input_buffer.cpp, `can_accumulate_inplace`): grad mode
 # off, the first gradient dense and non-overlapping, its tensor and its storage referenced once. The
@@ -29,7 +30,8 @@ runs (patched while a program is traced, `as_the_user_runs`).
 # `torch._C._storage_Use_Count` (a view of a gradient another tensor still holds shares its storage).
 # References held outside the engine (a `retain_grad`, a hook keeping a gradient) are not seen. Other
 # subclass-only paths (a few backward formulas: `masked_fill`, `gather`, `masked_scatter`) are left as they
-# are: calibration sees them in its real runs only where they cost scratch.
+# are: a tensor count runs them out of place (CalcGraph's calibration sees them in its real runs only where
+# they cost scratch).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
-__all__: list[str] = []  # internal to workbench.calcgraph
+__all__ = ["Accumulation", "InPlace", "as_the_user_runs"]
 
 _ADD = torch.ops.aten.add.Tensor
 _ADD_IN_PLACE = torch.ops.aten.add_.Tensor
@@ -171,10 +173,10 @@ def as_the_user_runs(in_place: InPlace) -> Iterator[None]:
     """Follow the graphs that `torch.autograd.backward` and `torch.autograd.grad` differentiate, and the bias
     of each `torch.nn.functional.linear`, while active.
 
-    # NOTE: patched process-wide while a program is traced (as `tracker._tracked_cpu_rng_state` does), so that
-    # every backward pass of the program is followed, the reentrant checkpoint's inner one too (each call's
-    # graph is forgotten once the outermost call returns), and every linear layer (`nn.Linear` and
-    # `nn.MultiheadAttention` look `F.linear` up at each call).
+    # NOTE: patched process-wide while a counting mode is active (as CalcGraph's tracker patches the CPU
+    # generator's state), so that every backward pass of the program is followed, the reentrant
+    # checkpoint's inner one too (each call's graph is forgotten once the outermost call returns), and
+    # every linear layer (`nn.Linear` and `nn.MultiheadAttention` look `F.linear` up at each call).
     """
     accumulation = in_place.accumulation
     backward, grad, linear = torch.autograd.backward, torch.autograd.grad, F.linear
