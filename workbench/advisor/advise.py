@@ -26,15 +26,16 @@ from numbers import Real
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
 from workbench.calcgraph import CompiledGraph, search_max
 from workbench.measure import AllocatorMeter, check_device
 
-from .configs import Config, can_checkpoint, default_grid
-from .costs import Checkpoints, Workload, measure_time, predict_seconds, profile_checkpoints, training_step
+from .configs import Config, checkpoint_kind, default_grid
+from .costs import Checkpoints, measure_time, predict_seconds, profile_checkpoints, time_terms, training_step
+from .steptime import free_memory_bytes
+from .workload import Workload
 
 __all__ = ["Advice", "advise"]
 
@@ -43,17 +44,30 @@ _KINDS = {"parameter": "weights", "buffer": "weights", "gradient": "gradients", 
           "input": "activations", "activation": "activations"}
 
 
-def _categories(graph: CompiledGraph, batch_size: int, extra: int) -> dict[str, int]:
-    """Bytes live at the predicted peak by category; the calibrated scratch term counts as workspace."""
+def _categories(graph: CompiledGraph, batch_size: int, extra: int, recomputed: set[int] = frozenset()
+                ) -> dict[str, int]:
+    """Bytes live at the predicted peak by category; a checkpoint's recomputed tensors (allocation ids
+    `recomputed`) are activations; the calibrated scratch term counts as workspace."""
     frame = graph.variables(batch_size)
     live = graph.timeline(batch_size)
     at = int(live.argmax()) if len(live) else 0
     alive = frame[(frame["born"] <= at) & (frame["died"] > at)]
+    kinds = alive["kind"].where(~(alive.index.isin(list(recomputed)) & (alive["kind"] == "temporary")), "activation")
     out = dict.fromkeys(CATEGORIES, 0)
-    for kind, nbytes in alive.groupby("kind")["bytes"].sum().items():
+    for kind, nbytes in alive["bytes"].groupby(kinds).sum().items():
         out[_KINDS.get(kind, "workspace")] += int(nbytes)
     out["workspace"] += extra
     return out
+
+
+def _compile(work: Workload, cfg: Config, segments: Sequence | None = None) -> CompiledGraph:
+    """CalcGraph's plan of a candidate's program, with `recomputed`: the ids of the allocations its checkpoints'
+    recomputation makes (see `workload._recomputation`)."""
+    recomputed: set[int] = set()
+    graph = CompiledGraph(work.program(cfg, segments=segments, recomputed=recomputed), device=work.device,
+                          input_shape=tuple(work.inputs.shape[1:]), description=cfg.name)
+    graph.recomputed = recomputed
+    return graph
 
 
 @dataclass
@@ -70,11 +84,13 @@ class Advice:
     _configs: dict[str, Config] = field(repr=False)
     _graphs: dict[str, CompiledGraph] = field(repr=False)
     _extra: dict[tuple, Callable[[int], int]] = field(repr=False)
-    _seconds: dict[str, float] = field(repr=False)
-    _time_scale: float = field(repr=False)
+    _timer: Callable[[], tuple[dict[str, float], dict[str, str]]] = field(repr=False)  # `costs.measure_time`
     _checkpoints: Checkpoints | None = field(repr=False)
     _segments: dict[str, list] = field(default_factory=dict, repr=False)
     _traced: dict[tuple, CompiledGraph] = field(default_factory=dict, repr=False)
+    timing: dict[str, str] = field(default_factory=dict)  # how each timed quantity was measured, where not plainly
+    _left_out: list[str] = field(default_factory=list, repr=False)  # candidates left out, and why
+    _seconds: dict[str, float] = field(default_factory=dict, repr=False)  # timed once a candidate fits a budget
     verification: dict | None = None
     planning_seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per phase of `advise`
 
@@ -82,8 +98,7 @@ class Advice:
         key = (cfg.name, None if segments is None else tuple(segments))
         if key not in self._traced:
             self._traced[key] = self._graphs.get(cfg.name) if segments is None and cfg.name in self._graphs else \
-                CompiledGraph(self._workload.program(cfg, segments=segments), device=self.device,
-                              input_shape=tuple(self._workload.inputs.shape[1:]), description=cfg.name)
+                _compile(self._workload, cfg, segments)
         return self._traced[key]
 
     def _plan_optimal(self, cfg: Config) -> None:
@@ -103,13 +118,15 @@ class Advice:
         segments = [(0, 0, False)]
         if cfg.checkpoint != "none":  # a checkpoint candidate implies the profile (see `advise`)
             segments = self._segments.get(cfg.name, self._checkpoints.uniform)
+        terms = time_terms(cfg, list(self._configs.values()), segments, self._checkpoints)
         return {"config": cfg.name, "precision": cfg.precision, "extra_bits": cfg.extra_bits,
                 "state_dtype": cfg.state_dtype, "step_in_backward": cfg.step_in_backward,
                 "checkpoint": cfg.checkpoint, "segments": len(segments),
                 "predicted_peak_bytes": graph.required_bytes(self.batch_size) + more,
-                **_categories(graph, self.batch_size, more),
-                "predicted_step_seconds": predict_seconds(cfg, self._seconds, self._time_scale,
-                                                          list(self._configs.values()), segments, self._checkpoints)}
+                **_categories(graph, self.batch_size, more, graph.recomputed),
+                "predicted_step_seconds": predict_seconds(terms, self._seconds) if self._seconds else math.nan,
+                "time_reliable": bool(self._seconds) and not any("unreliable" in self.timing.get(key, "")
+                                                                 for key in terms)}
 
     def rebudget(self, memory_budget: float) -> Advice:
         """The predictions judged against another budget: `fits`, `max_batch` and `best` recomputed, and the
@@ -123,6 +140,10 @@ class Advice:
             self.table = pd.DataFrame([self._row(c) for c in self._configs.values()])
         cap = memory_budget * (1 - self.margin)
         self.table["fits"] = self.table["predicted_peak_bytes"] <= cap
+        if self.table["fits"].any() and not self._seconds:  # the real steps, once a candidate fits a budget
+            self._seconds, self.timing = self._timer()
+            self.table = pd.DataFrame([self._row(c) for c in self._configs.values()])
+            self.table["fits"] = self.table["predicted_peak_bytes"] <= cap
         costs = [(self._graphs[name].required_bytes, self._extra[self._configs[name].precision,
                                                                 self._configs[name].extra_bits])
                  for name in self.table["config"]]
@@ -130,6 +151,19 @@ class Advice:
         self.table["max_batch"] = [search_max(lambda b, g=g, m=m: g(b) <= cap and g(b) + m(b) <= cap,
                                               self.batch_size, limit=2**20)[0] for g, m in costs]
         return self
+
+    @property
+    def notes(self) -> list[str]:
+        """What the table cannot show: how step times were timed where not plainly, candidates left out and why."""
+        notes = [f"{key} {how}" for key, how in self.timing.items() if "extrapolated" in how]
+        stalled = [key for key, how in self.timing.items() if "unreliable" in how]
+        if stalled:
+            notes.append(f"the machine was too busy to time {', '.join(stalled)}: in most samples the step's "
+                         f"threads waited for a CPU that other processes held, so the step times that use them "
+                         f"(time_reliable False) are unreliable; run advise() again on a quieter machine")
+        if not self._seconds:
+            notes.append("no candidate fits the budget: step times were not measured (no real step was run)")
+        return notes + self._left_out
 
     @property
     def best(self) -> pd.Series:
@@ -219,20 +253,6 @@ def _timed(phases: dict[str, float], name: str) -> Iterator[None]:
         phases[name] = phases.get(name, 0.0) + time.perf_counter() - start
 
 
-def _check_factory(model_fn: object) -> None:
-    """`model_fn` builds an nn.Module (tried on the meta device: no memory); errors name the factory."""
-    name = getattr(model_fn, "__qualname__", None) or repr(model_fn)
-    if not callable(model_fn):
-        raise TypeError(f"model_fn must be a function that builds your nn.Module, got {model_fn!r}")
-    try:
-        with torch.device("meta"):
-            model = model_fn()
-    except Exception as error:  # the user's code: any error, reported with the factory's name
-        raise ValueError(f"model_fn {name} failed to build the model: {type(error).__name__}: {error}") from error
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model_fn {name} must return an nn.Module, got {type(model).__name__} {model!r:.80}")
-
-
 def _check_budget(memory_budget: object) -> None:
     if isinstance(memory_budget, bool) or not isinstance(memory_budget, Real) or not (
             math.isfinite(memory_budget) and memory_budget > 0):
@@ -269,9 +289,8 @@ def advise(
         raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be a callable (outputs, targets) -> loss, got {loss_fn!r}")
-    work = Workload(model_fn, inputs, targets, loss_fn or F.cross_entropy, optimizer, lr, dev)
-    _check_factory(model_fn)
-    checkpointable = can_checkpoint(model_fn)
+    work = Workload.of(model_fn, inputs, targets, loss_fn, optimizer, lr, dev)
+    checkpointable = checkpoint_kind(model_fn) is not None
     grid = default_grid(dev, checkpointable=checkpointable)
     if callable(candidates):
         grid = [c for c in grid if candidates(c)]
@@ -291,8 +310,7 @@ def advise(
 
     def traced(cfg: Config) -> CompiledGraph:  # each program traced once, candidate or not
         if cfg.name not in graphs:
-            graphs[cfg.name] = CompiledGraph(work.program(cfg), device=dev, input_shape=tuple(inputs.shape[1:]),
-                                             description=cfg.name)
+            graphs[cfg.name] = _compile(work, cfg)
         return graphs[cfg.name]
 
     with _timed(phases, "traces"):
@@ -332,26 +350,37 @@ def advise(
         else:
             extra[precision, k] = lambda b: 0
         shared[precision] = extra[precision, k]
-    with _timed(phases, "traces"):
-        fp32 = traced(Config())
-    cap = memory_budget * (1 - margin)
-    timing_batch = batch_size if fp32.required_bytes(batch_size) <= cap else max(
-        1, search_max(lambda b: fp32.required_bytes(b) <= cap, 1, limit=batch_size)[0])
+    # NOTE: a real step is timed wherever it fits the memory free now (not the budget, which is what the user
+    # wants the choice to take; at most 4x it, so that an absurd batch is not timed at a batch that fills the
+    # machine): at the user's batch, else two smaller batches (see `costs.timing_batches`)
+    room = min(0.9 * free_memory_bytes(dev), 4 * float(memory_budget))
+
+    def fits(cfg: Config, size: int) -> bool:
+        with _timed(phases, "traces"):
+            graph = traced(cfg)
+        return graph.required_bytes(size) + extra[cfg.precision, cfg.extra_bits](size) <= room
+
+    def timer() -> tuple[dict[str, float], dict[str, str]]:
+        checkpoints = advice._checkpoints
+        with _timed(phases, "timing"):
+            return measure_time(work, grid, min_run_time, runs, fits=fits, checkpoints=checkpoints)
+
     checkpoints = None
     if any(c.checkpoint != "none" for c in grid):
         with _timed(phases, "layer profile"):
             checkpoints = profile_checkpoints(work, min(batch_size, 4))
         runs["layer profile (checkpoints)"] = 1
-    with _timed(phases, "timing"):
-        seconds = measure_time(work, grid, timing_batch, min_run_time, runs, scaled=timing_batch != batch_size,
-                               checkpoints=checkpoints)
     with _timed(phases, "traces"):
         for cfg in grid:  # the plain configuration each optimal plan is budgeted against
             if cfg.checkpoint == "optimal":
                 traced(replace(cfg, checkpoint="none"))
+    left_out = [] if checkpointable else [
+        "no checkpoint candidates: the model's layers do not open (not an nn.Sequential, no .as_sequential()) and "
+        "no module class repeats as blocks holding half its parameters"]
     advice = Advice(None, float(memory_budget), float(margin), batch_size, dev, runs, work,
-                    {c.name: c for c in grid}, graphs, extra, seconds, batch_size / timing_batch, checkpoints)
+                    {c.name: c for c in grid}, graphs, extra, timer, checkpoints, _left_out=left_out)
     with _timed(phases, "plans and table"):
         advice.rebudget(memory_budget)
+    phases["plans and table"] -= phases.get("timing", 0.0)
     advice.planning_seconds = phases
     return advice
