@@ -302,3 +302,41 @@ def test_a_sequential_whose_layers_pass_a_dict_is_checkpointed_and_planned():
     step, plain = advice.build("fp32, checkpoint uniform"), dict_lm()
     plain.load_state_dict(step.model.state_dict())
     torch.testing.assert_close(step((ids, y)), dict_loss(plain(ids), y))
+
+
+TAGGER = """import torch.nn.functional as F
+from torch import nn
+
+def build():
+    return nn.Sequential(nn.Embedding(30, 8), nn.Linear(8, 5))
+
+def seq_loss(out, y):
+    return F.cross_entropy(out.flatten(0, 1), y.flatten())
+
+MODEL = build()
+"""
+
+
+def test_the_command_plans_a_sequence_model_with_its_targets_and_loss(tmp_path, monkeypatch, capsys):
+    import importlib
+
+    from workbench.cli import main
+
+    module = importlib.import_module("workbench.advisor.advise")  # the package's `advise` is the function
+
+    (tmp_path / "tagger.py").write_text(TAGGER)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(module, "default_grid", lambda device, checkpointable: [Config()])  # one candidate: fast
+    common = ["--batch", "4x6", "--input-dtype", "long", "--budget", "1GiB"]
+    assert main(["advise", "tagger:build", *common, "--targets", "4x6", "--loss", "tagger:seq_loss"]) == 0
+    assert "choice: fp32" in capsys.readouterr().out
+    for args, expected in [
+        (["tagger:build", *common, "--targets", "4x6"], "the default loss (cross-entropy) refused the model's output "
+                                                        "(per example [6, 5] float32) and the targets"),
+        (["tagger:build", *common, "--targets", "4x7", "--loss", "tagger:seq_loss"], "loss_fn seq_loss refused"),
+        (["tagger:build", *common, "--targets", "5x6"], "--targets '5x6' must start with the batch size"),
+        (["tagger:MODEL", *common], "is a Sequential instance: pass a function that builds the model"),
+        (["tagger:build", *common, "--loss", "tagger:nothing"], "module 'tagger' has no 'nothing'"),
+    ]:
+        assert main(["advise", *args]) == 2, args
+        assert expected in capsys.readouterr().err, args

@@ -3,19 +3,16 @@ the fastest that fits chosen, and the choice verified with one real run.
 
 Memory: each candidate's training program (build, then two steps: the optimizer state is created in the
 first) is traced under fake tensors by CalcGraph ("CalcGraph: taming the high costs of deep learning using
-models", 2022, Section 3.2), so no step of any candidate runs at the user's batch. Each program is traced once.
-On CPU the kernels' scratch that fake tensors cannot see is calibrated once per precision (the candidate
-without step in backward or checkpointing, real steps at batches 1, 2, 4 and 8, `CompiledGraph.calibrate`;
-one packed width k stands for all) and added to every candidate of that precision as a workspace term.
+models", 2022, Section 3.2), so no step of any candidate runs at the user's batch; programs that differ only in
+the packed optimizer's state are traced once (`plans`). On CPU the kernels' scratch that fake tensors cannot
+see is calibrated once per precision and added to every candidate of that precision as workspace.
 
-The step-time cost model and the checkpoint profile are in `costs`.
+The step-time cost model and the checkpoint profile are in `costs`, the user's batch and loss in `workload`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import functools
 import gc
 import math
 import statistics
@@ -29,46 +26,16 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from workbench.calcgraph import CompiledGraph, search_max
+from workbench.calcgraph import search_max
 from workbench.measure import AllocatorMeter, check_device
 
 from .configs import Config, checkpoint_kind, default_grid
 from .costs import Checkpoints, measure_time, predict_seconds, profile_checkpoints, time_terms, training_step
+from .plans import CATEGORIES, Plan, Plans
 from .steptime import free_memory_bytes
 from .workload import Workload
 
-__all__ = ["Advice", "advise"]
-
-CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "workspace")
-_KINDS = {"parameter": "weights", "buffer": "weights", "gradient": "gradients", "state": "optimizer_state",
-          "input": "activations", "activation": "activations"}
-
-
-def _categories(graph: CompiledGraph, batch_size: int, extra: int, recomputed: set[int] = frozenset()
-                ) -> dict[str, int]:
-    """Bytes live at the predicted peak by category; a checkpoint's recomputed tensors (allocation ids
-    `recomputed`) are activations; the calibrated scratch term counts as workspace."""
-    frame = graph.variables(batch_size)
-    live = graph.timeline(batch_size)
-    at = int(live.argmax()) if len(live) else 0
-    alive = frame[(frame["born"] <= at) & (frame["died"] > at)]
-    kinds = alive["kind"].where(~(alive.index.isin(list(recomputed)) & (alive["kind"] == "temporary")), "activation")
-    out = dict.fromkeys(CATEGORIES, 0)
-    for kind, nbytes in alive["bytes"].groupby(kinds).sum().items():
-        out[_KINDS.get(kind, "workspace")] += int(nbytes)
-    out["workspace"] += extra
-    return out
-
-
-def _compile(work: Workload, cfg: Config, segments: Sequence | None = None) -> CompiledGraph:
-    """CalcGraph's plan of a candidate's program, with `recomputed`: the ids of the allocations its checkpoints'
-    recomputation makes (see `workload._recomputation`)."""
-    recomputed: set[int] = set()
-    graph = CompiledGraph(work.program(cfg, segments=segments, recomputed=recomputed), device=work.device,
-                          input_shape=tuple(work.inputs.shape[1:]), description=cfg.name)
-    graph.recomputed = recomputed
-    return graph
-
+__all__ = ["CATEGORIES", "Advice", "advise"]
 
 @dataclass
 class Advice:
@@ -82,39 +49,31 @@ class Advice:
     real_runs: dict[str, int]
     _workload: Workload = field(repr=False)
     _configs: dict[str, Config] = field(repr=False)
-    _graphs: dict[str, CompiledGraph] = field(repr=False)
-    _extra: dict[tuple, Callable[[int], int]] = field(repr=False)
+    _plans: Plans = field(repr=False)
     _timer: Callable[[], tuple[dict[str, float], dict[str, str]]] = field(repr=False)  # `costs.measure_time`
     _checkpoints: Checkpoints | None = field(repr=False)
     _segments: dict[str, list] = field(default_factory=dict, repr=False)
-    _traced: dict[tuple, CompiledGraph] = field(default_factory=dict, repr=False)
+    _by_name: dict[str, Plan] = field(default_factory=dict, repr=False)  # each candidate's plan now
     timing: dict[str, str] = field(default_factory=dict)  # how each timed quantity was measured, where not plainly
     _left_out: list[str] = field(default_factory=list, repr=False)  # candidates left out, and why
     _seconds: dict[str, float] = field(default_factory=dict, repr=False)  # timed once a candidate fits a budget
     verification: dict | None = None
     planning_seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per phase of `advise`
 
-    def _trace(self, cfg: Config, segments: Sequence | None = None) -> CompiledGraph:
-        key = (cfg.name, None if segments is None else tuple(segments))
-        if key not in self._traced:
-            self._traced[key] = self._graphs.get(cfg.name) if segments is None and cfg.name in self._graphs else \
-                _compile(self._workload, cfg, segments)
-        return self._traced[key]
-
     def _plan_optimal(self, cfg: Config) -> None:
         """Choose the `optimal` candidate's checkpoints for the current budget and trace them: the activations
         may use what the same configuration without checkpoints leaves of the usable budget."""
-        plain = replace(cfg, checkpoint="none")
-        more = self._extra[cfg.precision, cfg.extra_bits](self.batch_size)
-        parts = _categories(self._trace(plain), self.batch_size, more)
+        parts = self._plans.plan(replace(cfg, checkpoint="none")).categories(self.batch_size)
         fixed = sum(parts.values()) - parts["activations"]
         scale = max(parts["activations"], 1) / max(self._checkpoints.unchecked_peak, 1)
         segments = self._checkpoints.optimal((self.memory_budget * (1 - self.margin) - fixed) / scale)
         self._segments[cfg.name] = segments
-        self._graphs[cfg.name] = self._trace(cfg, segments)
+        self._by_name[cfg.name] = self._plans.plan(cfg, segments)
 
     def _row(self, cfg: Config) -> dict:
-        graph, more = self._graphs[cfg.name], self._extra[cfg.precision, cfg.extra_bits](self.batch_size)
+        if cfg.name not in self._by_name:  # an optimal candidate's is made for each budget (`_plan_optimal`)
+            self._by_name[cfg.name] = self._plans.plan(cfg)
+        plan = self._by_name[cfg.name]
         segments = [(0, 0, False)]
         if cfg.checkpoint != "none":  # a checkpoint candidate implies the profile (see `advise`)
             segments = self._segments.get(cfg.name, self._checkpoints.uniform)
@@ -122,8 +81,7 @@ class Advice:
         return {"config": cfg.name, "precision": cfg.precision, "extra_bits": cfg.extra_bits,
                 "state_dtype": cfg.state_dtype, "step_in_backward": cfg.step_in_backward,
                 "checkpoint": cfg.checkpoint, "segments": len(segments),
-                "predicted_peak_bytes": graph.required_bytes(self.batch_size) + more,
-                **_categories(graph, self.batch_size, more, graph.recomputed),
+                "predicted_peak_bytes": plan.peak(self.batch_size), **plan.categories(self.batch_size),
                 "predicted_step_seconds": predict_seconds(terms, self._seconds) if self._seconds else math.nan,
                 "time_reliable": bool(self._seconds) and not any("unreliable" in self.timing.get(key, "")
                                                                  for key in terms)}
@@ -144,12 +102,8 @@ class Advice:
             self._seconds, self.timing = self._timer()
             self.table = pd.DataFrame([self._row(c) for c in self._configs.values()])
             self.table["fits"] = self.table["predicted_peak_bytes"] <= cap
-        costs = [(self._graphs[name].required_bytes, self._extra[self._configs[name].precision,
-                                                                self._configs[name].extra_bits])
-                 for name in self.table["config"]]
-        # the workspace term m is >= 0 and costly (a calibrated plan): asked only where the plan alone fits
-        self.table["max_batch"] = [search_max(lambda b, g=g, m=m: g(b) <= cap and g(b) + m(b) <= cap,
-                                              self.batch_size, limit=2**20)[0] for g, m in costs]
+        self.table["max_batch"] = [search_max(lambda b, p=self._by_name[name]: p.fits(b, cap), self.batch_size,
+                                              limit=2**20)[0] for name in self.table["config"]]
         return self
 
     @property
@@ -231,13 +185,16 @@ class Advice:
                   "measured_step_seconds": seconds, "within_budget": measured <= self.memory_budget,
                   "recalibrated": False, "choice_after": row["config"]}
         if abs(error) > self.margin and self.device.type == "cpu":
-            graph = self._graphs[row["config"]]
+            graph = self._by_name[row["config"]].graph
             graph.calibrate(sizes=(1, 2, 4, 8), check=(16,), refine=1)
-            new = graph.required_bytes(self.batch_size)
-            # the candidates that share this trace run the same program: recalibrated with it
-            at = self.table["config"].isin([name for name, g in self._graphs.items() if g is graph])
-            self.table.loc[at, "predicted_peak_bytes"] = new
-            self.table.loc[at, "fits"] = new <= self.memory_budget * (1 - self.margin)
+            # the candidates that share this trace run the same program: recalibrated with it (the graph's own
+            # calibration now holds the scratch its precision's term stood for)
+            for name, plan in self._by_name.items():
+                if plan.graph is graph:
+                    plan.scratch = lambda b: 0
+                    at = self.table["config"] == name
+                    self.table.loc[at, "predicted_peak_bytes"] = plan.peak(self.batch_size)
+                    self.table.loc[at, "fits"] = plan.peak(self.batch_size) <= self.memory_budget * (1 - self.margin)
             self.real_runs["calibration"] = self.real_runs.get("calibration", 0) + 1
             result.update(recalibrated=True, choice_after=self.best["config"])
         self.verification = result
@@ -306,50 +263,22 @@ def advise(
     runs: dict[str, int] = {}
     phases: dict[str, float] = {}  # wall seconds of each phase of planning (`Advice.planning_seconds`)
     calibrate = dev.type == "cpu" if calibrate is None else calibrate
-    graphs, extra = {}, {}
-
-    def traced(cfg: Config) -> CompiledGraph:  # each program traced once, candidate or not
-        if cfg.name not in graphs:
-            graphs[cfg.name] = _compile(work, cfg)
-        return graphs[cfg.name]
-
+    checkpoints = None
+    if any(c.checkpoint != "none" for c in grid):
+        with _timed(phases, "layer profile"):
+            checkpoints = profile_checkpoints(work, min(batch_size, 4))
+        runs["layer profile (checkpoints)"] = 1
+    plans = Plans(work, grid, uniform=None if checkpoints is None else checkpoints.uniform)
     with _timed(phases, "traces"):
-        for cfg in tqdm([c for c in grid if c.checkpoint != "optimal"], desc="plans", disable=not progress,
-                        leave=False):
-            traced(cfg)
-    # the calibrated scratch per precision, from its plainest candidate
-    # NOTE: once for all packed widths k: they run the same forward and backward and differ only in the
-    # optimizer's update (one kernel call per parameter, no scratch). Measured: the term is the same to the
-    # byte for k = 0, 8, 16 at batches 1 to 256 on the suite's LSTM, transformer, MLP and ResNet-50.
-    shared: dict[str, Callable[[int], int]] = {}
-    for precision, k in dict.fromkeys((c.precision, c.extra_bits) for c in grid):
-        if precision in shared:
-            extra[precision, k] = shared[precision]
-            continue
-        plain = Config(precision, k)
-        with _timed(phases, "traces"):
-            graph = traced(plain)
-        if calibrate and graph.affine:
-            uncalibrated = {b: graph.required_bytes(b) for b in (1, batch_size)}
-            # NOTE: a shallow copy, not a second trace of the same program (a bf16 one at 100M parameters
-            # traces for minutes): calibrating rebinds the copy's own calibration, and an affine plan
-            # reads its traces without adding to them
-            # NOTE: checked (and refined once where it misses) only at a batch beyond the calibrated sizes,
-            # where the fit extrapolates; a batch within them is interpolated between two measured sizes
-            check = (min(16, batch_size),) if batch_size > 8 else ()
+        # each distinct program once, then the plain one each optimal plan is budgeted against
+        for cfg in tqdm([replace(c, checkpoint="none") if c.checkpoint == "optimal" else c for c in grid],
+                        desc="plans", disable=not progress, leave=False):
+            plans.graph(cfg)
+    if calibrate:
+        for precision in dict.fromkeys(Config(c.precision, c.extra_bits) for c in grid):
             with _timed(phases, "calibration"):
-                calibrated = copy.copy(graph).calibrate(sizes=(1, 2, 4, 8), check=check, refine=1)
-            checks = calibrated.calibration_error
-            runs["calibration runs"] = runs.get("calibration runs", 0) + 4 + len(check) + (
-                int(checks["refined"].max()) if len(checks) else 0)
-            # NOTE: memoized: a calibrated plan adds each op call's scratch in Python (a second per batch size
-            # at 100M parameters), asked for the same batches by every candidate of the precision
-            peak = functools.lru_cache(maxsize=None)(calibrated.required_bytes)
-            extra[precision, k] = lambda b, c=peak, u=graph, cache=uncalibrated: max(
-                0, c(b) - (cache[b] if b in cache else u.required_bytes(b)))
-        else:
-            extra[precision, k] = lambda b: 0
-        shared[precision] = extra[precision, k]
+                steps = plans.calibrate(precision, batch_size)
+            runs["calibration runs"] = runs.get("calibration runs", 0) + steps
     # NOTE: a real step is timed wherever it fits the memory free now (not the budget, which is what the user
     # wants the choice to take; at most 4x it, so that an absurd batch is not timed at a batch that fills the
     # machine): at the user's batch, else two smaller batches (see `costs.timing_batches`)
@@ -357,28 +286,18 @@ def advise(
 
     def fits(cfg: Config, size: int) -> bool:
         with _timed(phases, "traces"):
-            graph = traced(cfg)
-        return graph.required_bytes(size) + extra[cfg.precision, cfg.extra_bits](size) <= room
+            return plans.plan(cfg).fits(size, room)
 
     def timer() -> tuple[dict[str, float], dict[str, str]]:
         checkpoints = advice._checkpoints
         with _timed(phases, "timing"):
             return measure_time(work, grid, min_run_time, runs, fits=fits, checkpoints=checkpoints)
 
-    checkpoints = None
-    if any(c.checkpoint != "none" for c in grid):
-        with _timed(phases, "layer profile"):
-            checkpoints = profile_checkpoints(work, min(batch_size, 4))
-        runs["layer profile (checkpoints)"] = 1
-    with _timed(phases, "traces"):
-        for cfg in grid:  # the plain configuration each optimal plan is budgeted against
-            if cfg.checkpoint == "optimal":
-                traced(replace(cfg, checkpoint="none"))
     left_out = [] if checkpointable else [
         "no checkpoint candidates: the model's layers do not open (not an nn.Sequential, no .as_sequential()) and "
         "no module class repeats as blocks holding half its parameters"]
     advice = Advice(None, float(memory_budget), float(margin), batch_size, dev, runs, work,
-                    {c.name: c for c in grid}, graphs, extra, timer, checkpoints, _left_out=left_out)
+                    {c.name: c for c in grid}, plans, timer, checkpoints, _left_out=left_out)
     with _timed(phases, "plans and table"):
         advice.rebudget(memory_budget)
     phases["plans and table"] -= phases.get("timing", 0.0)
