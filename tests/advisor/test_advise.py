@@ -69,7 +69,7 @@ def test_build_equals_the_hand_built_configuration(advice):
 def test_build_of_amp_matches_autocast_by_hand(advice):
     step = advice.build("amp bf16")
     model = mlp()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     for _ in range(2):
         x, y = batch()
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -240,7 +240,7 @@ def test_the_optimal_checkpoint_plan_is_chosen_for_the_budget_and_built_as_plann
     step = advice.build(names[2])
     assert step.model.plan.segments == advice._segments[names[2]]
     model = deep()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     for _ in range(2):
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()

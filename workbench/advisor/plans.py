@@ -76,10 +76,16 @@ class Plan:
 
 def _compile(work: Workload, cfg: Config, segments: Sequence | None) -> CompiledGraph:
     """CalcGraph's plan of a candidate's program, with `recomputed`: the ids of the allocations its checkpoints'
-    recomputation makes (see `workload._recomputation`)."""
+    recomputation makes (see `workload._recomputation`).
+
+    # NOTE: a precision's plain program is traced at batches 2 and 3 and checked at 4 (CalcGraph's default);
+    # its variants (step in backward, checkpoints: the same layers, the same shapes) at 2 and 3 only
+    """
     recomputed: set[int] = set()
+    plain = not cfg.step_in_backward and cfg.checkpoint == "none" and segments is None
     graph = CompiledGraph(work.program(cfg, segments=segments, recomputed=recomputed), device=work.device,
-                          input_shape=tuple(work.inputs.shape[1:]), description=cfg.name)
+                          trace_sizes=(2, 3, 4) if plain else (2, 3), input_shape=tuple(work.inputs.shape[1:]),
+                          description=cfg.name)
     graph.recomputed = recomputed
     return graph
 
