@@ -73,8 +73,9 @@ def test_the_optimal_block_plan_frees_just_enough():
 
 
 def test_the_block_profile_times_each_block_and_counts_what_it_saves():
-    profile = profile_blocks(Tower(), torch.randn(4, 6, 8), repeats=1)
+    profile = profile_blocks(Tower(), torch.randn(4, 6, 8), torch.randn(32, 6, 8))
     assert len(profile) == 4 and all(t > 0 for t in profile.time_s) and sum(profile.time_s) < profile.forward_s
+    assert len(set(profile.time_s)) == 1  # identical blocks: their median, one time
     assert all(s > i > 0 for s, i in zip(profile.saved, profile.inputs, strict=True)) and profile.others > 0
 
 

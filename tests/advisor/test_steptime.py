@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from workbench.advisor import steptime
-from workbench.advisor.steptime import STALL, StepTime, runqueue_wait, time_step
+from workbench.advisor.steptime import STALL, StepTime, pooled, runqueue_wait, time_parts, time_step
 
 CPU = torch.device("cpu")
 
@@ -84,3 +84,12 @@ def test_the_run_queue_wait_is_read_on_linux():
     first = runqueue_wait()
     assert first is not None and first >= 0
     assert runqueue_wait() >= first
+
+
+def test_parts_of_stalled_passes_are_set_aside_and_identical_parts_pooled(monkeypatch):
+    _stalling(monkeypatch, {1, 2})  # the warm-up reads no wait; passes 1 and 2 of the timed ones stall
+    results = iter([[9.0, 9.0], [1.0, 2.0], [50.0, 50.0], [60.0, 60.0], [1.2, 2.2], [0.8, 1.8], [1.0, 2.0],
+                    [1.1, 2.1]])
+    parts, reliable = time_parts(lambda: next(results), passes=5)
+    assert reliable and parts == [1.0, 2.0]  # the five clean passes' medians; the warm-up and stalls left out
+    assert pooled([1.0, 3.0, 10.0, 2.0], ["block", "block", "head", "block"]) == [2.0, 2.0, 10.0, 2.0]

@@ -30,7 +30,9 @@ from workbench.calcgraph import search_max
 from workbench.measure import AllocatorMeter, check_device
 
 from .configs import Config, checkpoint_kind, default_grid
-from .costs import Checkpoints, measure_time, predict_seconds, profile_checkpoints, time_terms, training_step
+from .costs import (
+    Checkpoints, measure_time, predict_seconds, profile_checkpoints, time_terms, timing_batches, training_step,
+)
 from .plans import CATEGORIES, Plan, Plans
 from .steptime import free_memory_bytes
 from .workload import Workload
@@ -263,12 +265,7 @@ def advise(
     runs: dict[str, int] = {}
     phases: dict[str, float] = {}  # wall seconds of each phase of planning (`Advice.planning_seconds`)
     calibrate = dev.type == "cpu" if calibrate is None else calibrate
-    checkpoints = None
-    if any(c.checkpoint != "none" for c in grid):
-        with _timed(phases, "layer profile"):
-            checkpoints = profile_checkpoints(work, min(batch_size, 4))
-        runs["layer profile (checkpoints)"] = 1
-    plans = Plans(work, grid, uniform=None if checkpoints is None else checkpoints.uniform)
+    plans = Plans(work, grid)
     with _timed(phases, "traces"):
         # each distinct program once, then the plain one each optimal plan is budgeted against
         for cfg in tqdm([replace(c, checkpoint="none") if c.checkpoint == "optimal" else c for c in grid],
@@ -287,6 +284,15 @@ def advise(
     def fits(cfg: Config, size: int) -> bool:
         with _timed(phases, "traces"):
             return plans.plan(cfg).fits(size, room)
+
+    checkpoints = None
+    if any(c.checkpoint != "none" for c in grid):
+        with _timed(phases, "layer profile"):
+            # memory at a small batch; each layer's share of the forward where fp32's whole step is timed
+            timed = timing_batches(lambda n: fits(Config(), n), batch_size)[-1]
+            checkpoints = profile_checkpoints(work, min(batch_size, 4), timed)
+        plans.uniform = list(checkpoints.uniform)
+        runs["layer profile (checkpoints)"] = 1
 
     def timer() -> tuple[dict[str, float], dict[str, str]]:
         checkpoints = advice._checkpoints

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,8 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
 from workbench.checkpoint import preserved_state
+
+from .steptime import pooled, time_parts
 
 __all__ = ["BlockCheckpoints", "checkpoint_blocks", "find_blocks", "profile_blocks"]
 
@@ -123,12 +124,14 @@ class BlockCheckpoints:
         return plan
 
 
-def profile_blocks(model: nn.Module, inputs: torch.Tensor, *, repeats: int = 3) -> BlockCheckpoints:
-    """Times each block inside real forwards of `model` (train mode, grad on, buffers restored) and counts the
-    storages autograd saves inside and outside the blocks (parameters and the inputs left out)."""
+def profile_blocks(model: nn.Module, inputs: torch.Tensor, timed: torch.Tensor | None = None) -> BlockCheckpoints:
+    """Counts the storages autograd saves inside each block and outside them (parameters and the inputs left
+    out) in one real forward of `model` on `inputs` (train mode, grad on, buffers restored), and times each
+    block and the whole forward on `timed` (default `inputs`) in passes the machine did not stall
+    (`steptime.time_parts`)."""
     blocks = find_blocks(model)
     index = {id(b): i for i, b in enumerate(blocks)}
-    times = [[] for _ in blocks]
+    times = [0.0 for _ in blocks]
     saved: list[dict[int, int]] = [{} for _ in blocks]
     outside: dict[int, int] = {}
     entered: list[int] = [0 for _ in blocks]
@@ -136,18 +139,16 @@ def profile_blocks(model: nn.Module, inputs: torch.Tensor, *, repeats: int = 3) 
     params = {p.untyped_storage()._cdata for p in [*model.parameters(), *model.buffers()]}
     sync = torch.cuda.synchronize if inputs.device.type == "cuda" else (lambda: None)
 
-    def before(module, args, kwargs=None):
-        if id(module) in index:
-            i = index[id(module)]
-            entered[i] = sum(t.untyped_storage().nbytes() for t in _tensors(args))
-            sync()
-            stack.append((i, time.perf_counter()))
+    def before(module, args):
+        i = index[id(module)]
+        entered[i] = sum(t.untyped_storage().nbytes() for t in _tensors(args))
+        sync()
+        stack.append((i, time.perf_counter()))
 
     def after(module, args, out):
-        if id(module) in index and stack:
-            sync()
-            i, start = stack.pop()
-            times[i].append(time.perf_counter() - start)
+        sync()
+        i, start = stack.pop()
+        times[i] = time.perf_counter() - start
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = t.untyped_storage()._cdata
@@ -155,31 +156,29 @@ def profile_blocks(model: nn.Module, inputs: torch.Tensor, *, repeats: int = 3) 
             (saved[stack[-1][0]] if stack else outside)[key] = t.untyped_storage().nbytes()
         return t
 
+    def forward(x: torch.Tensor) -> list[float]:
+        sync()
+        start = time.perf_counter()
+        model(x)
+        sync()
+        return [*times, time.perf_counter() - start]
+
     handles = [b.register_forward_pre_hook(before) for b in blocks] + [b.register_forward_hook(after)
                                                                         for b in blocks]
-    forwards = []
     try:
         with preserved_state([model]), torch.enable_grad():
-            for r in range(repeats + 1):  # the first pass warms up
-                for s in (*saved, outside):  # the storages of the last pass are counted
-                    s.clear()
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                    sync()
-                    start = time.perf_counter()
-                    out = model(inputs)
-                    sync()
-                    forwards.append(time.perf_counter() - start)
-                del out
-                if r == 0:
-                    for t in times:
-                        t.clear()
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                model(inputs)
+            inside = {k for s in saved for k in s}
+            counted = ([sum(s.values()) for s in saved], list(entered),
+                       sum(v for k, v in outside.items() if k not in inside))
+            parts, _ = time_parts(lambda: forward(inputs if timed is None else timed))
     finally:
         for handle in handles:
             handle.remove()
-    inside = {k for s in saved for k in s}
-    return BlockCheckpoints([statistics.median(t) for t in times], statistics.median(forwards[1:]),
-                            [sum(s.values()) for s in saved], entered,
-                            sum(v for k, v in outside.items() if k not in inside))
+    # the same block class with the same parameter shapes on inputs of the same bytes does the same work
+    keys = [(type(b), tuple(tuple(p.shape) for p in b.parameters()), entered[i]) for i, b in enumerate(blocks)]
+    return BlockCheckpoints(pooled(parts[:-1], keys), parts[-1], *counted)
 
 
 def _tensors(tree) -> list[torch.Tensor]:

@@ -30,19 +30,23 @@ candidates narrowed away) nothing is profiled.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from workbench.calcgraph import search_max
-from workbench.checkpoint import CheckpointPlan, LayerProfile, evaluate_plan, plan_checkpoints, profile_layers, sc
+from workbench.checkpoint import (
+    CheckpointPlan, LayerProfile, evaluate_plan, plan_checkpoints, preserved_state, profile_layers, sc, units_of,
+)
 from workbench.optim import step_in_backward
 
 from .blocks import BlockCheckpoints, profile_blocks
 from .configs import SPLIT_BLOCKS, Config, checkpoint_kind, training_setup
-from .steptime import time_step
+from .steptime import pooled, time_parts, time_step
 from .workload import Workload
 
 __all__ = ["Checkpoints", "measure_time", "predict_seconds", "profile_checkpoints", "time_terms",
@@ -266,14 +270,46 @@ class Checkpoints:
         return plan.segments
 
 
-def profile_checkpoints(work: Workload, size: int) -> Checkpoints | BlockCheckpoints:
+def profile_checkpoints(work: Workload, size: int, timed: int) -> Checkpoints | BlockCheckpoints:
     """One per-layer profile of the fp32 model at `size` (real forward and backward passes of each layer); for a
-    model checkpointed through its blocks, its blocks' profile (`blocks.profile_blocks`)."""
+    model checkpointed through its blocks, its blocks' profile (`blocks.profile_blocks`). Each layer's (block's)
+    share of the forward is timed at batch `timed` in passes the machine did not stall (`steptime.time_parts`).
+    """
     torch.manual_seed(0)
     with work.device:
         model = work.build().train()
     x, y = work.make_batch(Config())(size, work.device)
+    big = work.make_batch(Config())(timed, work.device)[0] if timed != size else x
     if checkpoint_kind(work.build) == "blocks":
-        return profile_blocks(model, x)
-    profile = profile_layers(model, x, split_blocks=SPLIT_BLOCKS, loss_fn=lambda out: work.loss_fn(out, y))
-    return Checkpoints(profile, sc(model, split_blocks=SPLIT_BLOCKS).plan.segments)
+        return profile_blocks(model, x, big)
+    profile = profile_layers(model, x, repeats=1, split_blocks=SPLIT_BLOCKS, loss_fn=lambda out: work.loss_fn(out, y))
+    units = units_of(model, split_blocks=SPLIT_BLOCKS)
+    sync = torch.cuda.synchronize if work.device.type == "cuda" else (lambda: None)
+
+    shapes: list[tuple] = []
+
+    def chain() -> list[float]:
+        times, state = [], big
+        shapes.clear()
+        for unit in units:
+            shapes.append(_shapes(state))
+            sync()
+            start = time.perf_counter()
+            state = unit(state)
+            sync()
+            times.append(time.perf_counter() - start)
+        return times
+
+    with preserved_state(units), torch.enable_grad():  # as in training: the forward saves for backward
+        seconds, _ = time_parts(chain)
+    seconds = pooled(seconds, [(_structure(u), s) for u, s in zip(units, shapes, strict=True)])
+    return Checkpoints(replace(profile, time_s=seconds), sc(model, split_blocks=SPLIT_BLOCKS).plan.segments)
+
+
+def _shapes(state) -> tuple:
+    return tuple((tuple(t.shape), t.dtype) for t in tree_leaves(state) if isinstance(t, torch.Tensor))
+
+
+def _structure(module: nn.Module) -> tuple:
+    """What a module computes, up to its values: its class and the shapes of its parameters."""
+    return type(module), tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
