@@ -148,25 +148,22 @@ class Advice:
 
     def build(self, config: str | None = None) -> Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
         """`step(batch) -> loss`: one training step of the chosen configuration (or the named one), with its
-        model (`step.model`) and optimizer (`step.optimizer`) built now on the advice's device."""
+        model (`step.model`) and optimizer (`step.optimizer`) built now on the advice's device. Planned for
+        sharded training (`world_size` > 1), the model is sharded by FSDP2: call it in each rank of your
+        initialized process group (or in `with advice.sharding():`, rank 0 alone)."""
         cfg = self.config(config)
         return training_step(self._workload, cfg, self._segments.get(cfg.name))
 
-    def verify(self, *, repeats: int = 3) -> dict:
-        """Run the chosen configuration for real: model and optimizer built and two steps at the user's batch
-        under `AllocatorMeter` (the program the plan predicts), then `repeats` more steps of the same model
-        timed outside the meter (median). A peak that misses the
-        prediction by more than the margin recalibrates that candidate (real steps at small batches) and the
-        choice is made again (not verified again). Returns and keeps `verification`."""
-        row = self.best
-        work, cfg = self._workload, self.config()
-        batch = work.make_batch(cfg)
+    def _run_chosen(self, repeats: int) -> tuple[int, float]:
+        """The chosen candidate built and stepped twice under `AllocatorMeter`, then timed (median of `repeats`
+        steps outside the meter: the profiler's memory events slow every op down)."""
+        batch = self._workload.make_batch(self.config())
         gc.collect()
         with AllocatorMeter(self.device) as meter:
             step = self.build()
             step(batch(self.batch_size, self.device))
             step(batch(self.batch_size, self.device))
-        times = []  # NOTE: timed outside the meter: the profiler's memory events slow every op down
+        times = []
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         for _ in range(repeats):
             data = batch(self.batch_size, self.device)
@@ -176,10 +173,23 @@ class Advice:
             sync()
             times.append(time.perf_counter() - start)
             del data
-        seconds = statistics.median(times)
-        del step
+        return meter.peak_bytes, statistics.median(times)
+
+    def sharding(self) -> contextlib.AbstractContextManager:
+        """For a plan of sharded training (`world_size` > 1): the fake process group `build()` and its steps run
+        in (rank 0 alone: its memory and compute, no communication); nothing otherwise."""
+        return self._workload.sharding()
+
+    def verify(self, *, repeats: int = 3) -> dict:
+        """Run the chosen configuration for real: model and optimizer built and two steps at the user's batch
+        under `AllocatorMeter` (the program the plan predicts), then `repeats` more steps of the same model
+        timed outside the meter (median). A peak that misses the
+        prediction by more than the margin recalibrates that candidate (real steps at small batches) and the
+        choice is made again (not verified again). Returns and keeps `verification`."""
+        row = self.best
+        with self._workload.sharding():  # a sharded candidate: rank 0 in a fake group
+            measured, seconds = self._run_chosen(repeats)
         self.real_runs["verification"] = self.real_runs.get("verification", 0) + 1
-        measured = meter.peak_bytes
         predicted = int(row["predicted_peak_bytes"])
         error = (predicted - measured) / measured
         result = {"config": row["config"], "predicted_peak_bytes": predicted, "measured_peak_bytes": measured,
@@ -223,6 +233,7 @@ def advise(
     loss_fn: Callable | None = None, optimizer: str = "adamw", lr: float = 1e-3,
     device: torch.device | str | None = None, candidates: Sequence[Config] | Callable[[Config], bool] | None = None,
     margin: float = 0.05, calibrate: bool | None = None, min_run_time: float = 0.2, progress: bool = False,
+    world_size: int = 1,
 ) -> Advice:
     """Predict every candidate configuration's peak memory (zero steps at the user's batch) and step time,
     and choose the fastest that fits `memory_budget * (1 - margin)` bytes.
@@ -231,6 +242,11 @@ def advise(
     loss takes them; default loss cross-entropy). `candidates`: configs, or a predicate that narrows the
     default grid (`configs.default_grid`). `calibrate` (default: on CPU) adds the kernels' scratch measured
     at small batches. Raises ValueError naming the layer when the model cannot be traced.
+
+    `world_size` > 1 plans training sharded by FSDP2 over that many ranks (each child module with parameters,
+    then the root, `fully_shard`ed): every figure is one rank's at its own batch (`batch` is the per-rank
+    batch, `memory_budget` each rank's), planned as rank 0 in a fake process group (CPU); step times leave
+    communication out. Checkpoint candidates are not planned sharded.
     """
     _check_budget(memory_budget)
     if isinstance(margin, bool) or not isinstance(margin, Real) or not 0 <= margin < 1:
@@ -248,8 +264,13 @@ def advise(
         raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be a callable (outputs, targets) -> loss, got {loss_fn!r}")
-    work = Workload.of(model_fn, inputs, targets, loss_fn, optimizer, lr, dev)
-    checkpointable = checkpoint_kind(model_fn) is not None
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= 1024:
+        raise ValueError(f"world_size must be a whole number of ranks in 1..1024, got {world_size!r}")
+    if world_size > 1 and dev.type != "cpu":
+        raise ValueError(f"world_size {world_size}: sharded plans are made on the CPU (a fake process group of "
+                         f"CPU ranks); got device {dev}")
+    work = Workload.of(model_fn, inputs, targets, loss_fn, optimizer, lr, dev, world_size)
+    checkpointable = checkpoint_kind(model_fn) is not None and world_size == 1
     grid = default_grid(dev, checkpointable=checkpointable)
     if callable(candidates):
         grid = [c for c in grid if candidates(c)]
@@ -296,12 +317,16 @@ def advise(
 
     def timer() -> tuple[dict[str, float], dict[str, str]]:
         checkpoints = advice._checkpoints
-        with _timed(phases, "timing"):
+        with _timed(phases, "timing"), work.sharding():
             return measure_time(work, grid, min_run_time, runs, fits=fits, checkpoints=checkpoints)
 
-    left_out = [] if checkpointable else [
+    left_out = [] if checkpointable or world_size > 1 else [
         "no checkpoint candidates: the model's layers do not open (not an nn.Sequential, no .as_sequential()) and "
         "no module class repeats as blocks holding half its parameters"]
+    if world_size > 1:
+        left_out.append(f"sharded by FSDP2 over {world_size} ranks: peaks are one rank's at its batch (planned as "
+                        f"rank 0 in a fake process group), step times one rank's compute without communication; no "
+                        f"checkpoint candidates (not planned sharded)")
     advice = Advice(None, float(memory_budget), float(margin), batch_size, dev, runs, work,
                     {c.name: c for c in grid}, plans, timer, checkpoints, _left_out=left_out)
     with _timed(phases, "plans and table"):

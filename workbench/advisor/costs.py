@@ -59,7 +59,7 @@ def training_step(work: Workload, cfg: Config, segments: Sequence | None = None
     checkpoints) built now on the workload's device, with `step.model`, `step.optimizer`, `step.config`."""
     setup = training_setup(cfg, work.build, optimizer=work.optimizer, lr=work.lr, segments=segments)
     with work.device:
-        model = setup["build"]().train()
+        model = work.shard(setup["build"]()).train()
     opt = setup["optimizer"](model.parameters())
     hooks = step_in_backward(model, opt) if setup["in_backward"] else None
     cast = setup["autocast"]

@@ -97,8 +97,8 @@ class Plans:
         self.work = work
         self.uniform = None if uniform is None else list(uniform)  # the uniform checkpoint plan's segments
         packed = [c for c in grid if c.precision == "bf16"]
-        # the packed variant whose program is traced for all of them
-        self._packed = (packed[0].extra_bits, packed[0].state_dtype) if packed else None
+        # the packed variant whose program is traced for all of them (sharded: each traced, its state is sharded)
+        self._packed = (packed[0].extra_bits, packed[0].state_dtype) if packed and work.world_size == 1 else None
         self._graphs: dict[tuple, CompiledGraph] = {}
         self._scratch: dict[str, Callable[[int], int]] = {}
         self._states: dict[tuple, int] = {}
@@ -129,7 +129,7 @@ class Plans:
 
     def _state_bytes(self, cfg: Config) -> int:
         """Bytes of the packed optimizer state `cfg` holds (0 for torch's optimizers: never swapped)."""
-        if cfg.precision != "bf16":
+        if cfg.precision != "bf16" or self._packed is None:
             return 0
         key = (cfg.extra_bits, cfg.state_dtype)
         if key not in self._states:

@@ -15,16 +15,21 @@ shapes, so a wrong target shape is not blamed on the model.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._pytree import tree_leaves
 
 from workbench.calcgraph import training_program
+from workbench.calcgraph.sharded import fake_group, shard_model, sharded_program
 
 from .configs import Config, training_setup
 
@@ -117,6 +122,8 @@ class Workload:
     # exclusive bounds of random token ids and integer targets, for a batch given as shapes (meta tensors)
     id_range: int = 1
     target_range: int = 1
+    world_size: int = 1  # > 1: every program is one rank's of the model sharded by FSDP2 over that many ranks
+    mesh: Any = field(default=None, repr=False)  # the device mesh real sharded steps run on (`sharding`)
     _given: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -124,12 +131,41 @@ class Workload:
 
     @classmethod
     def of(cls, model_fn: Callable[[], nn.Module], inputs: torch.Tensor, targets: torch.Tensor,
-           loss_fn: Callable | None, optimizer: str, lr: float, device: torch.device) -> Workload:
+           loss_fn: Callable | None, optimizer: str, lr: float, device: torch.device, world_size: int = 1
+           ) -> Workload:
         """The checked workload: the factory and the loss tried on the meta device first."""
         check_factory(model_fn)
         out = check_loss(model_fn, inputs, targets, loss_fn)
         ids, classes = _ranges(model_fn, out, loss_fn is not None) if out is not None else (1, 1)
-        return cls(model_fn, inputs, targets, loss_fn or F.cross_entropy, optimizer, lr, device, ids, classes)
+        return cls(model_fn, inputs, targets, loss_fn or F.cross_entropy, optimizer, lr, device, ids, classes,
+                   world_size)
+
+    @contextlib.contextmanager
+    def sharding(self) -> Iterator[None]:
+        """Real steps of a sharded workload run as rank 0 of a fake process group (no other rank, collectives
+        return at once: memory and compute of one rank, no communication); nothing for an unsharded one."""
+        if self.world_size == 1 or self.mesh is not None:
+            yield
+            return
+        with fake_group(self.world_size) as mesh:
+            self.mesh = mesh
+            try:
+                yield
+            finally:
+                self.mesh = None
+
+    def shard(self, model: nn.Module) -> nn.Module:
+        """`model` sharded by FSDP2 over `world_size` ranks (each child with parameters, then the root): in
+        `sharding()`, or in the user's own initialized process group of that many ranks."""
+        if self.world_size == 1:
+            return model
+        mesh = self.mesh
+        if mesh is None:
+            if not dist.is_initialized() or dist.get_world_size() != self.world_size:
+                raise RuntimeError(f"a candidate sharded over {self.world_size} ranks is built in each rank of an "
+                                   f"initialized process group of {self.world_size} ranks (torch.distributed)")
+            mesh = init_device_mesh(self.device.type, (self.world_size,))
+        return shard_model(model, mesh)
 
     @property
     def batch_size(self) -> int:
@@ -163,6 +199,12 @@ class Workload:
         the ids of the allocations a checkpoint's recomputation makes are added to `recomputed`."""
         setup = setup or training_setup(config, self.build, optimizer=self.optimizer, lr=self.lr, segments=segments)
         batch = self.make_batch(config)
+        if self.world_size > 1:  # rank 0's program in a fake group of world_size ranks
+            return functools.partial(sharded_program, setup["build"], tuple(self.inputs.shape[1:]), self.world_size,
+                                     0, dict(loss=self.loss_fn, optimizer=setup["optimizer"], device=self.device,
+                                             steps=steps, autocast=setup["autocast"],
+                                             in_backward=setup["in_backward"], make_batch=batch,
+                                             input_dtype=self._input_dtype(config)))
 
         def program(size: int, tracker) -> None:
             logged = _recomputation(tracker, recomputed) if tracker is not None and recomputed is not None \
@@ -172,9 +214,11 @@ class Workload:
                     setup["build"], tuple(self.inputs.shape[1:]), size, loss=self.loss_fn,
                     optimizer=setup["optimizer"], device=self.device, steps=steps, annotate=tracker,
                     autocast=setup["autocast"], in_backward=setup["in_backward"], make_batch=batch,
-                    input_dtype=torch.bfloat16 if config.precision == "bf16" and self.inputs.is_floating_point()
-                    else self.inputs.dtype)
+                    input_dtype=self._input_dtype(config))
         return program
+
+    def _input_dtype(self, config: Config) -> torch.dtype:
+        return torch.bfloat16 if config.precision == "bf16" and self.inputs.is_floating_point() else self.inputs.dtype
 
 
 @contextlib.contextmanager
