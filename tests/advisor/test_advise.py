@@ -69,7 +69,7 @@ def test_build_equals_the_hand_built_configuration(advice):
 def test_build_of_amp_matches_autocast_by_hand(advice):
     step = advice.build("amp bf16")
     model = mlp()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     for _ in range(2):
         x, y = batch()
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -240,7 +240,7 @@ def test_the_optimal_checkpoint_plan_is_chosen_for_the_budget_and_built_as_plann
     step = advice.build(names[2])
     assert step.model.plan.segments == advice._segments[names[2]]
     model = deep()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     for _ in range(2):
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
@@ -249,3 +249,94 @@ def test_the_optimal_checkpoint_plan_is_chosen_for_the_budget_and_built_as_plann
         torch.testing.assert_close(step((x, y)), loss.detach())
     for p, q in zip(step.model.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(p, q)
+
+
+class Embed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(40, 16)
+
+    def forward(self, ids):
+        return {"h": self.tok(ids), "ids": ids}
+
+
+class DictBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ff = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+
+    def forward(self, state):
+        return {**state, "h": state["h"] + self.ff(state["h"])}
+
+
+class Logits(nn.Module):
+    def __init__(self, embed: Embed) -> None:
+        super().__init__()
+        self.out = nn.Linear(16, 40, bias=False)
+        self.out.weight = embed.tok.weight  # tied
+
+    def forward(self, state):
+        return {"logits": self.out(state["h"])}
+
+
+def dict_lm() -> nn.Module:
+    embed = Embed()
+    return nn.Sequential(embed, *(DictBlock() for _ in range(4)), Logits(embed))
+
+
+def dict_loss(out, y):
+    return nn.functional.cross_entropy(out["logits"].flatten(0, 1), y.flatten())
+
+
+def test_a_sequential_whose_layers_pass_a_dict_is_checkpointed_and_planned():
+    g = torch.Generator().manual_seed(3)
+    ids, y = torch.randint(1, 40, (8, 12), generator=g), torch.randint(0, 40, (8, 12), generator=g)
+    advice = advise(dict_lm, (ids, y), loss_fn=dict_loss, memory_budget=2**40, calibrate=False, min_run_time=0.01,
+                    candidates=[Config(checkpoint=c) for c in ("none", "uniform", "optimal")])
+    table = advice.table.set_index("config")
+    assert table.loc["fp32, checkpoint uniform", "predicted_peak_bytes"] < table.loc["fp32", "predicted_peak_bytes"]
+    for name in ("fp32, checkpoint uniform", "fp32, checkpoint optimal"):
+        with AllocatorMeter() as meter:
+            advice.program(name)(8, None)
+        assert abs(table.loc[name, "predicted_peak_bytes"] - meter.peak_bytes) <= 0.02 * meter.peak_bytes, name
+    step, plain = advice.build("fp32, checkpoint uniform"), dict_lm()
+    plain.load_state_dict(step.model.state_dict())
+    torch.testing.assert_close(step((ids, y)), dict_loss(plain(ids), y))
+
+
+TAGGER = """import torch.nn.functional as F
+from torch import nn
+
+def build():
+    return nn.Sequential(nn.Embedding(30, 8), nn.Linear(8, 5))
+
+def seq_loss(out, y):
+    return F.cross_entropy(out.flatten(0, 1), y.flatten())
+
+MODEL = build()
+"""
+
+
+def test_the_command_plans_a_sequence_model_with_its_targets_and_loss(tmp_path, monkeypatch, capsys):
+    import importlib
+
+    from workbench.cli import main
+
+    module = importlib.import_module("workbench.advisor.advise")  # the package's `advise` is the function
+
+    (tmp_path / "tagger.py").write_text(TAGGER)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(module, "default_grid", lambda device, checkpointable: [Config()])  # one candidate: fast
+    common = ["--batch", "4x6", "--input-dtype", "long", "--budget", "1GiB"]
+    assert main(["advise", "tagger:build", *common, "--targets", "4x6", "--loss", "tagger:seq_loss"]) == 0
+    assert "choice: fp32" in capsys.readouterr().out
+    for args, expected in [
+        (["tagger:build", *common, "--targets", "4x6"], "the default loss (cross-entropy) refused the model's output "
+                                                        "(per example [6, 5] float32) and the targets"),
+        (["tagger:build", *common, "--targets", "4x7", "--loss", "tagger:seq_loss"], "loss_fn seq_loss refused"),
+        (["tagger:build", *common, "--targets", "5x6"], "--targets '5x6' must start with the batch size"),
+        (["tagger:MODEL", *common], "is a Sequential instance: pass a function that builds the model"),
+        (["tagger:build", *common, "--loss", "tagger:nothing"], "module 'tagger' has no 'nothing'"),
+    ]:
+        assert main(["advise", *args]) == 2, args
+        assert expected in capsys.readouterr().err, args

@@ -3,6 +3,7 @@
 - precision: fp32; AMP (`torch.autocast`, bf16, or fp16 on CUDA); or bf16 weights with k packed
   extra mantissa bits kept by `workbench.optim`'s packed optimizers (k = 0, 8, 16; Lewandowski &
   Kosson, "Memory Efficient Mixed Precision Optimizers", Section 3.1);
+- the optimizer: AdamW (or SGD with momentum 0.9), torch's fused implementation for fp32 and AMP weights;
 - optimizer state dtype: fp32, or bf16 (packed optimizers only; torch's AdamW keeps its moments in the
   parameters' dtype);
 - step in backward (the same paper, Section 3.2): the update applied as each gradient is ready;
@@ -10,7 +11,9 @@
   layers `workbench.checkpoint.layers_of` can open: `uniform` (round(sqrt(n)) equal segments) or `optimal`
   (`plan_checkpoints(strategy="optimal")`: the least recomputation whose activations fit the budget, planned
   by `advise` from one per-layer profile at a small batch and passed here as `segments`). Units are whole
-  residual blocks (`split_blocks=False`, `SPLIT_BLOCKS`).
+  residual blocks (`split_blocks=False`, `SPLIT_BLOCKS`). Any other model with repeated blocks (transformer
+  blocks, dense layers) is checkpointed block by block (`blocks.checkpoint_blocks`): `uniform` every block,
+  `optimal` the blocks its plan names.
 
 `training_setup` turns a `Config` into the arguments of CalcGraph's `training_program`, so the plan
 (fake tensors), the measurement and `Advice.build()` all run the same program.
@@ -28,7 +31,9 @@ from torch import nn
 from workbench.checkpoint import CheckpointPlan, layers_of, sc
 from workbench.optim import PackedAdamW, PackedSGD
 
-__all__ = ["CHECKPOINTS", "EXTRA_BITS", "PRECISIONS", "SPLIT_BLOCKS", "Config", "can_checkpoint", "default_grid",
+from .blocks import checkpoint_blocks, find_blocks
+
+__all__ = ["CHECKPOINTS", "EXTRA_BITS", "PRECISIONS", "SPLIT_BLOCKS", "Config", "checkpoint_kind", "default_grid",
            "training_setup"]
 
 # NOTE: the advisor checkpoints whole residual blocks. Opened blocks give a ResNet-50 166 units, where
@@ -98,14 +103,21 @@ def default_grid(device: torch.device, *, checkpointable: bool) -> list[Config]:
     return grid
 
 
-def can_checkpoint(build: Callable[[], nn.Module]) -> bool:
-    """Whether `sc` can open the model's layers (built on the meta device: no memory)."""
-    with torch.device("meta"):
-        model = build()
+def _opens(model: nn.Module) -> bool:
     try:
         return len(layers_of(model)) >= 2
     except (TypeError, ValueError):
         return False
+
+
+def checkpoint_kind(build: Callable[[], nn.Module]) -> str | None:
+    """How the model is checkpointed (built on the meta device: no memory): "layers" where `sc` can open its
+    layers, "blocks" where it has repeated blocks (`blocks.find_blocks`), None where neither."""
+    with torch.device("meta"):
+        model = build()
+    if _opens(model):
+        return "layers"
+    return "blocks" if find_blocks(model) else None
 
 
 def training_setup(config: Config, build: Callable[[], nn.Module], *, optimizer: str = "adamw",
@@ -126,6 +138,8 @@ def training_setup(config: Config, build: Callable[[], nn.Module], *, optimizer:
             net = net.to(torch.bfloat16)
         if config.checkpoint == "none":
             return net
+        if not _opens(net):
+            return checkpoint_blocks(net, segments)
         wrapped = sc(net, split_blocks=SPLIT_BLOCKS)
         if plan is not None:
             wrapped.plan = plan
@@ -137,9 +151,12 @@ def training_setup(config: Config, build: Callable[[], nn.Module], *, optimizer:
         # NOTE: a fixed seed: drawing one from torch's generator calls .item(), which fake tensors refuse
         opt = lambda params: packed(params, lr=lr, extra_bits=config.extra_bits,  # noqa: E731
                                     state_dtype=_STATE[config.state_dtype], seed=seed, **extra)
+    # NOTE: torch's fused kernels (CPU and CUDA): one update call per parameter group, no temporaries, faster
+    # than the per-tensor loop torch picks by default on CPU, and half the dispatches to trace (a ResNet-50
+    # program traced in 0.65 s instead of 1.28 s, the same plan error against the allocator)
     elif optimizer == "adamw":
-        opt = lambda params: torch.optim.AdamW(params, lr=lr)  # noqa: E731
+        opt = lambda params: torch.optim.AdamW(params, lr=lr, fused=True)  # noqa: E731
     else:
-        opt = lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9)  # noqa: E731
+        opt = lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9, fused=True)  # noqa: E731
     return {"build": model, "optimizer": opt, "autocast": _AUTOCAST.get(config.precision),
             "in_backward": config.step_in_backward}

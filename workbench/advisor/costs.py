@@ -30,81 +30,27 @@ candidates narrowed away) nothing is profiled.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
-import torch.utils.benchmark as benchmark
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
-from workbench.calcgraph import training_program
-from workbench.checkpoint import CheckpointPlan, LayerProfile, evaluate_plan, plan_checkpoints, profile_layers, sc
+from workbench.calcgraph import search_max
+from workbench.checkpoint import (
+    CheckpointPlan, LayerProfile, evaluate_plan, plan_checkpoints, preserved_state, profile_layers, sc, units_of,
+)
 from workbench.optim import step_in_backward
 
-from .configs import SPLIT_BLOCKS, Config, training_setup
+from .blocks import BlockCheckpoints, profile_blocks
+from .configs import SPLIT_BLOCKS, Config, checkpoint_kind, training_setup
+from .steptime import pooled, time_parts, time_step
+from .workload import Workload
 
-__all__ = ["Checkpoints", "Workload", "measure_time", "predict_seconds", "profile_checkpoints", "training_step"]
-
-
-@dataclass
-class Workload:
-    build: Callable[[], nn.Module]
-    inputs: torch.Tensor
-    targets: torch.Tensor
-    loss_fn: Callable
-    optimizer: str
-    lr: float
-    device: torch.device
-
-    def make_batch(self, config: Config) -> Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]]:
-        """Fresh tensors shaped like the user's batch at any batch size (float inputs in bf16 for bf16 weights)."""
-        def fresh(t: torch.Tensor, size: int, device: torch.device, cast: bool) -> torch.Tensor:
-            dtype = torch.bfloat16 if cast and t.is_floating_point() else t.dtype
-            shape = (size, *t.shape[1:])
-            if t.is_floating_point():
-                return torch.randn(shape, device=device, dtype=dtype)
-            return torch.zeros(shape, device=device, dtype=dtype)
-
-        bf16 = config.precision == "bf16"
-        return lambda size, device: (fresh(self.inputs, size, device, bf16), fresh(self.targets, size, device, False))
-
-    def program(self, config: Config, *, steps: int = 2, segments: Sequence | None = None) -> Callable:
-        setup = training_setup(config, self.build, optimizer=self.optimizer, lr=self.lr, segments=segments)
-        batch = self.make_batch(config)
-        return lambda size, tracker: training_program(
-            setup["build"], tuple(self.inputs.shape[1:]), size, loss=self.loss_fn, optimizer=setup["optimizer"],
-            device=self.device, steps=steps, annotate=tracker, autocast=setup["autocast"],
-            in_backward=setup["in_backward"], make_batch=batch,
-            input_dtype=torch.bfloat16 if config.precision == "bf16" and self.inputs.is_floating_point()
-            else self.inputs.dtype)
-
-
-def _seconds(fn: Callable[[], object], min_run_time: float, device: torch.device) -> tuple[float, int]:
-    """Median seconds per call of `fn` after a warm-up call, and the number of calls it made: blocks of calls
-    (torch.utils.benchmark's `blocked_autorange`) for calls shorter than `min_run_time`, else single calls
-    until `min_run_time` is spent (one, for a call as long as the warm-up)."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # as benchmark.Timer's clock
-    sync()
-    start = time.perf_counter()
-    fn()  # warm-up: first-call allocations (an optimizer's state) and kernel selection
-    sync()
-    if time.perf_counter() - start < min_run_time:
-        # NOTE: num_threads: benchmark.Timer runs single-threaded unless told; the steps it predicts run
-        # on the caller's intra-op threads (a 2-thread LSTM step measured 1.3 ms by default, 1.5-1.7 ms real)
-        measured = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads()
-                                   ).blocked_autorange(min_run_time=min_run_time)
-        return measured.median, measured.number_per_run * len(measured.raw_times) + 1
-    # NOTE: blocked_autorange would spend one more untimed call sizing its block: for a step of seconds
-    # (a 100M-parameter model's packed optimizer step) it times one call of one either way
-    times: list[float] = []
-    while sum(times) < min_run_time:
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), len(times) + 1
+__all__ = ["Checkpoints", "measure_time", "predict_seconds", "profile_checkpoints", "time_terms",
+           "timing_batches", "training_step"]
 
 
 def training_step(work: Workload, cfg: Config, segments: Sequence | None = None
@@ -113,7 +59,7 @@ def training_step(work: Workload, cfg: Config, segments: Sequence | None = None
     checkpoints) built now on the workload's device, with `step.model`, `step.optimizer`, `step.config`."""
     setup = training_setup(cfg, work.build, optimizer=work.optimizer, lr=work.lr, segments=segments)
     with work.device:
-        model = setup["build"]().train()
+        model = work.shard(setup["build"]()).train()
     opt = setup["optimizer"](model.parameters())
     hooks = step_in_backward(model, opt) if setup["in_backward"] else None
     cast = setup["autocast"]
@@ -142,73 +88,112 @@ def _anchors(configs: Sequence[Config]) -> dict[str, Config]:
     """Per precision, the plain configuration (no step in backward, no checkpoints) of its first optimizer
     variant: the whole step every candidate of that precision is predicted from."""
     anchors: dict[str, Config] = {}
-    for cfg in [Config(), *configs]:
+    for cfg in configs:
         anchors.setdefault(cfg.precision, replace(cfg, step_in_backward=False, checkpoint="none"))
     return anchors
 
 
-def measure_time(work: Workload, configs: Sequence[Config], batch_size: int, min_run_time: float,
-                 runs: dict[str, int], *, scaled: bool = False, checkpoints: Checkpoints | None = None
-                 ) -> dict[str, float]:
-    """The cost model's inputs (see the module docstring) at `batch_size`: seconds of each precision's whole
-    step (`step <precision>`) and forward; of the optimizer steps a candidate swaps in (`optimizer <variant>`;
-    with `scaled`, the user's batch is not `batch_size`, all of them); what the update inside backward adds per
-    family (`in backward <family>`); and, given the layer profile `checkpoints`, what a checkpointed segment
-    adds beyond its recomputation (`per checkpointed segment`, from a uniformly checkpointed step)."""
+def _affine(times: dict[int, float], batch_size: int) -> float:
+    """Seconds at `batch_size` from those timed at it, or at two batches below it (the line through them, never
+    below the larger batch's time)."""
+    if len(times) == 1:
+        (size, seconds), = times.items()
+        return seconds * batch_size / size
+    (b0, t0), (b1, t1) = sorted(times.items())
+    return max(t1, t1 + (t1 - t0) / (b1 - b0) * (batch_size - b1))
+
+
+def timing_batches(fits: Callable[[int], bool], batch_size: int) -> list[int]:
+    """Where a precision's whole step is timed: the user's batch where its real step fits the memory free now,
+    else the largest batch that fits and half of it (the step's time extrapolated on the line through them)."""
+    if fits(batch_size):
+        return [batch_size]
+    top = search_max(fits, max(1, batch_size // 2), limit=batch_size)[0]
+    if top == 0:
+        raise ValueError(f"the model's plainest step does not fit the memory free now even at batch 1: "
+                         f"nothing can be timed (batch {batch_size})")
+    return sorted({max(1, top // 2), top})
+
+
+def measure_time(work: Workload, configs: Sequence[Config], min_run_time: float, runs: dict[str, int], *,
+                 fits: Callable[[Config, int], bool] | None = None, checkpoints: Checkpoints | None = None
+                 ) -> tuple[dict[str, float], dict[str, str]]:
+    """The cost model's inputs (see the module docstring) at the user's batch: seconds of each precision's whole
+    step (`step <precision>`) and forward, timed at the batches `timing_batches` picks (`fits(anchor, size)`:
+    whether that real step fits the memory free now; default: always); of the optimizer steps a candidate swaps
+    in (`optimizer <variant>`); what the update inside backward adds per family (`in backward <family>`); and,
+    given the layer profile `checkpoints`, what a checkpointed segment adds beyond its recomputation
+    (`per checkpointed segment`, from a uniformly checkpointed step). Returns (seconds, how each key was timed:
+    the batches, and 'unreliable' where the machine was too busy to time it, `steptime.StepTime.reliable`)."""
     seconds: dict[str, float] = {}
+    how: dict[str, str] = {}
 
-    def timed(key: str, what: str, fn: Callable[[], object]) -> None:
-        seconds[key], calls = _seconds(fn, min_run_time, work.device)
-        runs[what] = runs.get(what, 0) + calls
+    def timed(key: str, what: str, fn: Callable[[], object]) -> float:
+        measured = time_step(fn, min_run_time=min_run_time, device=work.device)
+        runs[what] = runs.get(what, 0) + measured.calls
+        if not measured.reliable:
+            how[key] = f"unreliable: {measured.stalled} of {measured.samples} samples stalled"
+        return measured.seconds
 
-    def whole(cfg: Config, key: str, segments: Sequence | None = None) -> Callable:
+    def whole(cfg: Config, key: str, size: int, segments: Sequence | None = None) -> tuple[Callable, float]:
         torch.manual_seed(0)
         step = training_step(work, cfg, segments)
-        batch = work.make_batch(cfg)(batch_size, work.device)
-        timed(key, "timed training steps", lambda: step(batch))
-        return step
+        batch = work.make_batch(cfg)(size, work.device)
+        return step, timed(key, "timed training steps", lambda: step(batch))
 
     anchors = _anchors(configs)
-    needed: dict[str, Config] = {}  # the updates swapped in for their precision's anchor (all of them when scaled)
+    needed: dict[str, Config] = {}  # the updates swapped in for their precision's anchor
     for cfg in configs:
         anchor = anchors[cfg.precision]
-        if scaled or _step_key(cfg) != _step_key(anchor):
+        if _step_key(cfg) != _step_key(anchor):
             needed.update({_step_key(cfg): cfg, _step_key(anchor): anchor})
     models = {}  # each precision's model, for the updates timed on its parameters
     families = {_family(c) for c in configs if c.step_in_backward}
+    at: dict[str, tuple[int, float, float]] = {}  # per precision: its largest timing batch, step and forward there
     for precision, anchor in anchors.items():
-        step = whole(anchor, "step " + precision)
-        x, y = work.make_batch(anchor)(batch_size, work.device)
-        timed(_forward_key(anchor), "timed forward passes",
-              _forward(work, step.model, x, y, training_setup(anchor, work.build)["autocast"]))
+        sizes = timing_batches(lambda n, a=anchor: fits is None or fits(a, n), work.batch_size)
+        steps, forwards = {}, {}
+        for size in sizes:
+            step, steps[size] = whole(anchor, "step " + precision, size)
+            x, y = work.make_batch(anchor)(size, work.device)
+            forwards[size] = timed(_forward_key(anchor), "timed forward passes",
+                                   _forward(work, step.model, x, y, training_setup(anchor, work.build)["autocast"]))
+            del x, y
+        seconds["step " + precision] = _affine(steps, work.batch_size)
+        seconds[_forward_key(anchor)] = _affine(forwards, work.batch_size)
+        at[precision] = (sizes[-1], steps[sizes[-1]], forwards[sizes[-1]])
+        extrapolated = "" if sizes == [work.batch_size] else f"timed at batches {sizes[0]} and {sizes[-1]}, " \
+                                                               f"extrapolated"
+        how["step " + precision] = "; ".join(filter(None, [extrapolated, how.get("step " + precision, "")]))
         if any(c.precision == precision for c in needed.values()):
             models[precision] = step.model
         del step
         family = _family(anchor)
-        if family in families:  # measured once per family, at its first precision
+        if family in families:  # measured once per family, at its first precision, beside its own plain step
             families.discard(family)
-            whole(replace(anchor, step_in_backward=True), "in backward " + family)
-            seconds["in backward " + family] -= seconds["step " + precision]
+            _, sib = whole(replace(anchor, step_in_backward=True), "in backward " + family, sizes[-1])
+            seconds["in backward " + family] = sib - steps[sizes[-1]]
     if checkpoints is not None:
         # NOTE: on the precision whose whole step was fastest: the machinery does not depend on the optimizer,
         # and at 1e8 parameters torch's fp32 AdamW step takes 1.5 s on CPU, the packed kernel's 0.05 s
         fastest = min(anchors, key=lambda p: seconds["step " + p])
-        segments = checkpoints.uniform
-        whole(replace(anchors[fastest], checkpoint="uniform"), "checkpoint uniform")
-        recomputed = seconds[_forward_key(anchors[fastest])] * checkpoints.recompute_share(segments)
-        seconds["per checkpointed segment"] = max(0.0, seconds.pop("checkpoint uniform") - seconds["step " + fastest]
-                                                  - recomputed) / max(1, sum(c for _, _, c in segments))
+        (size, plain, forward), segments = at[fastest], checkpoints.uniform
+        _, uniform = whole(replace(anchors[fastest], checkpoint="uniform"), "checkpoint uniform", size)
+        recomputed = forward * checkpoints.recompute_share(segments)
+        seconds["per checkpointed segment"] = max(0.0, uniform - plain - recomputed) / max(
+            1, sum(c for _, _, c in segments))
     for key, cfg in needed.items():
         # NOTE: on the anchor's model: the update's time does not depend on the values (a 1e8-parameter build
         # takes 0.4 s per variant)
         model = models[cfg.precision]
-        plain = replace(cfg, step_in_backward=False, checkpoint="none")
-        opt = training_setup(plain, work.build, optimizer=work.optimizer, lr=work.lr)["optimizer"](model.parameters())
+        plain_cfg = replace(cfg, step_in_backward=False, checkpoint="none")
+        opt = training_setup(plain_cfg, work.build, optimizer=work.optimizer, lr=work.lr)["optimizer"](
+            model.parameters())
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
-        timed(key, "timed optimizer steps", opt.step)
+        seconds[key] = timed(key, "timed optimizer steps", opt.step)
         del model, opt
-    return seconds
+    return seconds, how
 
 
 def _forward(work: Workload, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
@@ -227,20 +212,25 @@ def _step_key(cfg: Config) -> str:
     return "optimizer " + (f"bf16+{cfg.extra_bits} {cfg.state_dtype} state" if cfg.precision == "bf16" else "torch")
 
 
-def predict_seconds(cfg: Config, seconds: dict[str, float], scale: float, configs: Sequence[Config],
-                    segments: Sequence[tuple[int, int, bool]] = (), checkpoints: Checkpoints | None = None) -> float:
-    """Seconds of one step of `cfg` (see the module docstring), checkpointed by `segments` (planned on the
-    profile `checkpoints`); `scale` = the user's batch / the timing batch; `configs`: the grid timed."""
+def time_terms(cfg: Config, configs: Sequence[Config], segments: Sequence[tuple[int, int, bool]] = (),
+               checkpoints: Checkpoints | None = None) -> dict[str, float]:
+    """One step of `cfg` as a sum of timed quantities (see the module docstring): {key: coefficient}, for a
+    candidate checkpointed by `segments` (planned on the profile `checkpoints`); `configs`: the grid timed."""
     own, theirs = _step_key(cfg), _step_key(_anchors(configs)[cfg.precision])
-    total = seconds["step " + cfg.precision]
-    if scale != 1 or own != theirs:  # the forward and backward scaled, the anchor's update swapped for its own
-        total = (total - seconds[theirs]) * scale + seconds[own]
+    terms = {"step " + cfg.precision: 1.0}
+    if own != theirs:  # the anchor's update swapped for the candidate's own
+        terms.update({own: 1.0, theirs: -1.0})
     if cfg.step_in_backward:
-        total += seconds["in backward " + _family(cfg)]
+        terms["in backward " + _family(cfg)] = 1.0
     if checkpoints is not None and any(c for _, _, c in segments):
-        total += seconds[_forward_key(cfg)] * scale * checkpoints.recompute_share(segments)
-        total += seconds["per checkpointed segment"] * sum(c for _, _, c in segments)
-    return total
+        terms[_forward_key(cfg)] = checkpoints.recompute_share(segments)
+        terms["per checkpointed segment"] = float(sum(c for _, _, c in segments))
+    return terms
+
+
+def predict_seconds(terms: dict[str, float], seconds: dict[str, float]) -> float:
+    """Seconds of one step at the user's batch: the `time_terms` of a candidate, summed."""
+    return sum(seconds[key] * coefficient for key, coefficient in terms.items())
 
 
 @dataclass
@@ -280,11 +270,46 @@ class Checkpoints:
         return plan.segments
 
 
-def profile_checkpoints(work: Workload, size: int) -> Checkpoints:
-    """One per-layer profile of the fp32 model at `size` (real forward and backward passes of each layer)."""
+def profile_checkpoints(work: Workload, size: int, timed: int) -> Checkpoints | BlockCheckpoints:
+    """One per-layer profile of the fp32 model at `size` (real forward and backward passes of each layer); for a
+    model checkpointed through its blocks, its blocks' profile (`blocks.profile_blocks`). Each layer's (block's)
+    share of the forward is timed at batch `timed` in passes the machine did not stall (`steptime.time_parts`).
+    """
     torch.manual_seed(0)
     with work.device:
         model = work.build().train()
     x, y = work.make_batch(Config())(size, work.device)
-    profile = profile_layers(model, x, split_blocks=SPLIT_BLOCKS, loss_fn=lambda out: work.loss_fn(out, y))
-    return Checkpoints(profile, sc(model, split_blocks=SPLIT_BLOCKS).plan.segments)
+    big = work.make_batch(Config())(timed, work.device)[0] if timed != size else x
+    if checkpoint_kind(work.build) == "blocks":
+        return profile_blocks(model, x, big)
+    profile = profile_layers(model, x, repeats=1, split_blocks=SPLIT_BLOCKS, loss_fn=lambda out: work.loss_fn(out, y))
+    units = units_of(model, split_blocks=SPLIT_BLOCKS)
+    sync = torch.cuda.synchronize if work.device.type == "cuda" else (lambda: None)
+
+    shapes: list[tuple] = []
+
+    def chain() -> list[float]:
+        times, state = [], big
+        shapes.clear()
+        for unit in units:
+            shapes.append(_shapes(state))
+            sync()
+            start = time.perf_counter()
+            state = unit(state)
+            sync()
+            times.append(time.perf_counter() - start)
+        return times
+
+    with preserved_state(units), torch.enable_grad():  # as in training: the forward saves for backward
+        seconds, _ = time_parts(chain)
+    seconds = pooled(seconds, [(_structure(u), s) for u, s in zip(units, shapes, strict=True)])
+    return Checkpoints(replace(profile, time_s=seconds), sc(model, split_blocks=SPLIT_BLOCKS).plan.segments)
+
+
+def _shapes(state) -> tuple:
+    return tuple((tuple(t.shape), t.dtype) for t in tree_leaves(state) if isinstance(t, torch.Tensor))
+
+
+def _structure(module: nn.Module) -> tuple:
+    """What a module computes, up to its values: its class and the shapes of its parameters."""
+    return type(module), tuple((name, tuple(p.shape)) for name, p in module.named_parameters())

@@ -55,7 +55,7 @@ from .program import OptimizerSpec, training_program
 from .tracker import CALL_PREFIX, _Tracker
 
 __all__ = ["fsdp_tracker_peak", "measure_ranks_peak", "measure_sharded_peak", "plan_sharded_training",
-           "fake_group", "local_tensors", "run_on_ranks", "shard_model", "sharded_memory_check"]
+           "fake_group", "local_tensors", "run_on_ranks", "shard_model", "sharded_memory_check", "sharded_program"]
 
 
 def shard_model(model: nn.Module, mesh: Any, *, reshard_after_forward: bool = True) -> nn.Module:
@@ -174,10 +174,12 @@ def _following_resizes(tracker: _ShardedTracker | None) -> Iterator[None]:
         torch.UntypedStorage.resize_ = original
 
 
-def _sharded_program(model_fn: Callable[[], nn.Module], input_shape: Sequence[int], world_size: int, rank: int,
-                     kwargs: dict[str, Any], size: int, tracker: _Tracker | None) -> None:
-    """``training_program`` of rank ``rank`` of ``world_size`` in a fake group; ``tracker`` (a plan, or a
-    calibration run) is made to see DTensors' local shards and FSDP2's storage resizes."""
+def sharded_program(model_fn: Callable[[], nn.Module], input_shape: Sequence[int], world_size: int, rank: int,
+                    kwargs: dict[str, Any], size: int, tracker: _Tracker | None) -> None:
+    """``training_program`` of rank ``rank`` of ``world_size`` in a fake group (``kwargs``: its options: the
+    optimizer, autocast, step in backward, the batch); ``tracker`` (a plan, or a calibration run) is made to
+    see DTensors' local shards and FSDP2's storage resizes. ``functools.partial`` of the first five arguments
+    is a program `CompiledGraph` plans (as `plan_sharded_training` does, and the memory advisor)."""
     if tracker is not None:
         # NOTE: CompiledGraph and its calibration create a plain tracker; its class is switched to the
         # sharded one (same state, two methods more) for the DTensor program.
@@ -204,7 +206,7 @@ def plan_sharded_training(
     shape = tuple(sample_input.shape[1:]) if isinstance(sample_input, torch.Tensor) else tuple(sample_input)
     _check_ranks(world_size, rank)
     kwargs = dict(optimizer=optimizer, lr=lr, loss=loss, input_dtype=input_dtype, device=torch.device("cpu"))
-    program = functools.partial(_sharded_program, model_fn, shape, world_size, rank, kwargs)
+    program = functools.partial(sharded_program, model_fn, shape, world_size, rank, kwargs)
     graph = CompiledGraph(program, device=torch.device("cpu"), trace_sizes=trace_sizes, input_shape=shape,
                           description=f"input {shape} {input_dtype}, FSDP2 rank {rank} of {world_size}")
     graph.input_shape, graph.input_dtype, graph.world_size, graph.rank = shape, input_dtype, world_size, rank

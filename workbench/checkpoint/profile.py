@@ -19,17 +19,21 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from workbench.measure import MemoryMeter, time_callable
 from workbench.models.resnet import BasicBlock
 
 __all__ = ["LayerProfile", "State", "layers_of", "preserved_state", "profile_layers", "units_of"]
 
-State = torch.Tensor | tuple[torch.Tensor, ...]
+# NOTE: the state between units is whatever a layer returns: a tensor, a tuple, or any nest of containers
+# (a dict of hidden states and token ids); only its tensors are counted, detached and cloned (torch's pytree)
+State = torch.Tensor | tuple[torch.Tensor, ...] | Any
 Key = tuple[str, int]
 
 
@@ -105,7 +109,7 @@ def units_of(model: nn.Module | Sequence[nn.Module], *, split_blocks: bool = Tru
 
 
 def _tensors(state: State) -> list[torch.Tensor]:
-    return [state] if isinstance(state, torch.Tensor) else [t for t in state if isinstance(t, torch.Tensor)]
+    return [t for t in tree_leaves(state) if isinstance(t, torch.Tensor)]
 
 
 def _storage_key(t: torch.Tensor) -> Key:
@@ -244,10 +248,10 @@ def profile_layers(
             b, g = _backward_bytes(unit, inp, needs_input_grad=i > 0 or sample.requires_grad)
             backward.append(b)
             grads.append(g)
-        leaf = _detach(final)
-        if not isinstance(leaf, torch.Tensor):
-            raise TypeError("the model's last unit must return a tensor")
-        leaf.requires_grad_(True)
+        leaf = _leaf(final, True)
+        if not any(t.requires_grad for t in _tensors(leaf)):
+            raise TypeError(f"the model's last unit must return a floating tensor (or a container of them), "
+                            f"got {type(final).__name__}")
         with MemoryMeter(device) as meter:
             loss = loss_fn(leaf)
             loss.backward()
@@ -271,15 +275,20 @@ def _forward(unit: nn.Module, i: int, name: str, x: State, sample: torch.Tensor)
 
 
 def _detach(state: State) -> State:
-    if isinstance(state, torch.Tensor):
-        return state.detach()
-    return tuple(t.detach() for t in state)
+    return tree_map_only(torch.Tensor, torch.Tensor.detach, state)
+
+
+def _leaf(state: State, requires_grad: bool) -> State:
+    """The state detached, its floating tensors leaves that require grad when `requires_grad` (token ids
+    and other integer tensors cannot)."""
+    return tree_map_only(torch.Tensor, lambda t: t.detach().requires_grad_(requires_grad and t.is_floating_point()),
+                         state)
 
 
 def _clone_if_inplace(unit: nn.Module, state: State) -> State:
     if not getattr(unit, "inplace", False):
         return state
-    return state.clone() if isinstance(state, torch.Tensor) else tuple(t.clone() for t in state)
+    return tree_map_only(torch.Tensor, torch.Tensor.clone, state)
 
 
 def _call(unit: nn.Module, state: State) -> State:
@@ -294,12 +303,9 @@ def _backward_bytes(unit: nn.Module, inp: State, *, needs_input_grad: bool) -> t
     for p in params:
         p.grad = torch.zeros_like(p)
     try:
-        if isinstance(inp, torch.Tensor):
-            leaf: State = inp.detach().requires_grad_(needs_input_grad)
-            x: State = leaf.clone() if needs_input_grad else leaf  # in-place layers may not touch a leaf
-        else:
-            leaf = tuple(t.detach().requires_grad_(needs_input_grad) for t in inp)
-            x = tuple(t.clone() for t in leaf) if needs_input_grad else leaf
+        leaf = _leaf(inp, needs_input_grad)
+        # in-place layers may not touch a leaf
+        x = tree_map_only(torch.Tensor, torch.Tensor.clone, leaf) if needs_input_grad else leaf
         outs = [o for o in _tensors(unit(x)) if o.requires_grad]
         if not outs:
             return 0, 0

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
 
 from .planner import CheckpointPlan, check_budget, check_count, check_strategy, plan_checkpoints, uniform_segments
@@ -110,11 +111,11 @@ class CheckpointedSequential(nn.Sequential):
 
             def contexts(bns=bns):
                 return contextlib.nullcontext(), _restore_batchnorm(bns)
-            single = isinstance(state, torch.Tensor)
+            # the state as its leaves (a tensor, a tuple, a dict of hidden states and token ids), rebuilt inside
+            args, spec = tree_flatten(state)
 
-            def run(*args: torch.Tensor, a: int = a, b: int = b, single: bool = single) -> State:
-                return self._run(a, b, args[0] if single else tuple(args))
-            args = (state,) if single else tuple(state)
+            def run(*args: torch.Tensor, a: int = a, b: int = b, spec=spec) -> State:
+                return self._run(a, b, tree_unflatten(list(args), spec))
             state = checkpoint(run, *args, use_reentrant=False, context_fn=contexts,
                                preserve_rng_state=self.preserve_rng_state)
         return state

@@ -1,0 +1,41 @@
+"""Programs shared between candidates (issue 37, planning time): packed widths and state dtypes traced once and
+equal to the byte to tracing each, optimal checkpoint plans that equal the plain or uniform one not traced again."""
+
+import torch
+from torch import nn
+
+from workbench.advisor import Config, advise
+from workbench.advisor.plans import Plans, _compile
+from workbench.advisor.workload import Workload
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(*(m for _ in range(4) for m in (nn.Linear(24, 24), nn.ReLU())), nn.Linear(24, 5))
+
+
+PACKED = [Config("bf16", k, state, sib, ckpt) for sib in (False, True) for ckpt in ("none", "uniform")
+          for k in (0, 8, 16) for state in ("fp32", "bf16")]
+
+
+def test_packed_variants_share_one_trace_and_equal_tracing_each():
+    work = Workload.of(mlp, torch.randn(6, 24), torch.randint(0, 5, (6,)), None, "adamw", 1e-3, torch.device("cpu"))
+    plans = Plans(work, PACKED)
+    for cfg in PACKED:
+        own = _compile(work, cfg, None)
+        for size in (1, 6, 50):
+            assert plans.plan(cfg).peak(size) == own.required_bytes(size), (cfg.name, size)
+    assert plans.traces == 4  # step in backward or not, checkpoints or not
+
+
+def test_an_optimal_plan_equal_to_the_plain_or_uniform_one_reuses_its_trace():
+    x, y = torch.randn(64, 24), torch.randint(0, 5, (64,))
+    advice = advise(mlp, (x, y), memory_budget=2**40, calibrate=False, min_run_time=0.01,
+                    candidates=[Config(checkpoint=c) for c in ("none", "uniform", "optimal")])
+    plans = advice._plans
+    assert plans.traces == 2 and not any(c for _, _, c in advice._segments["fp32, checkpoint optimal"])
+    table = advice.table.set_index("config")
+    assert table.loc["fp32, checkpoint optimal", "predicted_peak_bytes"] == table.loc["fp32", "predicted_peak_bytes"]
+    advice.rebudget(table.loc["fp32, checkpoint uniform", "predicted_peak_bytes"] / (1 - advice.margin))
+    segments = advice._segments["fp32, checkpoint optimal"]
+    known = segments == plans.uniform or not any(c for _, _, c in segments)
+    assert plans.traces == (2 if known else 3)

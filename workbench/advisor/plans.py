@@ -1,0 +1,173 @@
+"""The advisor's memory side: one CalcGraph plan ("CalcGraph: taming the high costs of deep learning using
+models", 2022, Section 3.2: the training program traced under fake tensors, sizes affine in the batch) per
+distinct training program, shared by every candidate that runs it, calibrated once per precision.
+
+Shared programs: bf16 weights with any packed width k and either state dtype run the same forward, backward
+and update (one kernel call per parameter) and differ only in the optimizer state's size. That state is live
+through the whole steady-state step, where the peak is, so such a candidate's plan is its program's plus the
+difference in state bytes, counted on the optimizer's state built for the model on the meta device (no
+memory, no op). Measured against tracing each variant: equal to the byte at batches 8 and 64 for the suite's
+MLP and ResNet-50, with and without step in backward and checkpoints (24 programs, 4 traced instead). An
+optimal checkpoint plan that checkpoints nothing runs the plain program; one equal to the uniform plan, the
+uniform program.
+
+Calibration (CPU): the kernels' scratch that fake tensors cannot see, measured once per precision in real
+steps at batches 1, 2, 4 and 8 of its plain program (`CompiledGraph.calibrate`), and added to every candidate
+of that precision as workspace.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from workbench.calcgraph import CompiledGraph
+
+from .configs import Config, training_setup
+from .workload import Workload
+
+__all__ = ["CATEGORIES", "Plan", "Plans"]
+
+CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "workspace")
+_KINDS = {"parameter": "weights", "buffer": "weights", "gradient": "gradients", "state": "optimizer_state",
+          "input": "activations", "activation": "activations"}
+
+
+def _none(size: int) -> int:
+    return 0
+
+
+@dataclass
+class Plan:
+    """One candidate's memory: its program's plan, the state bytes it holds beyond that program's, and its
+    precision's calibrated scratch (a function of the batch)."""
+
+    graph: CompiledGraph
+    offset: int = 0
+    scratch: Callable[[int], int] = _none
+
+    def peak(self, batch_size: int) -> int:
+        return self.graph.required_bytes(batch_size) + self.offset + self.scratch(batch_size)
+
+    def fits(self, batch_size: int, cap: float) -> bool:
+        # the scratch term is >= 0 and costly (a calibrated plan): asked only where the rest fits
+        rest = self.graph.required_bytes(batch_size) + self.offset
+        return rest <= cap and rest + self.scratch(batch_size) <= cap
+
+    def categories(self, batch_size: int) -> dict[str, int]:
+        """Bytes live at the predicted peak by category: a checkpoint's recomputed tensors (the graph's
+        `recomputed` allocation ids) are activations, the calibrated scratch workspace."""
+        frame = self.graph.variables(batch_size)
+        live = self.graph.timeline(batch_size)
+        at = int(live.argmax()) if len(live) else 0
+        alive = frame[(frame["born"] <= at) & (frame["died"] > at)]
+        again = alive.index.isin(list(self.graph.recomputed)) & (alive["kind"] == "temporary")
+        out = dict.fromkeys(CATEGORIES, 0)
+        for kind, nbytes in alive["bytes"].groupby(alive["kind"].where(~again, "activation")).sum().items():
+            out[_KINDS.get(kind, "workspace")] += int(nbytes)
+        out["optimizer_state"] += self.offset
+        out["workspace"] += self.scratch(batch_size)
+        return out
+
+
+def _compile(work: Workload, cfg: Config, segments: Sequence | None) -> CompiledGraph:
+    """CalcGraph's plan of a candidate's program, with `recomputed`: the ids of the allocations its checkpoints'
+    recomputation makes (see `workload._recomputation`).
+
+    # NOTE: a precision's plain program is traced at batches 2 and 3 and checked at 4 (CalcGraph's default);
+    # its variants (step in backward, checkpoints: the same layers, the same shapes) at 2 and 3 only
+    """
+    recomputed: set[int] = set()
+    plain = not cfg.step_in_backward and cfg.checkpoint == "none" and segments is None
+    graph = CompiledGraph(work.program(cfg, segments=segments, recomputed=recomputed), device=work.device,
+                          trace_sizes=(2, 3, 4) if plain else (2, 3), input_shape=tuple(work.inputs.shape[1:]),
+                          description=cfg.name)
+    graph.recomputed = recomputed
+    return graph
+
+
+class Plans:
+    """Every candidate's `Plan`, each distinct program traced once (see the module docstring)."""
+
+    def __init__(self, work: Workload, grid: Sequence[Config], *, uniform: Sequence | None = None) -> None:
+        self.work = work
+        self.uniform = None if uniform is None else list(uniform)  # the uniform checkpoint plan's segments
+        packed = [c for c in grid if c.precision == "bf16"]
+        # the packed variant whose program is traced for all of them (sharded: each traced, its state is sharded)
+        self._packed = (packed[0].extra_bits, packed[0].state_dtype) if packed and work.world_size == 1 else None
+        self._graphs: dict[tuple, CompiledGraph] = {}
+        self._scratch: dict[str, Callable[[int], int]] = {}
+        self._states: dict[tuple, int] = {}
+        self.traces = 0
+
+    def _key(self, cfg: Config, segments: Sequence | None) -> tuple[Config, tuple | None]:
+        """The program `cfg` runs with `segments`: its traced representative config and plan."""
+        rep = replace(cfg, extra_bits=self._packed[0], state_dtype=self._packed[1]) if cfg.precision == "bf16" \
+            and self._packed is not None else cfg
+        if segments is not None and not any(c for _, _, c in segments):
+            return replace(rep, checkpoint="none"), None
+        if segments is not None and self.uniform is not None and list(segments) == self.uniform:
+            return replace(rep, checkpoint="uniform"), None
+        return rep, None if segments is None else tuple(segments)
+
+    def graph(self, cfg: Config, segments: Sequence | None = None) -> CompiledGraph:
+        """The traced plan of the program `cfg` runs (traced now if new)."""
+        key = self._key(cfg, segments)
+        if key not in self._graphs:
+            self._graphs[key] = _compile(self.work, key[0], key[1])
+            self.traces += 1
+        return self._graphs[key]
+
+    def plan(self, cfg: Config, segments: Sequence | None = None) -> Plan:
+        rep = self._key(cfg, segments)[0]
+        return Plan(self.graph(cfg, segments), self._state_bytes(cfg) - self._state_bytes(rep),
+                    self._scratch.get(cfg.precision, _none))
+
+    def _state_bytes(self, cfg: Config) -> int:
+        """Bytes of the packed optimizer state `cfg` holds (0 for torch's optimizers: never swapped)."""
+        if cfg.precision != "bf16" or self._packed is None:
+            return 0
+        key = (cfg.extra_bits, cfg.state_dtype)
+        if key not in self._states:
+            self._states[key] = _meta_state(self.work, cfg)
+        return self._states[key]
+
+    def calibrate(self, precision: Config, batch_size: int) -> int:
+        """Measure the kernels' scratch of `precision`'s plain program (real steps at small batches; see the
+        module docstring) for every later plan of that precision, once. Returns the real steps taken."""
+        graph = self.graph(precision)
+        if precision.precision in self._scratch or not graph.affine:
+            return 0
+        uncalibrated = {b: graph.required_bytes(b) for b in (1, batch_size)}
+        # NOTE: a shallow copy, not a second trace of the same program (a bf16 one at 100M parameters traces for
+        # minutes): calibrating rebinds the copy's own calibration, and an affine plan reads its traces without
+        # adding to them. Checked (and refined once where it misses) only at a batch beyond the calibrated
+        # sizes, where the fit extrapolates; a batch within them is interpolated between two measured sizes
+        check = (min(16, batch_size),) if batch_size > 8 else ()
+        calibrated = copy.copy(graph).calibrate(sizes=(1, 2, 4, 8), check=check, refine=1)
+        checks = calibrated.calibration_error
+        # NOTE: memoized: a calibrated plan adds each op call's scratch in Python (a second per batch size at
+        # 100M parameters), asked for the same batches by every candidate of the precision
+        peak = functools.lru_cache(maxsize=None)(calibrated.required_bytes)
+        self._scratch[precision.precision] = lambda b: max(
+            0, peak(b) - (uncalibrated[b] if b in uncalibrated else graph.required_bytes(b)))
+        return 4 + len(check) + (int(checks["refined"].max()) if len(checks) else 0)
+
+
+def _meta_state(work: Workload, cfg: Config) -> int:
+    """Bytes of the optimizer state `cfg`'s optimizer creates for the model, built on the meta device."""
+    setup = training_setup(replace(cfg, step_in_backward=False, checkpoint="none"), work.build,
+                           optimizer=work.optimizer, lr=work.lr)
+    with torch.device("meta"):
+        model = setup["build"]()
+    opt = setup["optimizer"](model.parameters())
+    if hasattr(opt, "_init_state"):  # a packed optimizer: its state (moments, extra bits) as its first step makes it
+        for group in opt.param_groups:
+            for p in group["params"]:
+                opt._init_state(p, group)
+    return sum(t.untyped_storage().nbytes() for st in opt.state.values() for t in st.values()
+               if isinstance(t, torch.Tensor))

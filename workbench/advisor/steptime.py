@@ -1,0 +1,149 @@
+"""Timing one training step on a machine other processes share: the advisor's clock.
+
+A step on the caller's intra-op threads (OpenMP on CPU) waits at every parallel region for its slowest
+thread; when another process holds a core, the thread descheduled there stalls the whole region for a
+scheduler slice. Measured on this project's shared 2-core machine at load 9.6 (an LSTM step, batch 8, 2
+threads, 30 steps): median 0.14 s, worst 4.4 s, best 0.0014 s, while the same step on 1 thread took 0.002 s;
+its threads had waited for a CPU 1.8x the step's wall time (median), against 0.00 on 1 thread.
+
+So each timed sample here also reads how long the process's threads waited on a run queue (Linux's
+`/proc/self/task/*/schedstat`, second field) while it ran. A sample whose threads waited more than
+`STALL` of its wall time measured the other processes, not the step: it is set aside, and the step's time is
+the median of the clean samples. Where too few samples come out clean within the time allowed, the median of
+all is kept and the result says it is unreliable (`StepTime.reliable`; the advisor warns in its table).
+Without schedstat (macOS, Windows) every sample counts as clean.
+
+Samples are blocks of calls in a row long enough to time (`min_run_time / samples` each, as
+`torch.utils.benchmark`'s blocked measurement), or single calls for steps longer than that; always at least
+`samples` of them, so a step of a second is timed five times, not once.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import astuple, dataclass
+
+import torch
+
+__all__ = ["STALL", "StepTime", "free_memory_bytes", "pooled", "runqueue_wait", "time_parts", "time_step"]
+
+STALL = 0.1  # a sample whose threads waited on a run queue for more than this share of its wall time is stalled
+
+
+def runqueue_wait() -> float | None:
+    """Seconds this process's threads have spent runnable but waiting for a CPU (Linux), None elsewhere."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return total / 1e9
+
+
+def free_memory_bytes(device: torch.device) -> float:
+    """Memory a real step may take now: CUDA's free memory, or the CPU's available memory (psutil)."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    try:
+        import psutil
+    except ImportError:  # psutil comes with Jupyter; without it, no limit is known
+        return math.inf
+    return float(psutil.virtual_memory().available)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per call (median of the clean samples), the calls made (warm-up included), and the samples."""
+
+    seconds: float
+    calls: int
+    samples: int
+    stalled: int
+
+    @property
+    def reliable(self) -> bool:
+        """Whether enough samples ran without their threads waiting for a CPU (see the module docstring)."""
+        return self.samples - self.stalled >= max(3, self.samples // 3)
+
+
+def time_step(fn: Callable[[], object], *, min_run_time: float, device: torch.device, samples: int = 5,
+              most: int = 15) -> StepTime:
+    """Time `fn` after one warm-up call: at least `samples` samples and `min_run_time` seconds, more (up to
+    `most` samples) while fewer than `samples` are clean."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    fn()  # warm-up: first-call allocations (an optimizer's state) and kernel selection
+    sync()
+    once = time.perf_counter() - start
+    calls = max(1, math.ceil(min_run_time / samples / max(once, 1e-9)))
+    clean, stalled, spent = [], [], 0.0
+    enabled = gc.isenabled()
+    while len(clean) + len(stalled) < most and not (len(clean) >= samples and spent >= min_run_time):
+        gc.disable()  # NOTE: as timeit: a collection of a large heap (a notebook's) is no part of the step
+        try:
+            waited = runqueue_wait()
+            sync()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync()
+            wall = time.perf_counter() - start
+            after = runqueue_wait()
+        finally:
+            if enabled:
+                gc.enable()
+        spent += wall
+        stall = None if waited is None or after is None else (after - waited) / max(wall, 1e-12)
+        (stalled if stall is not None and stall > STALL else clean).append(wall / calls)
+    taken = len(clean) + len(stalled)
+    result = StepTime(0.0, 1 + calls * taken, taken, len(stalled))
+    return StepTime(statistics.median(clean if result.reliable else clean + stalled), *astuple(result)[1:])
+
+
+def time_parts(run_pass: Callable[[], list[float]], *, passes: int = 5, most: int = 15) -> tuple[list[float], bool]:
+    """Seconds of each part of a pass (`run_pass()` runs one pass after a warm-up and returns each part's
+    seconds: the layers of a forward): the median over at least `passes` passes whose threads did not wait for
+    a CPU (as `time_step`), more while fewer were clean; and whether enough were clean.
+
+    # NOTE: what a checkpoint plan recomputes is read off these shares: single calls of each layer under load
+    # gave identical transformer blocks 0.0012 s and 0.080 s, and the plan chose to recompute the "cheap" ones
+    """
+    run_pass()  # warm-up
+    clean, stalled = [], []
+    enabled = gc.isenabled()
+    while len(clean) < passes and len(clean) + len(stalled) < most:
+        gc.disable()
+        try:
+            waited, start = runqueue_wait(), time.perf_counter()
+            parts = run_pass()
+            wall, after = time.perf_counter() - start, runqueue_wait()
+        finally:
+            if enabled:
+                gc.enable()
+        stall = None if waited is None or after is None else (after - waited) / max(wall, 1e-12)
+        (stalled if stall is not None and stall > STALL else clean).append(parts)
+    reliable = len(clean) >= min(3, passes)
+    kept = clean if reliable else clean + stalled
+    return [statistics.median(column) for column in zip(*kept, strict=True)], reliable
+
+
+def pooled(seconds: Sequence[float], keys: Sequence[Hashable]) -> list[float]:
+    """Each part's seconds replaced by the median over the parts with its key: parts that do the same work (the
+    same module class, parameter shapes and input shapes: identical transformer blocks) take the same time,
+    which single measurements of each, on a shared machine, do not show."""
+    groups: dict[Hashable, list[float]] = {}
+    for key, value in zip(keys, seconds, strict=True):
+        groups.setdefault(key, []).append(value)
+    return [statistics.median(groups[key]) for key in keys]
