@@ -1,3 +1,5 @@
+import gc
+
 import pytest
 import torch
 
@@ -10,6 +12,22 @@ def _seed():
 # A CUDA-only test is marked `cuda`: `pytest -m cuda` selects exactly them on a GPU machine (the GPU run's
 # `run.sh tests`), and without CUDA each is skipped with the reason below.
 requires_cuda = pytest.mark.cuda
+
+
+def pytest_collection_finish(session):
+    """Freeze what collection made (modules, functions, parameters: alive for the whole run) out of the cyclic
+    garbage collector's reach: the measuring code's `gc.collect()` (before each meter, calibration run and
+    allocator peak) then walks only what the tests made since, 0.3-0.6 s less per call here."""
+    # NOTE: frozen objects are never collected, so only what lives as long as the session is frozen: a cycle
+    # that dies later is still freed, since everything made after this point stays in the collector's reach.
+    import torch._dynamo  # noqa: F401  (60 k objects; the first step of a torch.optim optimizer imports it)
+
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_unconfigure(config):
+    gc.unfreeze()  # the last collection sees everything again (else nanobind reports triton's objects leaked)
 
 
 def pytest_collection_modifyitems(config, items):

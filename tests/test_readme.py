@@ -1,11 +1,15 @@
 """The README's code blocks run as written, its commands exist, and what a user reads names no internal
 words or paths outside the repository."""
 
+import contextlib
 import html
+import io
 import re
+import runpy
 import shlex
 import subprocess
 import sys
+import warnings
 
 import nbformat
 import pytest
@@ -32,6 +36,21 @@ def test_every_python_block_runs_on_its_own():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def _help(module: str, sub: list[str]) -> str:
+    """What `python -m module *sub --help` prints, run in this process (its imports are mostly made already:
+    a new interpreter per command took 4-7 s)."""
+    out, argv = io.StringIO(), sys.argv
+    sys.argv = [module, *sub, "--help"]
+    try:
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)  # already imported
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    finally:
+        sys.argv = argv
+    assert done.value.code in (0, None), f"python -m {module} {' '.join(sub)} --help exited {done.value.code}"
+    return out.getvalue()
+
+
 def test_every_shell_command_exists():
     targets = set(re.findall(r"^([a-z]+):", (ROOT / "Makefile").read_text(), flags=re.M))
     commands = [line.split("#")[0].strip() for block in _blocks("bash") for line in block.splitlines()]
@@ -50,11 +69,9 @@ def test_every_shell_command_exists():
             assert (ROOT / words[-1]).is_dir(), command
         elif words[0] in ("python", "python3") and words[1] == "-m":  # the module (and its subcommand) runs,
             sub = [words[3]] if len(words) > 3 and not words[3].startswith("-") else []  # and --help names
-            shown = subprocess.run([sys.executable, "-m", words[2], *sub, "--help"], cwd=ROOT,  # every option used
-                                   capture_output=True, text=True, timeout=120)
-            assert shown.returncode == 0, shown.stderr[-2000:]
+            shown = _help(words[2], sub)                                                  # every option used
             for flag in (w for w in words[3:] if w.startswith("--")):
-                assert flag in shown.stdout, f"{command}: {flag} is not an option of {words[2]}"
+                assert flag in shown, f"{command}: {flag} is not an option of {words[2]}"
         else:
             assert command == "source .venv/bin/activate", f"untested command in README: {command}"
 

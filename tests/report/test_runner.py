@@ -54,7 +54,9 @@ def _notebook(folder, name, body):
 
 
 GOOD = """
+import gc
 from workbench.report import Ledger, at_least, save_results
+assert gc.get_freeze_count() == 0, "a notebook of the user's own runs in a kernel as JupyterLab starts it"
 assert not get_ipython().history_manager.enabled, 'the workbench kernel must not keep IPython history'
 ledger = Ledger()
 ledger.add('value is at least 1', paper=1, measured=value, unit='', scale='', device='cpu', rule=at_least(1))
@@ -87,6 +89,20 @@ def test_build_keeps_going_after_a_failure_and_indexes_both(notebooks, tmp_path,
     # the kernel's own log lines read like failures in a build log: none reach the terminal
     printed = "".join(capfd.readouterr())
     assert "without encryption" not in printed and "KeyboardInterrupt" not in printed
+
+
+def test_a_report_kernel_starts_with_its_experiments_imported_and_frozen(tmp_path):
+    """`runner.freeze_imports` runs in the kernel before a notebook named after an experiments package: the
+    collector no longer walks the imports' objects (each `gc.collect()` of the measuring code walked them all),
+    and the notebook's namespace gets no name of it."""
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    _notebook(folder, "tour", "import gc, sys\n"
+                              "assert gc.get_freeze_count() > 100_000, gc.get_freeze_count()\n"
+                              "assert 'workbench.experiments.tour' in sys.modules and 'torch._dynamo' in sys.modules\n"
+                              "assert not {'freeze_imports', 'importlib', 'atexit'} & set(globals())")
+    results = build_reports(profile="smoke", out_dir=tmp_path / "reports", notebooks=folder, progress=False)
+    assert results.status.tolist() == ["ok"], results.error.tolist()
 
 
 def test_interrupted_build_leaves_the_previous_report_whole(notebooks, tmp_path, monkeypatch):
