@@ -33,7 +33,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.report.page_checks import RAW_NUMBERS_KNOWN, dead_links, raw_numbers
+from tests.report.page_checks import dead_links, raw_numbers
 from workbench.devices import repo_root
 from workbench.report import available_notebooks, load_profile
 
@@ -259,8 +259,7 @@ def _output_text(output) -> str:
     return "".join(data.get("text/plain", "")) if data else output.get("text", "")
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=RAW_NUMBERS_KNOWN[n], strict=True))
-                                  if n in RAW_NUMBERS_KNOWN else n for n in NOTEBOOKS])
+@pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_outputs_show_no_raw_nan(lab, name):
     if name not in lab["seconds"]:
         pytest.skip(f"{name} did not run in this session")

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tests.conftest import requires_cuda
-from workbench.timing import HOST_BOUND_SHARE, _busy_seconds, host_bound, kernel_seconds, time_callable
+from workbench.timing import (HOST_BOUND_SHARE, _busy_seconds, calls_for, host_bound, kernel_seconds, time_callable,
+                              time_interleaved)
 
 
 def test_busy_time_counts_nested_and_overlapping_intervals_once():
@@ -44,6 +45,13 @@ def test_bad_arguments_are_refused_by_name():
         kernel_seconds(3)
     with pytest.raises(ValueError, match="calls must be >= 1"):
         kernel_seconds(lambda: None, calls=0)
+    with pytest.raises(ValueError, match="time_interleaved: fns is empty"):
+        time_interleaved({})
+    for bad in (-1.0, 0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"calls_for: sample_s must be a finite number of seconds > 0, got {bad}"):
+            calls_for(lambda: None, bad)
+    with pytest.raises(TypeError, match="calls_for: sample_s must be a number"):
+        calls_for(lambda: None, "1")
 
 
 @requires_cuda

@@ -53,3 +53,12 @@ def _count(value, name: str, least: int) -> int:
     if value < least:
         raise ValueError(f"{name} must be >= {least}, got {value}")
     return int(value)
+
+
+def _seconds(value, name: str) -> float:
+    """A positive, finite number of seconds (NaN and inf compare false everywhere and would pass a `<= 0` check)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number of seconds > 0, got {value!r} ({type(value).__name__})")
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value}")
+    return float(value)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .measure_args import _callable, _count, _device
+from .measure_args import _callable, _count, _device, _seconds
 
 __all__ = ["HOST_BOUND", "HOST_BOUND_RULE", "HOST_BOUND_SHARE", "Timing", "calls_for", "host_bound",
            "kernel_seconds", "time_callable", "time_interleaved"]
@@ -92,6 +92,8 @@ def time_interleaved(
     calls = _count(calls, "calls", 1)
     if not isinstance(fns, Mapping):
         raise TypeError(f"time_interleaved: fns must be a mapping of names to callables, got {type(fns).__name__}")
+    if not fns:
+        raise ValueError("time_interleaved: fns is empty; give at least one name: callable to time")
     for name, fn in fns.items():
         _callable(fn, f"time_interleaved: fns[{name!r}]")
     device = _device(device, "time_interleaved") if device is not None else None
@@ -118,6 +120,7 @@ def calls_for(fn: Callable[[], object], sample_s: float, *, repeats: int = 1,
               device: torch.device | str | None = None) -> int:
     """How many calls of `fn` in a row last at least `sample_s` seconds, from the median of `repeats`
     timed calls (the `calls` of `time_interleaved`); at least 1."""
+    sample_s = _seconds(sample_s, "calls_for: sample_s")
     once = time_callable(fn, warmup=0, repeats=repeats, device=device).median_s
     return max(1, math.ceil(sample_s / max(once, 1e-9)))
 

@@ -136,3 +136,30 @@ def test_run_refuses_an_unknown_device_before_any_work(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert "'tpu'" in err and "cpu" in err and "cuda:N" in err
     assert not (tmp_path / "o").exists() and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("mode", ["w:xz", "w:bz2", "w"])
+def test_an_archive_repacked_with_another_compression_unpacks_as_gzip_does(tmp_path, mode):
+    path = tmp_path / "repacked.tar"
+    with tarfile.open(path, mode) as tar:
+        data = json.dumps(RUN).encode()
+        info = tarfile.TarInfo(f"{SLUG}/{NAME}/run.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    unpack(path, tmp_path / "reports" / "reference")  # was "truncated or damaged archive" for xz and bz2
+    assert json.loads((tmp_path / "reports" / "reference" / SLUG / NAME / "run.json").read_text()) == RUN
+
+
+def test_a_file_name_too_long_for_the_file_system_is_refused_naming_archive_and_member(tmp_path):
+    path = _archive(tmp_path / "long.tar.gz", {"x" * 5000 + ".json": b"{}"})
+    with pytest.raises(UsageError, match=rf"long\.tar\.gz: refusing member {SLUG}/{NAME}/x{{40}}\.\.\. "
+                                         r"\(a file name of 5005 bytes; a file system allows 255\)"):
+        unpack(path, tmp_path / "reports" / "reference")
+    assert not (tmp_path / "reports").exists()
+
+
+def test_a_reports_path_that_is_a_file_is_refused_and_kept(tmp_path):
+    (tmp_path / "reports").write_text("mine")
+    with pytest.raises(UsageError, match="reports exists and is not a folder; move it out of the way"):
+        unpack(_archive(tmp_path / "a.tar.gz", {}), tmp_path / "reports" / "reference")
+    assert (tmp_path / "reports").read_text() == "mine"

@@ -64,11 +64,3 @@ def raw_numbers(page: Path) -> list[str]:
     Prose is not read: a sentence may say "on an inf/NaN the step is skipped"."""
     return [cell.strip() for cell in _read(page).cells if _RAW.search(cell)]
 
-
-# Notebooks whose tables still show raw NaN/inf, until their experiments packages show them through
-# `workbench.report.table` (issue 36's later pass); the browser test and the smoke build hold the list exact.
-RAW_NUMBERS_KNOWN = {
-    "calcgraph": "the zoo cell's Styler format '{:+.1%}' prints +nan% where a model refuses a batch",
-    "efficient_densenet": "display(budget) shows NaN for a form no swept depth fits (shared_max at smoke)",
-    "variable_batch_size": "the gains table shows NaN where FBS has no plan at the budget (15 MB)",
-}

@@ -197,6 +197,20 @@ def test_tables_show_missing_and_non_finite_values_as_the_ledger_does():
         table([1, 2])
 
 
+def test_table_formats_floats_and_still_shows_missing_values_as_the_ledger_does():
+    """A Styler's "{:+.1%}" prints +nan% and +inf% (the calcgraph zoo table); `table`'s float_format formats
+    the numbers only, in both renderings, and a bad format is refused before anything is shown."""
+    from workbench.report import table
+
+    frame = pd.DataFrame({("error", 3): [0.0123, np.nan], ("error", 12): [-np.inf, -0.004], "runs": [2, 3]})
+    shown = table(frame, float_format="{:+.1%}")
+    for rendered in (shown._repr_html_(), repr(shown)):
+        assert "nan" not in rendered.lower() and "inf" not in rendered
+        assert rendered.count("—") == 2 and "+1.2%" in rendered and "-0.4%" in rendered
+    with pytest.raises(ValueError, match=r"float_format must be a format string .* got '\{:d\}'"):
+        table(frame, float_format="{:d}")
+
+
 def test_every_verdict_has_its_colour_and_the_gates_verdicts_are_known():
     """One palette for notebook and index: each verdict's class is in VERDICT_CSS (checks and 'not run'
     rows are uncoloured on purpose), and the verdicts other modules write are in VERDICTS."""

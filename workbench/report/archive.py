@@ -13,9 +13,11 @@ device holds (`write_listing`).
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 import json
+import lzma
 import os
 import stat
 import tarfile
@@ -109,15 +111,28 @@ def _open_regular(archive: Path):
     return os.fdopen(fd, "rb")
 
 
+NAME_MAX = 255  # bytes in one file name on Linux and macOS file systems
+# NOTE: by the first bytes, as `tar` does: gpu_run writes gzip, a person repacking by hand may choose another.
+_MAGIC = ((b"\x1f\x8b", lambda raw: gzip.GzipFile(fileobj=raw)), (b"BZh", bz2.BZ2File),
+          (b"\xfd7zXZ\x00", lzma.LZMAFile))
+
+
+def _decompressed(raw):
+    """`raw` read through the decompressor its first bytes name (gzip, bzip2, xz), or as a plain tar."""
+    head = raw.read(6)
+    raw.seek(0)
+    for magic, opener in _MAGIC:
+        if head.startswith(magic):
+            return opener(raw)
+    return raw
+
+
 def _read_members(archive: Path) -> dict[tuple[str, str], dict[str, bytes]]:
     """The archive's files by folder (device slug, name), every member checked, read in one pass."""
     folders: dict[tuple[str, str], dict[str, bytes]] = {}
     count = total = 0
     with _open_regular(archive) as raw:
-        gzipped = raw.read(2) == b"\x1f\x8b"
-        raw.seek(0)
-        stream = _Bounded(gzip.GzipFile(fileobj=raw) if gzipped else raw,
-                          MAX_ARCHIVE_BYTES + MAX_MEMBERS * 4096 + 2**20, archive)
+        stream = _Bounded(_decompressed(raw), MAX_ARCHIVE_BYTES + MAX_MEMBERS * 4096 + 2**20, archive)
         with tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
                 count += 1
@@ -133,6 +148,9 @@ def _read_members(archive: Path) -> dict[tuple[str, str], dict[str, bytes]]:
                     raise UsageError(f"{archive}: refusing member {member.name!r} (expected plain files "
                                      f"<device-slug>/<name>/<file>.json|.html|.png, or .json|.csv|.log|.xml|.txt "
                                      f"in a part folder {'|'.join(PARTS)})")
+                if len(parts[2].encode()) > NAME_MAX:
+                    raise UsageError(f"{archive}: refusing member {parts[0]}/{parts[1]}/{parts[2][:40]}... (a file "
+                                     f"name of {len(parts[2].encode())} bytes; a file system allows {NAME_MAX})")
                 total += member.size
                 if total > MAX_ARCHIVE_BYTES:
                     raise UsageError(f"{archive}: its files add up to more than {MAX_ARCHIVE_BYTES >> 20} MiB "
@@ -161,7 +179,7 @@ def unpack(archive: str | Path, root: str | Path) -> list[Path]:
     archive, root = Path(archive), Path(root)
     try:
         folders = _read_members(archive)
-    except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:
+    except (OSError, EOFError, tarfile.TarError, zlib.error, lzma.LZMAError) as exc:
         raise UsageError(f"{archive}: truncated or damaged archive ({exc}); nothing was written") from None
     if not folders:
         raise UsageError(f"{archive}: empty archive (no reference folder with {RUN_FILE})")

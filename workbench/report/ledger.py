@@ -293,10 +293,17 @@ def format_value(value, unit: str = "", *, _depth: int = 0) -> str:
 class Table:
     """A DataFrame as a notebook shows it: every missing or non-finite value reads "—" (see `table`)."""
 
-    def __init__(self, frame: pd.DataFrame) -> None:
+    def __init__(self, frame: pd.DataFrame, *, float_format: str | None = None) -> None:
         if not isinstance(frame, pd.DataFrame):
             raise TypeError(f"table needs a pandas DataFrame, got {type(frame).__name__}")
+        if float_format is not None:
+            try:
+                float_format.format(0.5)
+            except (AttributeError, IndexError, KeyError, ValueError) as error:
+                raise ValueError(f"float_format must be a format string for one float such as '{{:+.1%}}', "
+                                 f"got {float_format!r} ({error})") from None
         self.frame = frame
+        self.float_format = float_format
 
     def _render(self, method: str, **kwargs) -> str:
         # NOTE: pandas has no display option for how NaN reads (DataFrame._repr_html_ passes na_rep="NaN"
@@ -305,6 +312,8 @@ class Table:
         for column in shown.columns:  # pandas prints None in an object column as "None"
             if pd.api.types.is_object_dtype(shown[column]):
                 shown[column] = shown[column].where(shown[column].notna(), np.nan)
+        if self.float_format is not None:  # pandas applies it to the numbers only: missing ones stay na_rep
+            kwargs["float_format"] = self.float_format.format
         return getattr(shown, method)(na_rep="—", max_rows=pd.get_option("display.max_rows"),
                                       max_cols=pd.get_option("display.max_columns"),
                                       show_dimensions=pd.get_option("display.show_dimensions"), **kwargs)
@@ -316,11 +325,12 @@ class Table:
         return self._render("to_string", line_width=pd.get_option("display.width"))
 
 
-def table(frame: pd.DataFrame) -> Table:
+def table(frame: pd.DataFrame, *, float_format: str | None = None) -> Table:
     """`frame` shown as the ledger shows values: NaN, None, inf and -inf read "—" (pandas prints them raw),
-    in JupyterLab and in the report's HTML alike. For a cell's last line or `display(table(df))`; the frame
+    in JupyterLab and in the report's HTML alike; `float_format` (e.g. "{:+.1%}") formats its float columns
+    (a Styler's format prints NaN and inf raw). For a cell's last line or `display(table(df))`; the frame
     itself is not changed (`table(df).frame is df`)."""
-    return Table(frame)
+    return Table(frame, float_format=float_format)
 
 
 _LEDGER_PARTS = (

@@ -135,6 +135,8 @@ def own_files(folder: Path) -> set[str]:
 def check_target(root: Path, slug: str, name: str) -> None:
     """Refuse (UsageError) to write `<root>/<slug>/<name>/` through a symbolic link, over something that is not
     a folder, or into a folder that is not a reference folder of ours."""
+    if os.path.lexists(root.parent) and not root.parent.is_dir():
+        raise UsageError(f"{root.parent} exists and is not a folder; move it out of the way")
     for shown in (root, root / slug, root / slug / name):
         if shown.is_symlink():
             raise UsageError(f"{shown} is a symbolic link: reference reports are written only into real folders "
