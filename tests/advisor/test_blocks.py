@@ -98,3 +98,25 @@ def test_a_model_without_blocks_says_why_it_has_no_checkpoint_candidates():
                     calibrate=False, min_run_time=0.01, candidates=lambda c: c.precision == "fp32")
     assert (advice.table["checkpoint"] == "none").all()
     assert any("no checkpoint candidates" in note for note in advice.notes)
+
+
+def test_a_densenets_layers_recompute_on_their_inputs_as_they_were():
+    """A dense layer takes the block's list of features, which grows after the call: checkpointed through its
+    blocks, the recomputation must see the list as it was (it saw 2 more channels and BatchNorm refused)."""
+    from workbench.models.densenet import densenet_bc
+
+    def run(checkpointed: bool):
+        torch.manual_seed(0)
+        net = densenet_bc(16, growth_rate=2)
+        if checkpointed:
+            checkpoint_blocks(net)
+        x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+        net(x).square().sum().backward()
+        return net
+
+    plain, checkpointed = run(False), run(True)
+    assert len(find_blocks(plain)) == 6
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, msg=name)
+    for a, b in zip(plain.buffers(), checkpointed.buffers(), strict=True):  # running statistics advanced once
+        torch.testing.assert_close(b, a)

@@ -39,3 +39,17 @@ def test_an_optimal_plan_equal_to_the_plain_or_uniform_one_reuses_its_trace():
     segments = advice._segments["fp32, checkpoint optimal"]
     known = segments == plans.uniform or not any(c for _, _, c in segments)
     assert plans.traces == (2 if known else 3)
+
+
+def test_a_programs_peaks_are_remembered_once_for_every_candidate_and_forgotten_on_recalibration():
+    work = Workload.of(mlp, torch.randn(6, 24), torch.randint(0, 5, (6,)), None, "adamw", 1e-3, torch.device("cpu"))
+    plans = Plans(work, [Config(), Config(state_dtype="fp32")])
+    first, other = plans.plan(Config()), plans.plan(Config(state_dtype="fp32"))  # two candidates, one program
+    assert first.graph is other.graph
+    before = first.graph.evaluations
+    assert [first.peak(b) for b in (2, 6, 50)] == [first.graph.required_bytes(b) + first.offset for b in (2, 6, 50)]
+    other.peak(6), other.fits(50, 2**40)  # the same program's peaks: not evaluated again
+    assert first.graph.evaluations == before + 6
+    plans.forget_peaks()  # what `Advice.verify` does after recalibrating a graph
+    first.peak(6)
+    assert first.graph.evaluations == before + 7

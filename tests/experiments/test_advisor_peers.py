@@ -8,10 +8,12 @@ from workbench.experiments.advisor import peers, suite
 
 
 def test_memtracker_sees_the_mlp_exactly_and_misses_the_lstm_workspace():
-    build, shape = suite.suite_model("mlp", width=0.125, image_size=16)
+    model = suite.suite_model("mlp", width=0.125, image_size=16)
+    build, shape = model.build, model.shape
     real = peers._allocator_peak(build, shape, 8, "adamw")
     assert peers.memtracker_peak(build, shape, 8) == pytest.approx(real, rel=0.01)
-    build, shape = suite.suite_model("lstm", width=0.125, image_size=16)
+    model = suite.suite_model("lstm", width=0.125, image_size=16)
+    build, shape = model.build, model.shape
     assert peers.memtracker_peak(build, shape, 8) < 0.8 * peers._allocator_peak(build, shape, 8, "adamw")
 
 

@@ -199,6 +199,7 @@ class Advice:
         if abs(error) > self.margin and self.device.type == "cpu":
             graph = self._by_name[row["config"]].graph
             graph.calibrate(sizes=(1, 2, 4, 8), check=(16,), refine=1)
+            self._plans.forget_peaks()
             # the candidates that share this trace run the same program: recalibrated with it (the graph's own
             # calibration now holds the scratch its precision's term stood for)
             for name, plan in self._by_name.items():

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from torch.utils.checkpoint import checkpoint
 
 from workbench.checkpoint import preserved_state
@@ -55,6 +55,9 @@ def find_blocks(model: nn.Module) -> list[nn.Module]:
 def _checkpointed(module: nn.Module, forward: Callable, *args, **kwargs):
     if not (module.training and torch.is_grad_enabled()):
         return forward(*args, **kwargs)
+    # NOTE: the recomputation runs on the arguments as they were now: containers rebuilt (a DenseNet layer's
+    # list of features grows after the call, and a recomputation on the grown list saw 57 channels, not 55)
+    args, kwargs = tree_unflatten(*tree_flatten((args, kwargs)))
     # NOTE: the recomputation must not advance BatchNorm's running statistics a second time
     return checkpoint(forward, *args, use_reentrant=False, **kwargs,
                       context_fn=lambda: (contextlib.nullcontext(), preserved_state([module])))

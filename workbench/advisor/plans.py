@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -49,13 +49,22 @@ class Plan:
     graph: CompiledGraph
     offset: int = 0
     scratch: Callable[[int], int] = _none
+    # NOTE: the program's peak per batch, shared by every candidate that runs it (`Plans.plan`): the table's
+    # largest-batch search asks each of 48 candidates ~20 batches, and a ResNet-50 timeline takes ~10 ms
+    memo: dict = field(default_factory=dict, repr=False)
+
+    def _program_peak(self, batch_size: int) -> int:
+        key = (id(self.graph), batch_size)  # graphs live as long as their `Plans`; cleared where recalibrated
+        if key not in self.memo:
+            self.memo[key] = self.graph.required_bytes(batch_size)
+        return self.memo[key]
 
     def peak(self, batch_size: int) -> int:
-        return self.graph.required_bytes(batch_size) + self.offset + self.scratch(batch_size)
+        return self._program_peak(batch_size) + self.offset + self.scratch(batch_size)
 
     def fits(self, batch_size: int, cap: float) -> bool:
         # the scratch term is >= 0 and costly (a calibrated plan): asked only where the rest fits
-        rest = self.graph.required_bytes(batch_size) + self.offset
+        rest = self._program_peak(batch_size) + self.offset
         return rest <= cap and rest + self.scratch(batch_size) <= cap
 
     def categories(self, batch_size: int) -> dict[str, int]:
@@ -102,6 +111,7 @@ class Plans:
         self._graphs: dict[tuple, CompiledGraph] = {}
         self._scratch: dict[str, Callable[[int], int]] = {}
         self._states: dict[tuple, int] = {}
+        self._peaks: dict[tuple, int] = {}  # every plan's program peaks (`Plan.memo`)
         self.traces = 0
 
     def _key(self, cfg: Config, segments: Sequence | None) -> tuple[Config, tuple | None]:
@@ -125,7 +135,11 @@ class Plans:
     def plan(self, cfg: Config, segments: Sequence | None = None) -> Plan:
         rep = self._key(cfg, segments)[0]
         return Plan(self.graph(cfg, segments), self._state_bytes(cfg) - self._state_bytes(rep),
-                    self._scratch.get(cfg.precision, _none))
+                    self._scratch.get(cfg.precision, _none), self._peaks)
+
+    def forget_peaks(self) -> None:
+        """Drop the programs' remembered peaks (a graph recalibrated: its plan changed)."""
+        self._peaks.clear()
 
     def _state_bytes(self, cfg: Config) -> int:
         """Bytes of the packed optimizer state `cfg` holds (0 for torch's optimizers: never swapped)."""

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+
 from workbench.report import Claim, Ledger, Measured, Records, at_most, between, judge, record_frame
 
 __all__ = ["CLAIMS", "ledger"]
 
 PLANNING_PARAMETERS = 100e6  # the planning-time target is stated for a 100M-parameter model
+PEAK_BAND = (-0.02, 0.05)  # every candidate's peak error (predicted - measured) / measured within this band
 
 
 def _scale(records: Records, params: Mapping) -> str:
@@ -23,16 +26,29 @@ def _scale(records: Records, params: Mapping) -> str:
             f"{params.get('image_size', '?')} px; {0 if df is None else len(df)} candidates run")
 
 
-def _error(column: str, how: str):
+def _median_error(column: str):
+    """The median |error| of `column` over every candidate, with its quartiles as the spread."""
     def measure(records: Records, params: Mapping) -> Measured | None:
         df = record_frame(records, "candidates")
         if df is None:
             return None
         errors = df[column].abs()
-        value = float(errors.median() if how == "median" else errors.max())
-        return Measured(value, spread=(float(errors.quantile(0.25)), float(errors.quantile(0.75)))
-                        if how == "median" else None, scale=_scale(records, params))
+        return Measured(float(errors.median()), spread=(float(errors.quantile(0.25)), float(errors.quantile(0.75))),
+                        scale=_scale(records, params))
     return measure
+
+
+def _band(records: Records, params: Mapping) -> Measured | None:
+    """The candidate's peak error farthest outside `PEAK_BAND` (or, all inside, nearest its edge)."""
+    df = record_frame(records, "candidates")
+    if df is None:
+        return None
+    low, high = PEAK_BAND
+    errors = df["peak_error"].astype(float)
+    worst = errors.loc[(np.maximum(low - errors, errors - high)).idxmax()]
+    inside = int(errors.between(low, high).sum())
+    return Measured(float(worst), scale=f"{_scale(records, params)}; {inside} of {len(errors)} inside, errors "
+                                        f"{errors.min():+.2%}..{errors.max():+.2%}")
 
 
 def _decisions(column: str, reduce: str):
@@ -57,6 +73,26 @@ def _decisions(column: str, reduce: str):
     return measure
 
 
+def _loads(row) -> str:
+    if "load_before" not in row:
+        return ""
+    return f"; load {row['load_before']:.1f} before, {row['load_after']:.1f} after, {int(row['threads'])} threads"
+
+
+def _planning_model(name: str):
+    """Wall time of the suite's `advise()` on model `name` (traces, calibration, timing; the budget then set)."""
+    def measure(records: Records, params: Mapping) -> Measured | None:
+        df = record_frame(records, "decisions")
+        if df is None or "planning_seconds" not in df or name not in set(df["model"]):
+            return None
+        row = df[df["model"] == name].iloc[0]
+        return Measured(float(row["planning_seconds"]), scale=(
+            f"{name} at width x{params.get('width', '?')}, {params.get('image_size', '?')} px, batch "
+            f"{params.get('batch_size', '?')}, {int(row['parameters']):,} parameters, {int(row['candidates'])} "
+            f"candidates" + _loads(row)))
+    return measure
+
+
 def _planning(records: Records, params: Mapping) -> Measured | None:
     df = record_frame(records, "planning")
     if df is None:  # no model built for the target: the suite's own planning times
@@ -70,19 +106,20 @@ def _planning(records: Records, params: Mapping) -> Measured | None:
     row = big.loc[big["planning_seconds"].idxmax()]
     return Measured(float(row["planning_seconds"]), scale=f"{row['model']}, {int(row['parameters']):,} parameters"
                     + (f", batch {int(row['batch_size'])}, {int(row['candidates'])} candidates"
-                       if "candidates" in big else ""))
+                       if "candidates" in big else "") + _loads(row))
 
 
 CLAIMS = (
     Claim("Predicted peak within 5% of the allocator, median over the suite and every candidate",
-          unit="|error| (fraction)", paper="goal: <= 0.05", measure=_error("peak_error", "median"),
+          unit="|error| (fraction)", paper="goal: <= 0.05", measure=_median_error("peak_error"),
           rule=at_most(0.05), source="target",
           definition="|predicted - measured| / measured peak, measured by AllocatorMeter over build + two steps"),
-    Claim("Predicted peak within 10% of the allocator, worst over the suite and every candidate",
-          unit="|error| (fraction)", paper="goal: <= 0.10", measure=_error("peak_error", "max"),
-          rule=at_most(0.10), source="target", definition="as above, the largest"),
+    Claim("Predicted peak within -2%..+5% of the allocator, every candidate of the suite",
+          unit="error (fraction)", paper="goal: -0.02..+0.05", measure=_band, rule=between(*PEAK_BAND),
+          source="target", definition="(predicted - measured) / measured peak of the candidate farthest outside "
+                                      "the band (nearest its edge when all are inside)"),
     Claim("Predicted step time within 15%, median over the suite and every candidate", unit="|error| (fraction)",
-          paper="goal: <= 0.15", measure=_error("time_error", "median"), rule=at_most(0.15), source="target",
+          paper="goal: <= 0.15", measure=_median_error("time_error"), rule=at_most(0.15), source="target",
           definition="|predicted - measured| / measured seconds per step, median of real steps after a warm-up"),
     Claim("Verification runs over the budget", unit="runs", paper="goal: 0",
           measure=_decisions("within_budget", "count_false"), rule=at_most(0), source="target",
@@ -97,6 +134,10 @@ CLAIMS = (
     Claim("Planning a 100M-parameter model takes under 60 s on CPU", unit="seconds", paper="goal: <= 60",
           measure=_planning, rule=at_most(60), source="target", made_on="cpu",
           definition="wall time of advise() (traces, calibration, timing) for a model of >= 100M parameters"),
+    Claim("Planning ResNet-50 takes under 60 s on a 2-core CPU", unit="seconds", paper="goal: <= 60",
+          measure=_planning_model("resnet50"), rule=at_most(60), source="target", made_on="cpu",
+          definition="wall time of advise() on the suite's ResNet-50 at the profile's scale, every candidate "
+                     "(traces, calibration, layer profile, timing), with the machine's load beside it"),
 )
 
 

@@ -2,7 +2,8 @@
 
 - Peak at the user's batch (fp32, AdamW: the one configuration every peer models): the advisor's prediction,
   PyTorch's `MemTracker` under fake tensors (torch.distributed._tools.mem_tracker), DeepSpeed's model-state
-  estimate where deepspeed is installed, each against `AllocatorMeter` over the same training program.
+  estimate where deepspeed is installed, each against `AllocatorMeter` over the program it models (the
+  advisor's fp32 row runs torch's fused AdamW, MemTracker's torch's default AdamW).
 - Largest batch for the budget: the advisor's (zero trials) against accelerate's `find_executable_batch_size`
   and Lightning's `Tuner.scale_batch_size` (power, binsearch), whose trials run under a `BudgetGuard` (it
   counts tensors, as those tools see out-of-memory); every answer is then run once under `AllocatorMeter`,
@@ -49,6 +50,14 @@ def memtracker_peak(build, shape: tuple[int, ...], batch_size: int) -> int:
         return int(sum(v["Total"] for v in tracker.get_tracker_snapshot("peak").values()))
 
 
+def _advisor_peak(advice: Advice, batch_size: int) -> int:
+    """The allocator's peak of the advisor's own fp32 program (torch's fused AdamW) at `batch_size`."""
+    gc.collect()
+    with AllocatorMeter("cpu") as meter:
+        advice.program("fp32")(batch_size, None)
+    return meter.peak_bytes
+
+
 def _allocator_peak(build, shape, batch_size: int, optimizer: str) -> int:
     gc.collect()
     with AllocatorMeter("cpu") as meter:
@@ -67,18 +76,26 @@ def _trial(finder, method: str) -> dict:
 def peer_table(name: str, advice: Advice, *, width: float, image_size: int, start_batch: int = 256) -> pd.DataFrame:
     """Peak and largest-batch answers of the advisor and its peers for the suite model `name`, each checked
     by a real run (CPU)."""
-    build, shape = suite_model(name, width=width, image_size=image_size)
+    model = suite_model(name, width=width, image_size=image_size)
+    build, shape = model.build, model.shape
     b, budget = advice.batch_size, advice.memory_budget
+    if model.vocab:  # the peers' programs draw float inputs and class targets
+        return pd.DataFrame([{"model": name, "question": "peers", "method": "all", "answer": None,
+                              "note": "not run: the peers' training programs take float inputs and one class per "
+                                      "example, this model token ids and a target per token"}])
     rows = []
-    measured = _allocator_peak(build, shape, b, "adamw")
+    # NOTE: each answer against the program it models: the advisor's fp32 row runs torch's fused AdamW (no
+    # temporaries), MemTracker and the trial finders torch's default AdamW (foreach: one temporary per group)
+    mine, default = _advisor_peak(advice, b), _allocator_peak(build, shape, b, "adamw")
 
-    def peak_row(method, value, seconds, note=""):
+    def peak_row(method, value, seconds, note="", measured=default):
         rows.append({"model": name, "question": f"peak at batch {b}", "method": method, "answer": value,
                      "trials": 0, "seconds": seconds, "allocator_bytes": measured,
                      "error": None if value is None else (value - measured) / measured, "note": note})
 
     fp32 = advice.table.set_index("config").loc["fp32"]
-    peak_row("advisor (fp32 row)", int(fp32["predicted_peak_bytes"]), None, "CalcGraph plan, calibrated")
+    peak_row("advisor (fp32 row)", int(fp32["predicted_peak_bytes"]), None, "CalcGraph plan, calibrated; fused AdamW",
+             measured=mine)
     start = time.perf_counter()
     try:
         peak_row("torch MemTracker (fake tensors)", memtracker_peak(build, shape, b), time.perf_counter() - start)
@@ -95,7 +112,12 @@ def peer_table(name: str, advice: Advice, *, width: float, image_size: int, star
     for answer in answers:
         batch = answer["max_batch"]
         # NOTE: the trial peers train Adam; AdamW keeps the same state, so one check serves both
-        real = _allocator_peak(build, shape, int(batch), "adamw") if batch else None
+        if not batch:
+            real = None
+        elif answer["method"].startswith("advisor"):
+            real = _advisor_peak(advice, int(batch))
+        else:
+            real = _allocator_peak(build, shape, int(batch), "adamw")
         rows.append({"model": name, "question": "largest batch in the budget", "method": answer["method"],
                      "answer": batch, "trials": answer["trials"], "seconds": answer["seconds"],
                      "allocator_bytes": real, "error": None if real is None else real / budget - 1,

@@ -1,17 +1,35 @@
-"""The advisor's Pareto figure: predicted step time against predicted peak, one point per candidate."""
+"""The advisor's figures: predicted step time against predicted peak, one point per candidate (the Pareto
+figure), and every candidate's prediction against its real run. Pure functions of a record; a figure made
+where the notebook gives no verdicts (`verdicts` False: toy sizes) says so on itself."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
-__all__ = ["pareto", "prediction_scatter"]
+__all__ = ["TOY_SCALE", "plot_pareto", "plot_prediction"]
+
+TOY_SCALE = "toy scale: verdicts off, not evidence (see the ledger)"
 
 
-def pareto(table: pd.DataFrame, *, budget: float, choice: str | None, verified: dict | None = None,
-           title: str = "") -> plt.Figure:
+def _marked(fig: plt.Figure, verdicts: bool, reduced: str = "") -> plt.Figure:
+    """`fig` laid out and, where `verdicts` is False, marked `TOY_SCALE` above its top edge; where verdicts are
+    on but the models are reduced (`reduced`: their widths and resolution), marked toy scale with those."""
+    if not isinstance(verdicts, bool):
+        raise TypeError(f"verdicts must be a bool (the notebook parameter), got {verdicts!r}")
+    fig.tight_layout()
+    mark = TOY_SCALE if not verdicts else f"toy scale: {reduced} (our targets are judged at it)" if reduced else ""
+    if mark:
+        fig.text(0.5, 1.0, mark, ha="center", va="bottom", fontsize=9, color="white", fontweight="bold",
+                 bbox={"boxstyle": "round", "facecolor": "C3", "edgecolor": "none"})
+    return fig
+
+
+def plot_pareto(table: pd.DataFrame, *, budget: float, choice: str | None, verified: dict | None = None,
+                title: str = "", verdicts: bool = True, reduced: str = "") -> plt.Figure:
     """Each candidate at (predicted peak, predicted step time); the budget as a line; the choice marked,
-    with its verified peak and time beside the prediction when `verified` is given."""
+    with its verified peak and time beside the prediction when `verified` is given. `reduced` describes
+    models smaller than published (`_marked`)."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     fits = table["fits"].astype(bool)
     for mask, color, label in ((fits, "tab:blue", "fits"), (~fits, "tab:gray", "over budget")):
@@ -29,12 +47,11 @@ def pareto(table: pd.DataFrame, *, budget: float, choice: str | None, verified: 
     ax.set_ylabel("step time (ms)")
     ax.set_title(title or "Every candidate, predicted")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts, reduced)
 
 
-def prediction_scatter(candidates: pd.DataFrame) -> plt.Figure:
-    """Predicted against measured peak and step time for every candidate of the suite."""
+def plot_prediction(candidates: pd.DataFrame, *, verdicts: bool = True, reduced: str = "") -> plt.Figure:
+    """Predicted against measured peak and step time for every candidate of the suite (`reduced`: `_marked`)."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, (pred, real, unit, scale) in zip(axes, (
             ("predicted_peak_bytes", "measured_peak_bytes", "MiB", 2**-20),
@@ -47,5 +64,4 @@ def prediction_scatter(candidates: pd.DataFrame) -> plt.Figure:
         ax.set_ylabel(f"predicted ({unit})")
         ax.set_title("peak memory" if unit == "MiB" else "step time")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _marked(fig, verdicts, reduced)

@@ -11,6 +11,8 @@ the two re-timed side by side (see `paired_regret`).
 from __future__ import annotations
 
 import gc
+import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -22,54 +24,12 @@ from tqdm.auto import tqdm
 
 from workbench.advisor import Advice, advise
 from workbench.measure import AllocatorMeter, calls_for, time_interleaved
-from workbench.models import build
-from workbench.models.densenet import densenet_bc
+
+from .models import SUITE, suite_model
 
 __all__ = ["SUITE", "evaluate", "measure_candidate", "paired_regret", "planning_model", "planning_time", "suite_model"]
 
-SUITE = ("resnet50", "densenet_bc_100", "transformer", "lstm", "mlp")
 PAIRED_SAMPLE_S = 0.03  # the least time one round of `paired_regret` spends on each candidate
-
-
-class _Encoder(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        layer = nn.TransformerEncoderLayer(width, 4, dim_feedforward=2 * width, dropout=0.1, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.head = nn.Linear(width, 10)
-
-    def forward(self, x):
-        return self.head(self.encoder(x).mean(1))
-
-
-class _LSTM(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.rnn = nn.LSTM(width, 2 * width, num_layers=2, batch_first=True)
-        self.head = nn.Linear(2 * width, 10)
-
-    def forward(self, x):
-        return self.head(self.rnn(x)[0][:, -1])
-
-
-def suite_model(name: str, *, width: float, image_size: int) -> tuple[Callable[[], nn.Module], tuple[int, ...]]:
-    """A model factory of the suite at `width` (channel multiplier) and its per-example input shape."""
-    tokens = max(8, image_size // 2)
-    features = max(8, int(64 * width))
-    if name == "resnet50":
-        return lambda: build("resnet50", width=width), (3, image_size, image_size)
-    if name == "densenet_bc_100":
-        growth = max(2, round(12 * width))
-        return lambda: densenet_bc(100, growth_rate=growth), (3, image_size, image_size)
-    if name == "transformer":
-        return lambda: _Encoder(features), (tokens, features)
-    if name == "lstm":
-        return lambda: _LSTM(features), (tokens, features)
-    if name == "mlp":
-        return lambda: nn.Sequential(nn.Flatten(), nn.Linear(features * 4, 4 * features), nn.ReLU(),
-                                     nn.Linear(4 * features, 4 * features), nn.ReLU(),
-                                     nn.Linear(4 * features, 10)), (features * 4,)
-    raise ValueError(f"model must be one of {SUITE}, got {name!r}")
 
 
 def measure_candidate(advice: Advice, config: str, *, repeats: int) -> dict:
@@ -102,13 +62,16 @@ def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size
     Returns (candidates, decisions, advice per model)."""
     rows, decisions, advices = [], [], {}
     for name in tqdm(models, desc="models", disable=not progress):
-        factory, shape = suite_model(name, width=width, image_size=image_size)
-        x = torch.randn(batch_size, *shape, device=device)
-        y = torch.randint(0, 10, (batch_size,), device=device)
-        start = time.perf_counter()
-        advice = advise(factory, (x, y), memory_budget=2**62, candidates=candidates, min_run_time=min_run_time,
-                        device=device)
-        planning = time.perf_counter() - start
+        model = suite_model(name, width=width, image_size=image_size)
+        torch.manual_seed(0)
+        batch = model.batch(batch_size, device=device)
+        gc.collect()
+        load, start = _load(), time.perf_counter()
+        advice = advise(model.build, batch, memory_budget=2**62, loss_fn=model.loss_fn, candidates=candidates,
+                        min_run_time=min_run_time, device=device)
+        planning = {"planning_seconds": time.perf_counter() - start, "load_before": load, "load_after": _load(),
+                    "threads": torch.get_num_threads(), "candidates": len(advice.table),
+                    **{f"{phase.replace(' ', '_')}_seconds": t for phase, t in advice.planning_seconds.items()}}
         peaks = advice.table["predicted_peak_bytes"]
         budget = float(peaks.quantile(budget_quantile, interpolation="lower")) / (1 - advice.margin)
         advice.rebudget(budget)
@@ -127,12 +90,17 @@ def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size
     return table, pd.DataFrame(decisions), advices
 
 
-def _decision(name: str, advice: Advice, budget: float, planning: float, rows: list[dict], repeats: int) -> dict:
+def _load() -> float:
+    """The 1-minute load average (planning times are wall times on a machine other processes may share)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+
+
+def _decision(name: str, advice: Advice, budget: float, planning: dict, rows: list[dict], repeats: int) -> dict:
     try:
         choice = advice.best["config"]
     except ValueError as error:
-        return {"model": name, "budget_bytes": budget, "choice": None, "error": str(error),
-                "planning_seconds": planning}
+        return {"model": name, "budget_bytes": budget, "choice": None, "error": str(error), **planning,
+                "parameters": _parameters(advice)}
     result = advice.verify(repeats=repeats)
     mine = [r for r in rows if r["model"] == name]
     usable = budget * (1 - advice.margin)  # the advisor's own usable budget: a fair race
@@ -148,7 +116,7 @@ def _decision(name: str, advice: Advice, budget: float, planning: float, rows: l
             "regret_hi": hi,
             "verifications": advice.real_runs.get("verification", 0),
             "real_passes": sum(advice.real_runs.values()), "real_runs": str(advice.real_runs),
-            "planning_seconds": planning, "parameters": _parameters(advice)}
+            **planning, "parameters": _parameters(advice)}
 
 
 def paired_regret(advice: Advice, chosen: str, fastest: str, *, rounds: int) -> tuple[float, float, float]:
@@ -200,12 +168,13 @@ def planning_time(parameters: int, *, batch_size: int, min_run_time: float, cand
     factory, shape = planning_model(parameters)
     x, y = torch.randn(batch_size, *shape), torch.randint(0, 10, (batch_size,))
     gc.collect()
-    start = time.perf_counter()
+    load, start = _load(), time.perf_counter()
     advice = advise(factory, (x, y), memory_budget=2**62, min_run_time=min_run_time, candidates=candidates)
     seconds = time.perf_counter() - start
     with torch.device("meta"):
         width = factory()[0].out_features
     return {"model": f"MLP, width {width}", "parameters": _parameters(advice),
             "batch_size": batch_size, "candidates": len(advice.table), "planning_seconds": seconds,
+            "load_before": load, "load_after": _load(), "threads": torch.get_num_threads(),
             **{f"{phase.replace(' ', '_')}_seconds": t for phase, t in advice.planning_seconds.items()},
             "real_runs": str(advice.real_runs)}
