@@ -29,7 +29,7 @@ import torch
 __all__ = ["ZOO_BATCH_SIZES", "ADVISOR_ORDER", "zoo_on_device", "advisor_on_device", "main"]
 
 ZOO_BATCH_SIZES = {"gpu": (1, 8, 64, 256), "smoke": (1, 4)}  # the cpu build's zoo batches (paper profile's too)
-ADVISOR_ORDER = ("mlp", "lstm", "transformer", "densenet_bc_100", "resnet50")  # cheapest first
+ADVISOR_ORDER = ("mlp", "lstm", "transformer", "gpt2", "densenet_bc_100", "resnet50", "vit")  # cheapest first
 
 
 def _write_csv(frame: pd.DataFrame, path: Path) -> None:
