@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.test_measure_allocator import family_step
+from tests.test_measure_allocator import counted_and_allocated, family_step
 from workbench.calcgraph import BudgetGuard
-from workbench.measure import AllocatorMeter, MemoryMeter, allocator_events
+from workbench.measure import MemoryMeter, allocator_events
 
 USERS_MODELS = ["mha self-attention", "sdpa self-attention", "encoder layer", "residual mlp", "tied lm"]
 
@@ -44,12 +44,7 @@ def test_the_budget_guard_counts_the_users_program(one_thread):
     """CalcGraph's guard shares the counting mode: its peak is the meter's, below the allocator's peak of the plain
     step by the Python numbers neither sees (tests/test_measure_allocator.py)."""
     step = family_step("mha self-attention")
-    gc.collect()
-    with AllocatorMeter("cpu") as plain:
-        step()
-    gc.collect()
-    with MemoryMeter("cpu") as meter:
-        step()
+    counted, allocated = counted_and_allocated(step)
     guard = BudgetGuard(2**40)
     try:
         gc.collect()
@@ -57,8 +52,8 @@ def test_the_budget_guard_counts_the_users_program(one_thread):
             step()
     finally:
         guard.close()
-    assert guard.peak_bytes == meter.peak_bytes
-    assert 0 < plain.peak_bytes - guard.peak_bytes <= 16, (guard.peak_bytes, plain.peak_bytes)
+    assert guard.peak_bytes == counted
+    assert 0 < allocated - guard.peak_bytes <= 16, (guard.peak_bytes, allocated)
 
 
 @contextlib.contextmanager

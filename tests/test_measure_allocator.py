@@ -145,18 +145,24 @@ def family_step(family: str):
     return step
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_tensor_count_against_the_allocator_of_a_plain_run(family, one_thread):
-    """MemoryMeter's peak against the allocator's over the same step run without any dispatch mode: the
-    user's program (a dispatch mode changes what torch runs, `workbench/inplace.py`)."""
-    step, blind = family_step(family), FAMILIES[family][3]
+def counted_and_allocated(step) -> tuple[int, int]:
+    """`step`'s peak counted by MemoryMeter, and the allocator's peak of the same step run plain (no dispatch
+    mode), each after a collection."""
     gc.collect()
     with AllocatorMeter("cpu") as plain:
         step()
     gc.collect()
     with MemoryMeter("cpu") as meter:
         step()
-    tensors, allocator = meter.peak_bytes, plain.peak_bytes
+    return meter.peak_bytes, plain.peak_bytes
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tensor_count_against_the_allocator_of_a_plain_run(family, one_thread):
+    """MemoryMeter's peak against the allocator's over the same step run without any dispatch mode: the
+    user's program (a dispatch mode changes what torch runs, `workbench/inplace.py`)."""
+    blind = FAMILIES[family][3]
+    tensors, allocator = counted_and_allocated(family_step(family))
     assert tensors <= allocator, (tensors, allocator)  # the tracker never sees more than the allocator hands out
     if blind == "scratch":
         assert allocator > 1.05 * tensors, (tensors, allocator)
