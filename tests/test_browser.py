@@ -182,6 +182,10 @@ def _run_all(page, name: str) -> float:
     return time.monotonic() - start
 
 
+_WATCH_DISABLED = """b => new MutationObserver(() => { if (b.disabled) b.dataset.wasDisabled = 'yes'; })
+    .observe(b, {attributes: true, attributeFilter: ['disabled']})"""
+
+
 def _operate_a_widget(page, name: str) -> list[str]:
     """Click the first widget's run button (every notebook's widgets are `interact_manual`) and watch the kernel
     until its output changes; return the samples where the widget was working while the kernel read Idle."""
@@ -191,11 +195,14 @@ def _operate_a_widget(page, name: str) -> list[str]:
     output = button.locator("xpath=following-sibling::div[contains(@class,'widget-output')]").first
     before = output.inner_text()
     button.scroll_into_view_if_needed()
+    # NOTE: a widget that works for less than one polling interval is disabled and enabled again between two
+    # samples, so the page itself records that the button was ever disabled (an observer, set before the click)
+    button.evaluate(_WATCH_DISABLED)
     button.click()
-    idle_while_working, deadline, seen_disabled = [], time.monotonic() + RUN_SECONDS, False
+    idle_while_working, deadline = [], time.monotonic() + RUN_SECONDS
     while time.monotonic() < deadline:
         disabled, status = button.is_disabled(), _status(page)
-        seen_disabled |= disabled
+        seen_disabled = button.evaluate("b => b.dataset.wasDisabled === 'yes'")
         if disabled and status == "Idle":
             idle_while_working.append(f"{time.monotonic():.1f}")
         if seen_disabled and not disabled and status == "Idle" and output.inner_text() != before:
