@@ -242,17 +242,22 @@ inline fvec sqrt_t(const fvec& v) {
 // divisions per vector) bounds the in-cache step; this moves one division to the FMA ports.
 struct DivideByConstant {
   fvec c, y;
-  bool exact;  // c is a positive normal number <= 1 (else: plain division)
 };
+// kExact: c is a positive normal number <= 1 (else: plain division); a template parameter, so the loop has
+// no branch on it.
+template <bool kExact>
 inline fvec divide(const fvec& x, const DivideByConstant& d) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  if (d.exact) {
+  if constexpr (kExact) {
     const fvec q = x * d.y;
-    const fvec r = at::vec::fmadd(fvec(0.0f) - q, d.c, x);
-    const fvec fine = at::vec::fmadd(r, d.y, q);
 #if defined(CPU_CAPABILITY_AVX512)
-    return _mm512_mask_mov_ps(fine, _mm512_fpclass_ps_mask(x, 0x9F), q);  // 0x9F: NaN, +-0, +-inf
+    // r = x - c * q in one fnmadd (-(q * c) + x: the same single rounding as fmadd(-q, c, x)), and the
+    // correction q + r * y merged with the special lanes' q by the FMA's own mask (0x9F: NaN, +-0, +-inf)
+    const fvec r = _mm512_fnmadd_ps(q, d.c, x);
+    return _mm512_mask3_fmadd_ps(r, d.y, q, static_cast<__mmask16>(~_mm512_fpclass_ps_mask(x, 0x9F)));
 #else
+    const fvec r = _mm256_fnmadd_ps(q, d.c, x);
+    const fvec fine = at::vec::fmadd(r, d.y, q);
     const fvec special = (x == fvec(0.0f)) | (x.abs() < fvec(INFINITY)) ^ as_float(ivec(-1));
     return fvec::blendv(fine, q, special);
 #endif
@@ -283,7 +288,14 @@ inline ivec float_to_bf16_hi(const fvec& x) {
 }
 
 // bits | 0x400000 where x is a NaN: the quiet bit of fp32 is bf16's bit 0x40, which split sets on a
-// NaN whose payload may sit in dropped bits
+// NaN whose payload may sit in dropped bits. NOTE: x86 arithmetic never returns a signalling NaN, so
+// on AVX2/AVX512 builds a value that comes out of an arithmetic instruction needs no quieting
+// (kArithmeticQuiets); generic builds (maybe not x86) quiet it here.
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+constexpr bool kArithmeticQuiets = true;
+#else
+constexpr bool kArithmeticQuiets = false;
+#endif
 inline ivec quiet_if_nan(const ivec& bits, const fvec& x) {
 #if defined(CPU_CAPABILITY_AVX512)
   return _mm512_mask_or_epi32(bits, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), bits, _mm512_set1_epi32(0x400000));
