@@ -23,6 +23,7 @@ returns False, and :func:`kernel_update` runs its fallback (the ``torch.compile`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
@@ -67,10 +68,26 @@ def _capability() -> str:
     return cap if cap in _ARCH_FLAGS else "DEFAULT"
 
 
-def build_flags(capability: str | None = None) -> list[str]:
-    """The C++ flags of the kernel for a CPU capability ("AVX512", "AVX2", else generic code)."""
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    return frozenset(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+
+
+def build_flags(capability: str | None = None, cpu_flags: frozenset[str] | None = None) -> list[str]:
+    """The C++ flags of the kernel for a CPU capability ("AVX512", "AVX2", else generic code); with AVX512,
+    ``-mavx512vbmi`` where the CPU (``cpu_flags``, by default this machine's) has the byte permutes."""
     cap = _capability() if capability is None else capability
-    return ["-O3", "-fopenmp", "-ffp-contract=off", *_ARCH_FLAGS.get(cap, [])]
+    flags = ["-O3", "-fopenmp", "-ffp-contract=off", *_ARCH_FLAGS.get(cap, [])]
+    # NOTE: the build runs on the machine that loads it, and the flags are part of the build's name
+    # (extension_name), so a VBMI build is never loaded by a CPU without VBMI.
+    if cap == "AVX512" and "avx512vbmi" in (_cpu_flags() if cpu_flags is None else cpu_flags):
+        flags.append("-mavx512vbmi")
+    return flags
 
 
 # NOTE: a build killed midway leaves torch's `lock` file in the build folder, and torch then waits on it

@@ -78,11 +78,8 @@ struct Kernel {
                            char* state1, const fvec* c, const DivideByConstant& c5, const ivec& seed,
                            bool momentum, bool nesterov, bool first) {
     fvec master;
-    if constexpr (kFast) {  // bf16 without the rounding flag: the pattern and the extra bits, or-ed
-      ivec low = I(0);  // no plane: k = 0, the 16-bit value alone
-      if constexpr (kPlanes == 1) low = load_u8_at<1>(plane0);
-      if constexpr (kPlanes == 2) low = load_u8_at<0>(plane0) | load_u8_at<1>(plane1);
-      master = as_float(load_u16_hi(half) | low);
+    if constexpr (kFast) {  // bf16 without the rounding flag: the pattern and the extra bits (none: k = 0)
+      master = as_float(load_bf16_master<kPlanes>(half, plane0, plane1));
     } else {
       ivec hb = load_u16(half);
       ivec values = I(0);
@@ -120,13 +117,7 @@ struct Kernel {
       if constexpr (kNoise) bits = add_below_inf(bits, hash_mix(seed) & I((1 << kDrop) - 1));
       // master is an arithmetic result (sub_t): already quiet where x86 arithmetic quiets
       if constexpr (kExtra < kFull && !kArithmeticQuiets) bits = quiet_if_nan(bits, master);
-      store_u16_hi(half, bits);
-      if constexpr (kPlanes == 1) {
-        store_u8_from<1>(plane0, bits);
-      } else if constexpr (kPlanes == 2) {
-        store_u8_from<0>(plane0, bits);
-        store_u8_from<1>(plane1, bits);
-      }
+      store_bf16_master<kPlanes>(half, plane0, plane1, bits);
       return;
     }
     ivec hb, low;

@@ -181,6 +181,72 @@ inline bool all_lanes(const ivec& mask) {
 #endif
 }
 
+// The fp32 bits of kLanes bf16 master values whose extra bits are 0, 1 or 2 whole byte planes right below
+// the 16-bit pattern (lane i: half[i] << 16 | plane0[i] << 8, or half[i] << 16 | plane1[i] << 8 | plane0[i]),
+// and their split back. NOTE: with AVX512-VBMI (cpu_kernel.py adds -mavx512vbmi where the CPU has it) one
+// two-source byte permute assembles a vector, and one byte permute takes it apart (the planes then sit in
+// its third and fourth 128-bit lanes, one extract each): 1 instead of 3 vector ops to load bf16+8 and 2
+// instead of 3 to store; 2 instead of 5 to load bf16+16 and 3 instead of 4 to store. Without VBMI: a word
+// permute and a byte shuffle per plane.
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512VBMI__)
+template <int kPlanes>
+struct MasterBytes {
+  alignas(64) int8_t gather[64];   // vpermt2b: byte < 64 from the half's 32 bytes, 64 + j byte j of the planes
+  alignas(64) int8_t scatter[64];  // vpermb: half words, then plane0's bytes, then plane1's
+  constexpr MasterBytes() : gather(), scatter() {
+    for (int i = 0; i < 16; i++) {
+      gather[4 * i] = kPlanes == 2 ? 64 + i : 0;
+      gather[4 * i + 1] = kPlanes == 2 ? 80 + i : 64 + i;
+      gather[4 * i + 2] = static_cast<int8_t>(2 * i);
+      gather[4 * i + 3] = static_cast<int8_t>(2 * i + 1);
+      scatter[2 * i] = static_cast<int8_t>(4 * i + 2);
+      scatter[2 * i + 1] = static_cast<int8_t>(4 * i + 3);
+      scatter[32 + i] = static_cast<int8_t>(kPlanes == 2 ? 4 * i : 4 * i + 1);
+      scatter[48 + i] = static_cast<int8_t>(4 * i + 1);
+    }
+  }
+};
+template <int kPlanes>
+inline constexpr MasterBytes<kPlanes> kMasterBytes{};
+#endif
+
+template <int kPlanes>
+inline ivec load_bf16_master(const uint16_t* half, const uint8_t* plane0, const uint8_t* plane1) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512VBMI__)
+  if constexpr (kPlanes > 0) {
+    const __m512i h = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(half)));
+    __m512i p = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(plane0)));
+    if constexpr (kPlanes == 2) p = _mm512_inserti32x4(p, _mm_loadu_si128(reinterpret_cast<const __m128i*>(plane1)), 1);
+    constexpr __mmask64 kept = kPlanes == 2 ? ~0ULL : 0xEEEEEEEEEEEEEEEEULL;  // byte 0 of a lane: zero with one plane
+    return _mm512_maskz_permutex2var_epi8(kept, h, _mm512_load_si512(kMasterBytes<kPlanes>.gather), p);
+  }
+#endif
+  ivec low = I(0);
+  if constexpr (kPlanes == 1) low = load_u8_at<1>(plane0);
+  if constexpr (kPlanes == 2) low = load_u8_at<0>(plane0) | load_u8_at<1>(plane1);
+  return load_u16_hi(half) | low;
+}
+
+template <int kPlanes>
+inline void store_bf16_master(uint16_t* half, uint8_t* plane0, uint8_t* plane1, const ivec& bits) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512VBMI__)
+  if constexpr (kPlanes > 0) {
+    const __m512i parts = _mm512_permutexvar_epi8(_mm512_load_si512(kMasterBytes<kPlanes>.scatter), bits);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(half), _mm512_castsi512_si256(parts));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(plane0), _mm512_extracti32x4_epi32(parts, 2));
+    if constexpr (kPlanes == 2) _mm_storeu_si128(reinterpret_cast<__m128i*>(plane1), _mm512_extracti32x4_epi32(parts, 3));
+    return;
+  }
+#endif
+  store_u16_hi(half, bits);
+  if constexpr (kPlanes == 1) {
+    store_u8_from<1>(plane0, bits);
+  } else if constexpr (kPlanes == 2) {
+    store_u8_from<0>(plane0, bits);
+    store_u8_from<1>(plane1, bits);
+  }
+}
+
 // NOTE: ATen's add and sub kernels compute self + alpha * other as fmadd(other, alpha, self): where
 // both operands are NaN the result is `other`'s NaN (quieted, sign kept), where x86's vaddps/vsubps
 // would return `self`'s. The eager step's NaN payloads (so the bits of a NaN master value's half and
