@@ -33,6 +33,18 @@ namespace {
 using namespace workbench_packed;
 
 // ------------------------------------------------------------------------------- the step
+// NOTE: each stream is prefetched this many blocks ahead (2 KB of fp32 moments): the loop's arithmetic takes
+// about as long as its memory traffic, and the hardware prefetcher alone left the two overlapping less; on
+// the 2-core EPYC (Zen 4) at 4M values, kernel alone: bf16+8 1.03-1.05x, bf16+16 1.13-1.15x faster than
+// without (8 and 16 blocks measured 3% and 15%, 32 blocks 4.5% and 13%).
+constexpr int64_t kPrefetchBlocks = 32;
+
+// a hint to bring the line `Bytes` past p into the cache (no fault whatever the address: computed as an integer)
+template <int64_t Bytes>
+inline void prefetch_ahead(const void* p) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + Bytes), 1, 0);
+}
+
 enum Math : int64_t { kAdamW = 0, kAdam = 1, kSgd = 2 };
 
 struct Step {
@@ -174,6 +186,12 @@ struct Kernel {
     ivec seed = hash_seed(static_cast<int32_t>(s.offset + first_i), s.key);
     const ivec seed_step = I(static_cast<int32_t>(kLanes * kGolden));
     for (int64_t blk = b0; blk < full_end; blk++, seed = seed + seed_step) {
+      prefetch_ahead<kPrefetchBlocks * kLanes * 2>(half);
+      prefetch_ahead<kPrefetchBlocks * kLanes * 2>(grad);
+      if constexpr (kPlanes >= 1) prefetch_ahead<kPrefetchBlocks * kLanes>(p0);
+      if constexpr (kPlanes == 2) prefetch_ahead<kPrefetchBlocks * kLanes>(p1);
+      if (s0) prefetch_ahead<kPrefetchBlocks * kLanes * kStateSize>(s0);
+      if (s1) prefetch_ahead<kPrefetchBlocks * kLanes * kStateSize>(s1);
       block<kExact>(half, grad, p0, p1, s0, s1, cl, c5l, seed, momentum, nesterov, first);
       half += kLanes;
       grad += kLanes;
