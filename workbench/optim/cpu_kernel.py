@@ -75,7 +75,8 @@ def _cpu_flags() -> frozenset[str]:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return frozenset()
-    return frozenset(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+    flags = next((line.split(":", 1)[1] for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(flags.split())
 
 
 def build_flags(capability: str | None = None, cpu_flags: frozenset[str] | None = None) -> list[str]:
@@ -152,6 +153,26 @@ def available() -> bool:
     return bool(_STATE["ok"])
 
 
+def _static_reason(math_fn: Callable, options: dict[str, Any], scaled: bool) -> str | None:
+    """Why the kernel cannot run an update with these keywords, whatever its tensors (None when it can)."""
+    if math_fn is not adam_math and math_fn is not sgd_math:
+        return f"math_fn {getattr(math_fn, '__name__', math_fn)!r}: only adam_math and sgd_math"
+    known = _OPTIONS[math_fn]
+    unknown = sorted(k for k in options if k not in known and not (k in _OFF_ONLY and not options[k]))
+    if unknown or scaled:
+        return f"options the kernel does not implement: {unknown + (['scaled'] if scaled else [])}"
+    return None
+
+
+def _tensor_checks(math_fn: Callable, extra_bits: int, stochastic_rounding: bool, master_rounding: str,
+                   options: dict[str, Any]) -> dict[str, Any]:
+    """``kernel_args.flat_args_reason``'s keywords for an update the kernel takes by its keywords."""
+    return dict(device_type="cpu", extra_bits=extra_bits, stochastic_rounding=stochastic_rounding,
+                master_rounding=master_rounding,
+                n_states=2 if math_fn is adam_math else int(bool(options.get("momentum"))),
+                n_coef=9 if math_fn is adam_math else 4, planes=(0, 1, 2))
+
+
 def unsupported_reason(
     half: torch.Tensor, grad: torch.Tensor, extra: Any, states: Sequence[torch.Tensor], coef: torch.Tensor, *,
     math_fn: Callable, extra_bits: int, stochastic_rounding: bool, master_rounding: str = "truncate",
@@ -163,16 +184,9 @@ def unsupported_reason(
     it does not implement (``maximize``, ``amsgrad``, loss scaling ``scaled``, any other name) are
     refused, so the caller's fallback computes them.
     """
-    if math_fn is not adam_math and math_fn is not sgd_math:
-        return f"math_fn {getattr(math_fn, '__name__', math_fn)!r}: only adam_math and sgd_math"
-    known = _OPTIONS[math_fn]
-    unknown = sorted(k for k in options if k not in known and not (k in _OFF_ONLY and not options[k]))
-    if unknown or scaled:
-        return f"options the kernel does not implement: {unknown + (['scaled'] if scaled else [])}"
-    return flat_args_reason(half, grad, extra, states, coef, device_type="cpu", extra_bits=extra_bits,
-                            stochastic_rounding=stochastic_rounding, master_rounding=master_rounding,
-                            n_states=2 if math_fn is adam_math else int(bool(options.get("momentum"))),
-                            n_coef=9 if math_fn is adam_math else 4, planes=(0, 1, 2))
+    return _static_reason(math_fn, options, scaled) or flat_args_reason(
+        half, grad, extra, states, coef,
+        **_tensor_checks(math_fn, extra_bits, stochastic_rounding, master_rounding, options))
 
 
 def supports(half, grad, extra, states, coef, **static) -> bool:
@@ -202,22 +216,28 @@ def packed_update_cpu(
     _run(half, grad, extra, states, coef, key, offset=offset, **static)
 
 
-def _run(half, grad, extra, states, coef, key, *, math_fn, extra_bits, stochastic_rounding, master_rounding,
-         options, scaled=False, offset=0) -> None:
+def _kernel_args(math_fn: Callable, extra_bits: int, stochastic_rounding: bool, master_rounding: str,
+                 options: dict[str, Any], scaled: bool = False) -> tuple:
+    """What the kernel call takes from the keywords: (stored bits, needs a key, the op's trailing arguments)."""
+    math = (0 if options.get("decoupled", False) else 1) if math_fn is adam_math else 2  # AdamW, Adam, SGD
+    stochastic_master = master_rounding == "stochastic"
+    flags = (int(extra_bits), bool(stochastic_rounding), stochastic_master, math, bool(options.get("momentum", False)),
+             bool(options.get("nesterov", False)), bool(options.get("first", False)))
+    return storage_bits(extra_bits, stochastic_rounding), bool(stochastic_rounding) or stochastic_master, flags
+
+
+def _run(half, grad, extra, states, coef, key, *, offset=0, **static) -> None:
     """The kernel call itself, for arguments :func:`unsupported_reason` accepted."""
-    if key is None and (stochastic_rounding or master_rounding == "stochastic"):
+    _launch(half, grad, extra, states, coef, key, offset, _kernel_args(**static))
+
+
+def _launch(half, grad, extra, states, coef, key, offset: int, kernel_args: tuple) -> None:
+    bits, needs_key, flags = kernel_args
+    if key is None and needs_key:
         raise ValueError("stochastic rounding needs a random key")
-    if math_fn is adam_math:
-        math = 0 if options.get("decoupled", False) else 1  # AdamW, Adam
-    else:
-        math = 2  # SGD
-    grads, offsets = (list(grad.grads), list(grad.offsets)) if isinstance(grad, GradSegments) else ([grad], [0])
-    torch.ops.workbench_packed_cpu.step(
-        half, grads, offsets, list(planes_of(extra, storage_bits(extra_bits, stochastic_rounding))), list(states), coef,
-        0 if key is None else int(key), int(offset),
-        int(extra_bits), bool(stochastic_rounding), master_rounding == "stochastic", math,
-        bool(options.get("momentum", False)), bool(options.get("nesterov", False)), bool(options.get("first", False)),
-    )
+    grads, offsets = (grad.grads, grad.offsets) if isinstance(grad, GradSegments) else ((grad,), (0,))
+    torch.ops.workbench_packed_cpu.step.default(half, grads, offsets, planes_of(extra, bits), states, coef,
+                                                0 if key is None else int(key), int(offset), *flags)
 
 
 def kernel_update(fallback: Callable | None = None, **static: Any) -> Callable:
@@ -234,9 +254,15 @@ def kernel_update(fallback: Callable | None = None, **static: Any) -> Callable:
         def fallback(half, grad, extra, states, coef, key):
             chunked_update(half, grad, extra, states, coef, key, bits=bits, **static)
 
+    # NOTE: what depends on the keywords alone is checked and converted once, here; the tensors are checked
+    # at every call (a fused group's gradients are new tensors each step).
+    refused = _static_reason(static["math_fn"], static["options"], static.get("scaled", False))
+    checks = None if refused else _tensor_checks(**{k: v for k, v in static.items() if k != "scaled"})
+    kernel_args = None if refused else _kernel_args(**static)
+
     def update(half, grad, extra, states, coef, key) -> None:
-        if available() and supports(half, grad, extra, states, coef, **static):
-            _run(half, grad, extra, states, coef, key, **static)
+        if refused is None and available() and flat_args_reason(half, grad, extra, states, coef, **checks) is None:
+            _launch(half, grad, extra, states, coef, key, 0, kernel_args)
         else:
             fallback(half, as_flat(grad), extra, states, coef, key)
 
