@@ -57,6 +57,9 @@ _ARCH_FLAGS = {
     "AVX2": ["-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
 }
 
+# (/proc/cpuinfo flag, compiler flag): AVX512 extensions the kernel uses where the CPU has them
+_AVX512_EXTRAS = (("avx512vbmi", "-mavx512vbmi"), ("avx512_bf16", "-mavx512bf16"))
+
 _STATE: dict[str, Any] = {"tried": False, "ok": False, "error": None}
 # the options each algorithm's kernel reads; _OFF_ONLY ones are taken only when off
 _OPTIONS = {adam_math: {"decoupled"}, sgd_math: {"momentum", "nesterov", "first"}}
@@ -81,13 +84,15 @@ def _cpu_flags() -> frozenset[str]:
 
 def build_flags(capability: str | None = None, cpu_flags: frozenset[str] | None = None) -> list[str]:
     """The C++ flags of the kernel for a CPU capability ("AVX512", "AVX2", else generic code); with AVX512,
-    ``-mavx512vbmi`` where the CPU (``cpu_flags``, by default this machine's) has the byte permutes."""
+    ``-mavx512vbmi`` and ``-mavx512bf16`` where the CPU (``cpu_flags``, by default this machine's) has the byte
+    permutes and the bf16 conversion (packed_vec.h uses them)."""
     cap = _capability() if capability is None else capability
     flags = ["-O3", "-fopenmp", "-ffp-contract=off", *_ARCH_FLAGS.get(cap, [])]
     # NOTE: the build runs on the machine that loads it, and the flags are part of the build's name
-    # (extension_name), so a VBMI build is never loaded by a CPU without VBMI.
-    if cap == "AVX512" and "avx512vbmi" in (_cpu_flags() if cpu_flags is None else cpu_flags):
-        flags.append("-mavx512vbmi")
+    # (extension_name), so a build with these extensions is never loaded by a CPU without them.
+    have = _cpu_flags() if cpu_flags is None else cpu_flags
+    if cap == "AVX512":
+        flags += [flag for cpu, flag in _AVX512_EXTRAS if cpu in have]
     return flags
 
 

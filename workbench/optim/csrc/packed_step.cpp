@@ -79,7 +79,7 @@ struct Kernel {
     else return fvec::loadu(p);
   }
   static void store_state(char* p, const fvec& v) {
-    if constexpr (kBf16State) store_u16_hi(reinterpret_cast<uint16_t*>(p), float_to_bf16_hi(v));
+    if constexpr (kBf16State) store_bf16(reinterpret_cast<uint16_t*>(p), v);
     else v.store(p);
   }
 

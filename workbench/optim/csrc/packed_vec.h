@@ -353,6 +353,20 @@ inline ivec float_to_bf16_hi(const fvec& x) {
 #endif
 }
 
+// kLanes fp32 values stored as bf16, rounded to nearest even as float_to_bf16_hi rounds them. NOTE: with
+// AVX512-BF16 (cpu_kernel.py adds -mavx512bf16 where the CPU has it) one vcvtneps2bf16 converts and packs
+// them (6 vector ops fewer per stored state); it flushes subnormal inputs to zero and returns another NaN
+// than ATen's conversion, so a vector holding either takes the integer rounding.
+inline void store_bf16(uint16_t* p, const fvec& x) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+  if (_mm512_fpclass_ps_mask(x, 0xA1) == 0) {  // 0xA1: quiet NaN, subnormal, signalling NaN
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+    return;
+  }
+#endif
+  store_u16_hi(p, float_to_bf16_hi(x));
+}
+
 // bits | 0x400000 where x is a NaN: the quiet bit of fp32 is bf16's bit 0x40, which split sets on a
 // NaN whose payload may sit in dropped bits. NOTE: x86 arithmetic never returns a signalling NaN, so
 // on AVX2/AVX512 builds a value that comes out of an arithmetic instruction needs no quieting
