@@ -8,11 +8,13 @@ The kernel (``csrc/packed_step.cpp``) runs :func:`workbench.optim.update.packed_
 formats (8 or 16 stored bits: bf16+8, bf16+16, fp16+8, and bf16+7 / bf16+15 / fp16+7 with stochastic
 rounding; and bf16+0 / fp16+0, no stored bits), Adam(W) or SGD, fp32 or bf16 states, truncated or
 stochastic master rounding, in one vectorised loop (``at::vec::Vectorized``, AVX512 or AVX2) split over threads with
-``at::parallel_for``. It gives the eager step's bits: the same operations in the same order, each
-rounded once, ATen's rules for which NaN an operation returns, and the random bits of
-``rng.hash_noise`` computed per element from (key, index). Tested over ordinary values, special
-values and random bit patterns (``tests/optim/test_cpu_kernel.py``); the AVX2 and generic builds were
-checked the same way with ``ATEN_CPU_CAPABILITY=avx2`` / ``default``.
+``at::parallel_for``, each stream prefetched ahead; on AVX512 CPUs that have them, byte permutes (VBMI)
+assemble and split the bf16 master values and vcvtneps2bf16 (BF16) stores bf16 moments (:func:`build_flags`).
+It gives the eager step's bits: the same operations in the same order, each rounded once, ATen's rules
+for which NaN an operation returns, and the random bits of ``rng.hash_noise`` computed per element from
+(key, index). Tested over ordinary values, special values and random bit patterns
+(``tests/optim/test_cpu_kernel.py``); the AVX512 build without VBMI and BF16, and the AVX2 and generic
+builds were checked the same way (``build_flags`` given no CPU flags, ``ATEN_CPU_CAPABILITY=avx2`` / ``default``).
 
 It is compiled with ``torch.utils.cpp_extension.load`` on the first call of :func:`available` into
 torch's extension cache (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), where
