@@ -49,7 +49,7 @@ __all__ = ["available", "build_flags", "extension_name", "kernel_update", "packe
 # bytes per parameter against torch's 28: inductor tiles 16 fp32 lanes against the mixed fp32/bf16
 # stores and writes the uint8 byte planes with masked stores. Here every byte is read and written once
 # per step in one loop, and the division by sqrt(1 - beta2**t) leaves the divider (see packed_vec.h).
-SOURCE = Path(__file__).resolve().parent / "csrc" / "packed_step.cpp"  # includes csrc/packed_vec.h
+SOURCE = Path(__file__).resolve().parent / "csrc" / "packed_step.cpp"  # includes packed_vec.h, packed_io.h
 
 # NOTE: the vector width is chosen as ATen's own kernels choose theirs (torch's CPU capability), with
 # inductor's flags for that ISA. -ffp-contract=off: no fused multiply-add, so each multiply and add
@@ -87,7 +87,7 @@ def _cpu_flags() -> frozenset[str]:
 def build_flags(capability: str | None = None, cpu_flags: frozenset[str] | None = None) -> list[str]:
     """The C++ flags of the kernel for a CPU capability ("AVX512", "AVX2", else generic code); with AVX512,
     ``-mavx512vbmi`` and ``-mavx512bf16`` where the CPU (``cpu_flags``, by default this machine's) has the byte
-    permutes and the bf16 conversion (packed_vec.h uses them)."""
+    permutes and the bf16 conversion (csrc/packed_io.h and packed_vec.h use them)."""
     cap = _capability() if capability is None else capability
     flags = ["-O3", "-fopenmp", "-ffp-contract=off", *_ARCH_FLAGS.get(cap, [])]
     # NOTE: the build runs on the machine that loads it, and the flags are part of the build's name
