@@ -35,8 +35,8 @@ using namespace workbench_packed;
 // ------------------------------------------------------------------------------- the step
 // NOTE: each stream is prefetched this many blocks ahead (2 KB of fp32 moments): the loop's arithmetic takes
 // about as long as its memory traffic, and the hardware prefetcher alone left the two overlapping less; on
-// the 2-core EPYC (Zen 4) at 4M values, kernel alone: bf16+8 1.03-1.05x, bf16+16 1.13-1.15x faster than
-// without (8 and 16 blocks measured 3% and 15%, 32 blocks 4.5% and 13%).
+// the 2-core EPYC (Zen 4) at 4M values in 8 segments, 1 thread, at load 3.9, kernel alone against the same
+// kernel without: 16 blocks ahead 1.03x (bf16+8) and 1.15x (bf16+16), 32 blocks 1.045x and 1.13x.
 constexpr int64_t kPrefetchBlocks = 32;
 
 // a hint to bring the line `Bytes` past p into the cache (no fault whatever the address: computed as an integer)
