@@ -204,3 +204,60 @@ def test_the_fused_kernel_step_reads_fresh_gradients_where_autograd_left_them(on
     for p, q in zip(params, ref, strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
         torch.testing.assert_close(opt.state[p]["extra"], eager.state[q]["extra"], rtol=0, atol=0)
+
+
+def _replace_parameter(opt, p):
+    p.data = p.detach() * 2  # a new storage (bf16 doubling is exact)
+
+
+def _replace_state_dict(opt, p):
+    opt.state[p] = dict(opt.state[p])
+
+
+def _replace_moment(opt, p):
+    opt.state[p]["exp_avg"] = torch.full_like(opt.state[p]["exp_avg"], 1e-3)
+
+
+def _replace_extra_bits(opt, p):
+    opt.state[p]["extra"] = torch.zeros_like(opt.state[p]["extra"])
+
+
+def _drop_moment(opt, p):
+    del opt.state[p]["exp_avg_sq"]  # made again, as zeros, by the next step
+
+
+def _change_hyperparameters(opt, p):
+    opt.param_groups[0].update(lr=3e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+
+
+@pytest.mark.parametrize("change", [_replace_parameter, _replace_state_dict, _replace_moment, _replace_extra_bits,
+                                    _drop_moment, _change_hyperparameters], ids=lambda f: f.__name__.strip("_"))
+def test_the_fused_step_follows_every_change_its_cached_checks_guard(one_thread, change):
+    # FlatGroup.valid and the kernel's keyword checks run once per step or once per update: each thing they
+    # guard, changed between steps, must reach the next step as it does in a per-parameter (unfused) twin
+    from workbench.optim import cpu_kernel
+
+    if not cpu_kernel.available():
+        pytest.skip("no C++ compiler for the CPU kernel here")
+    params, ref = _params(), _params()
+    opt = PackedAdamW(params, lr=1e-2, extra_bits=8, fused=True)
+    twin = PackedAdamW(ref, lr=1e-2, extra_bits=8, fused=False)
+    assert opt.step_backend() == "cpu_kernel"
+    g = torch.Generator().manual_seed(1)
+    for step in range(4):
+        grads = [torch.randn(p.shape, generator=g).to(BF16) for p in params]
+        if step == 3:  # a gradient laid out otherwise (transposed strides): read in the parameter's order
+            grads[0] = grads[0].t().contiguous().t()
+        for o, ps in ((opt, params), (twin, ref)):
+            if step == 2:
+                change(o, ps[0])
+            for p, grad in zip(ps, grads, strict=True):
+                p.grad = grad.clone(memory_format=torch.preserve_format)
+            o.step()
+            o.zero_grad(set_to_none=True)
+        if step == 2:
+            assert opt._flat[0].valid(opt.state)
+    for p, q in zip(params, ref, strict=True):
+        assert torch.equal(p.view(torch.int16), q.view(torch.int16))
+        for k in ("extra", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(opt.state[p][k].reshape(-1), twin.state[q][k].reshape(-1)), k

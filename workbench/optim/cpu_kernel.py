@@ -8,11 +8,13 @@ The kernel (``csrc/packed_step.cpp``) runs :func:`workbench.optim.update.packed_
 formats (8 or 16 stored bits: bf16+8, bf16+16, fp16+8, and bf16+7 / bf16+15 / fp16+7 with stochastic
 rounding; and bf16+0 / fp16+0, no stored bits), Adam(W) or SGD, fp32 or bf16 states, truncated or
 stochastic master rounding, in one vectorised loop (``at::vec::Vectorized``, AVX512 or AVX2) split over threads with
-``at::parallel_for``. It gives the eager step's bits: the same operations in the same order, each
-rounded once, ATen's rules for which NaN an operation returns, and the random bits of
-``rng.hash_noise`` computed per element from (key, index). Tested over ordinary values, special
-values and random bit patterns (``tests/optim/test_cpu_kernel.py``); the AVX2 and generic builds were
-checked the same way with ``ATEN_CPU_CAPABILITY=avx2`` / ``default``.
+``at::parallel_for``, each stream prefetched ahead; on AVX512 CPUs that have them, byte permutes (VBMI)
+assemble and split the bf16 master values and vcvtneps2bf16 (BF16) stores bf16 moments (:func:`build_flags`).
+It gives the eager step's bits: the same operations in the same order, each rounded once, ATen's rules
+for which NaN an operation returns, and the random bits of ``rng.hash_noise`` computed per element from
+(key, index). Tested over ordinary values, special values and random bit patterns
+(``tests/optim/test_cpu_kernel.py``); the AVX512 build without VBMI and BF16, and the AVX2 and generic
+builds were checked the same way (``build_flags`` given no CPU flags, ``ATEN_CPU_CAPABILITY=avx2`` / ``default``).
 
 It is compiled with ``torch.utils.cpp_extension.load`` on the first call of :func:`available` into
 torch's extension cache (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), where
@@ -23,6 +25,7 @@ returns False, and :func:`kernel_update` runs its fallback (the ``torch.compile`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
@@ -46,7 +49,7 @@ __all__ = ["available", "build_flags", "extension_name", "kernel_update", "packe
 # bytes per parameter against torch's 28: inductor tiles 16 fp32 lanes against the mixed fp32/bf16
 # stores and writes the uint8 byte planes with masked stores. Here every byte is read and written once
 # per step in one loop, and the division by sqrt(1 - beta2**t) leaves the divider (see packed_vec.h).
-SOURCE = Path(__file__).resolve().parent / "csrc" / "packed_step.cpp"  # includes csrc/packed_vec.h
+SOURCE = Path(__file__).resolve().parent / "csrc" / "packed_step.cpp"  # includes packed_vec.h, packed_io.h
 
 # NOTE: the vector width is chosen as ATen's own kernels choose theirs (torch's CPU capability), with
 # inductor's flags for that ISA. -ffp-contract=off: no fused multiply-add, so each multiply and add
@@ -55,6 +58,9 @@ _ARCH_FLAGS = {
     "AVX512": ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma", "-mf16c"],
     "AVX2": ["-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
 }
+
+# (/proc/cpuinfo flag, compiler flag): AVX512 extensions the kernel uses where the CPU has them
+_AVX512_EXTRAS = (("avx512vbmi", "-mavx512vbmi"), ("avx512_bf16", "-mavx512bf16"))
 
 _STATE: dict[str, Any] = {"tried": False, "ok": False, "error": None}
 # the options each algorithm's kernel reads; _OFF_ONLY ones are taken only when off
@@ -67,10 +73,29 @@ def _capability() -> str:
     return cap if cap in _ARCH_FLAGS else "DEFAULT"
 
 
-def build_flags(capability: str | None = None) -> list[str]:
-    """The C++ flags of the kernel for a CPU capability ("AVX512", "AVX2", else generic code)."""
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    flags = next((line.split(":", 1)[1] for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(flags.split())
+
+
+def build_flags(capability: str | None = None, cpu_flags: frozenset[str] | None = None) -> list[str]:
+    """The C++ flags of the kernel for a CPU capability ("AVX512", "AVX2", else generic code); with AVX512,
+    ``-mavx512vbmi`` and ``-mavx512bf16`` where the CPU (``cpu_flags``, by default this machine's) has the byte
+    permutes and the bf16 conversion (csrc/packed_io.h and packed_vec.h use them)."""
     cap = _capability() if capability is None else capability
-    return ["-O3", "-fopenmp", "-ffp-contract=off", *_ARCH_FLAGS.get(cap, [])]
+    flags = ["-O3", "-fopenmp", "-ffp-contract=off", *_ARCH_FLAGS.get(cap, [])]
+    # NOTE: the build runs on the machine that loads it, and the flags are part of the build's name
+    # (extension_name), so a build with these extensions is never loaded by a CPU without them.
+    have = _cpu_flags() if cpu_flags is None else cpu_flags
+    if cap == "AVX512":
+        flags += [flag for cpu, flag in _AVX512_EXTRAS if cpu in have]
+    return flags
 
 
 # NOTE: a build killed midway leaves torch's `lock` file in the build folder, and torch then waits on it
@@ -135,6 +160,26 @@ def available() -> bool:
     return bool(_STATE["ok"])
 
 
+def _static_reason(math_fn: Callable, options: dict[str, Any], scaled: bool) -> str | None:
+    """Why the kernel cannot run an update with these keywords, whatever its tensors (None when it can)."""
+    if math_fn is not adam_math and math_fn is not sgd_math:
+        return f"math_fn {getattr(math_fn, '__name__', math_fn)!r}: only adam_math and sgd_math"
+    known = _OPTIONS[math_fn]
+    unknown = sorted(k for k in options if k not in known and not (k in _OFF_ONLY and not options[k]))
+    if unknown or scaled:
+        return f"options the kernel does not implement: {unknown + (['scaled'] if scaled else [])}"
+    return None
+
+
+def _tensor_checks(math_fn: Callable, extra_bits: int, stochastic_rounding: bool, master_rounding: str,
+                   options: dict[str, Any]) -> dict[str, Any]:
+    """``kernel_args.flat_args_reason``'s keywords for an update the kernel takes by its keywords."""
+    return dict(device_type="cpu", extra_bits=extra_bits, stochastic_rounding=stochastic_rounding,
+                master_rounding=master_rounding,
+                n_states=2 if math_fn is adam_math else int(bool(options.get("momentum"))),
+                n_coef=9 if math_fn is adam_math else 4, planes=(0, 1, 2))
+
+
 def unsupported_reason(
     half: torch.Tensor, grad: torch.Tensor, extra: Any, states: Sequence[torch.Tensor], coef: torch.Tensor, *,
     math_fn: Callable, extra_bits: int, stochastic_rounding: bool, master_rounding: str = "truncate",
@@ -146,16 +191,9 @@ def unsupported_reason(
     it does not implement (``maximize``, ``amsgrad``, loss scaling ``scaled``, any other name) are
     refused, so the caller's fallback computes them.
     """
-    if math_fn is not adam_math and math_fn is not sgd_math:
-        return f"math_fn {getattr(math_fn, '__name__', math_fn)!r}: only adam_math and sgd_math"
-    known = _OPTIONS[math_fn]
-    unknown = sorted(k for k in options if k not in known and not (k in _OFF_ONLY and not options[k]))
-    if unknown or scaled:
-        return f"options the kernel does not implement: {unknown + (['scaled'] if scaled else [])}"
-    return flat_args_reason(half, grad, extra, states, coef, device_type="cpu", extra_bits=extra_bits,
-                            stochastic_rounding=stochastic_rounding, master_rounding=master_rounding,
-                            n_states=2 if math_fn is adam_math else int(bool(options.get("momentum"))),
-                            n_coef=9 if math_fn is adam_math else 4, planes=(0, 1, 2))
+    return _static_reason(math_fn, options, scaled) or flat_args_reason(
+        half, grad, extra, states, coef,
+        **_tensor_checks(math_fn, extra_bits, stochastic_rounding, master_rounding, options))
 
 
 def supports(half, grad, extra, states, coef, **static) -> bool:
@@ -185,22 +223,28 @@ def packed_update_cpu(
     _run(half, grad, extra, states, coef, key, offset=offset, **static)
 
 
-def _run(half, grad, extra, states, coef, key, *, math_fn, extra_bits, stochastic_rounding, master_rounding,
-         options, scaled=False, offset=0) -> None:
+def _kernel_args(math_fn: Callable, extra_bits: int, stochastic_rounding: bool, master_rounding: str,
+                 options: dict[str, Any], scaled: bool = False) -> tuple:
+    """What the kernel call takes from the keywords: (stored bits, needs a key, the op's trailing arguments)."""
+    math = (0 if options.get("decoupled", False) else 1) if math_fn is adam_math else 2  # AdamW, Adam, SGD
+    stochastic_master = master_rounding == "stochastic"
+    flags = (int(extra_bits), bool(stochastic_rounding), stochastic_master, math, bool(options.get("momentum", False)),
+             bool(options.get("nesterov", False)), bool(options.get("first", False)))
+    return storage_bits(extra_bits, stochastic_rounding), bool(stochastic_rounding) or stochastic_master, flags
+
+
+def _run(half, grad, extra, states, coef, key, *, offset=0, **static) -> None:
     """The kernel call itself, for arguments :func:`unsupported_reason` accepted."""
-    if key is None and (stochastic_rounding or master_rounding == "stochastic"):
+    _launch(half, grad, extra, states, coef, key, offset, _kernel_args(**static))
+
+
+def _launch(half, grad, extra, states, coef, key, offset: int, kernel_args: tuple) -> None:
+    bits, needs_key, flags = kernel_args
+    if key is None and needs_key:
         raise ValueError("stochastic rounding needs a random key")
-    if math_fn is adam_math:
-        math = 0 if options.get("decoupled", False) else 1  # AdamW, Adam
-    else:
-        math = 2  # SGD
-    grads, offsets = (list(grad.grads), list(grad.offsets)) if isinstance(grad, GradSegments) else ([grad], [0])
-    torch.ops.workbench_packed_cpu.step(
-        half, grads, offsets, list(planes_of(extra, storage_bits(extra_bits, stochastic_rounding))), list(states), coef,
-        0 if key is None else int(key), int(offset),
-        int(extra_bits), bool(stochastic_rounding), master_rounding == "stochastic", math,
-        bool(options.get("momentum", False)), bool(options.get("nesterov", False)), bool(options.get("first", False)),
-    )
+    grads, offsets = (grad.grads, grad.offsets) if isinstance(grad, GradSegments) else ((grad,), (0,))
+    torch.ops.workbench_packed_cpu.step.default(half, grads, offsets, planes_of(extra, bits), states, coef,
+                                                0 if key is None else int(key), int(offset), *flags)
 
 
 def kernel_update(fallback: Callable | None = None, **static: Any) -> Callable:
@@ -217,9 +261,15 @@ def kernel_update(fallback: Callable | None = None, **static: Any) -> Callable:
         def fallback(half, grad, extra, states, coef, key):
             chunked_update(half, grad, extra, states, coef, key, bits=bits, **static)
 
+    # NOTE: what depends on the keywords alone is checked and converted once, here; the tensors are checked
+    # at every call (a fused group's gradients are new tensors each step).
+    refused = _static_reason(static["math_fn"], static["options"], static.get("scaled", False))
+    checks = None if refused else _tensor_checks(**{k: v for k, v in static.items() if k != "scaled"})
+    kernel_args = None if refused else _kernel_args(**static)
+
     def update(half, grad, extra, states, coef, key) -> None:
-        if available() and supports(half, grad, extra, states, coef, **static):
-            _run(half, grad, extra, states, coef, key, **static)
+        if refused is None and available() and flat_args_reason(half, grad, extra, states, coef, **checks) is None:
+            _launch(half, grad, extra, states, coef, key, 0, kernel_args)
         else:
             fallback(half, as_flat(grad), extra, states, coef, key)
 

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import functools
 import importlib
+import operator
 import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import torch
@@ -256,9 +258,12 @@ class FlatGroup:
             seg.copy_(st["extra"])
             st["extra"] = seg
         # what every parameter must keep for the buffers to stay its own: its storage, and the very state
-        # dict and state tensors made here (identity checks, cheap each step)
-        self._expect = [(p, state[p], self.half[o:].data_ptr(), state[p]["extra"], tuple(state[p][k] for k in keys))
-                        for p, o in zip(params, self.offsets, strict=True)]
+        # dict and state tensors made here (identity checks each step, iterated by map in C: ~2 us for 8 tensors)
+        self._ptrs = [self.half[o:].data_ptr() for o in self.offsets]
+        #: the parameters' state dicts, in order (while :meth:`valid`, the optimizer's own)
+        self.state_dicts = [state[p] for p in params]
+        self._entries = operator.itemgetter("extra", *keys)
+        self._views = [t for p in params for t in self._entries(state[p])]
         self._contiguous = [p.is_contiguous() for p in params]
         self._item = self.half.element_size()
         #: the extra bits as the update takes them: byte planes as 1-D views, or the words
@@ -271,12 +276,18 @@ class FlatGroup:
         return self.extra[ws : ws + (n * self.bits + 31) // 32]
 
     def valid(self, state: dict) -> bool:
-        for p, st, hp, extra, views in self._expect:
-            if state.get(p) is not st or st.get("extra") is not extra or p.data_ptr() != hp:
-                return False
-            if any(st.get(k) is not v for k, v in zip(self.keys, views, strict=True)):
-                return False
-        return True
+        """Whether every parameter still has its storage in the buffers, and its state dict and state tensors
+        (``extra`` and the moments) are still the ones made here."""
+        dicts = list(map(state.get, self.params))
+        if not all(map(operator.is_, dicts, self.state_dicts)):
+            return False
+        if list(map(torch.Tensor.data_ptr, self.params)) != self._ptrs:
+            return False
+        try:
+            entries = chain.from_iterable(map(self._entries, dicts))
+            return all(map(operator.is_, entries, self._views))
+        except KeyError:  # a state entry was deleted
+            return False
 
     def grad_segments(self) -> GradSegments:
         """The gradients where autograd left them, as the kernels read them (``kernel_args.GradSegments``)."""

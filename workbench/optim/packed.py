@@ -340,12 +340,16 @@ class PackedOptimizer(torch.optim.Optimizer):
                 continue
             # NOTE: DTensor parameters (FSDP2) take the per-parameter path: the flat buffers would replace
             # the storage FSDP2 all-gathers from.
-            if group["fused"] and not any(is_sharded(p) for p in group["params"]):
-                for p in group["params"]:
-                    self._init_state(p, group)
-                steps = {self.state[p]["step"] for p in group["params"]}
+            if group["fused"] and not any(map(is_sharded, group["params"])):
+                flat = self._flat.get(gi)
+                if flat is None or not flat.valid(self.state):
+                    flat = None
+                    dicts = [self._init_state(p, group) for p in group["params"]]
+                else:  # the very state dicts the buffers were made for, each with every entry
+                    dicts = flat.state_dicts
+                steps = {st["step"] for st in dicts}
                 if len(params) == len(group["params"]) and len(steps) == 1:
-                    self._fused_step(gi, group, steps.pop(), tail)
+                    self._fused_step(gi, group, steps.pop(), tail, flat)
                     continue
                 # NOTE: a fused group where some parameters have no gradient (or different step
                 # counts after a state load) takes the per-parameter path, which computes the same.
@@ -353,12 +357,12 @@ class PackedOptimizer(torch.optim.Optimizer):
                 self.step_param(p, group, grad_scale=scale)
         return loss
 
-    def _fused_step(self, gi: int, group: dict, step: int, tail: tuple[float, float] | None) -> None:
-        bits = self._bits(group)
-        flat = self._flat.get(gi)
-        if flat is None or not flat.valid(self.state):
+    def _fused_step(self, gi: int, group: dict, step: int, tail: tuple[float, float] | None,
+                    flat: FlatGroup | None) -> None:
+        """The group's step over its flat buffers (``flat``: the group's, valid; None: made anew)."""
+        if flat is None:
             flat = self._flat[gi] = FlatGroup(group["params"], self.state, list(self._state_keys(group)),
-                                               bits, group["state_dtype"])
+                                               self._bits(group), group["state_dtype"])
         grad = flat.grad_segments()  # read in place by the kernels, gathered into one tensor by the other steps
         coef = self._coef(group, step + 1, flat.half.device, tail)
         key = mix_key(self.seed, gi, step) if self._random(group) else None
@@ -367,5 +371,5 @@ class PackedOptimizer(torch.optim.Optimizer):
         update = self._update(group, step, flat.half.dtype, flat.half.device,
                               dynamic=flat.extra.dtype == torch.uint8, scaled=tail is not None)
         update(flat.half, grad, flat.extra_arg, states, coef, key)
-        for p in group["params"]:
-            self.state[p]["step"] += 1
+        for st in flat.state_dicts:
+            st["step"] += 1

@@ -33,6 +33,18 @@ namespace {
 using namespace workbench_packed;
 
 // ------------------------------------------------------------------------------- the step
+// NOTE: each stream is prefetched this many blocks ahead (2 KB of fp32 moments): the loop's arithmetic takes
+// about as long as its memory traffic, and the hardware prefetcher alone left the two overlapping less; on
+// the 2-core EPYC (Zen 4) at 4M values in 8 segments, 1 thread, at load 3.9, kernel alone against the same
+// kernel without: 16 blocks ahead 1.03x (bf16+8) and 1.15x (bf16+16), 32 blocks 1.045x and 1.13x.
+constexpr int64_t kPrefetchBlocks = 32;
+
+// a hint to bring the line `Bytes` past p into the cache (no fault whatever the address: computed as an integer)
+template <int64_t Bytes>
+inline void prefetch_ahead(const void* p) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + Bytes), 1, 0);
+}
+
 enum Math : int64_t { kAdamW = 0, kAdam = 1, kSgd = 2 };
 
 struct Step {
@@ -67,21 +79,19 @@ struct Kernel {
     else return fvec::loadu(p);
   }
   static void store_state(char* p, const fvec& v) {
-    if constexpr (kBf16State) store_u16_hi(reinterpret_cast<uint16_t*>(p), float_to_bf16_hi(v));
+    if constexpr (kBf16State) store_bf16(reinterpret_cast<uint16_t*>(p), v);
     else v.store(p);
   }
 
   // kLanes values: merge, the fp32 update, split (split_merge.merge_values / update.*_math /
   // split_merge.split_values); `seed` is hash_seed of the values' indices in the random stream.
+  template <bool kExact>
   static inline void block(uint16_t* half, const uint16_t* grad, uint8_t* plane0, uint8_t* plane1, char* state0,
                            char* state1, const fvec* c, const DivideByConstant& c5, const ivec& seed,
                            bool momentum, bool nesterov, bool first) {
     fvec master;
-    if constexpr (kFast) {  // bf16 without the rounding flag: the pattern and the extra bits, or-ed
-      ivec low = I(0);  // no plane: k = 0, the 16-bit value alone
-      if constexpr (kPlanes == 1) low = load_u8_at<1>(plane0);
-      if constexpr (kPlanes == 2) low = load_u8_at<0>(plane0) | load_u8_at<1>(plane1);
-      master = as_float(load_u16_hi(half) | low);
+    if constexpr (kFast) {  // bf16 without the rounding flag: the pattern and the extra bits (none: k = 0)
+      master = as_float(load_bf16_master<kPlanes>(half, plane0, plane1));
     } else {
       ivec hb = load_u16(half);
       ivec values = I(0);
@@ -109,7 +119,7 @@ struct Kernel {
       store_state(state0, m);
       const fvec v = add_t(load_state(state1) * c[3], g * g * c[4]);
       store_state(state1, v);
-      const fvec denom = divide(sqrt_t(v), c5) + c[6];  // eps is never NaN
+      const fvec denom = divide<kExact>(sqrt_t(v), c5) + c[6];  // eps is never NaN
       master = sub_t(master, c[7] * (m / denom));
     }
     if constexpr (kFast) {  // split: the upper half is the pattern, the lower the extra bits
@@ -117,14 +127,9 @@ struct Kernel {
       // master rounding: the noise below the lowest kept bit added to the sign-magnitude pattern
       // (split_merge's z + r on |x|, the sign untouched since a finite |x| + r stays below inf)
       if constexpr (kNoise) bits = add_below_inf(bits, hash_mix(seed) & I((1 << kDrop) - 1));
-      if constexpr (kExtra < kFull) bits = quiet_if_nan(bits, master);
-      store_u16_hi(half, bits);
-      if constexpr (kPlanes == 1) {
-        store_u8_from<1>(plane0, bits);
-      } else if constexpr (kPlanes == 2) {
-        store_u8_from<0>(plane0, bits);
-        store_u8_from<1>(plane1, bits);
-      }
+      // master is an arithmetic result (sub_t): already quiet where x86 arithmetic quiets
+      if constexpr (kExtra < kFull && !kArithmeticQuiets) bits = quiet_if_nan(bits, master);
+      store_bf16_master<kPlanes>(half, plane0, plane1, bits);
       return;
     }
     ivec hb, low;
@@ -157,55 +162,77 @@ struct Kernel {
     if constexpr (kPlanes == 2) store_u8_from<1>(plane1, values);
   }
 
+  // blocks b0 .. b1 - 1 of kLanes values (the last one may be a tail shorter than kLanes)
+  template <bool kExact>
+  static void range(const Step& s, int64_t n, int64_t b0, int64_t b1, const fvec* c, const DivideByConstant& c5) {
+    // NOTE: pointers and options in locals, each pointer stepped by a constant (no per-block test for an
+    // absent plane or state), since a uint8 store may alias anything reachable through a pointer.
+    const int64_t first_i = b0 * kLanes;
+    uint16_t* half = s.half + first_i;
+    const uint16_t* grad = s.grad + first_i;
+    uint8_t* p0 = kPlanes >= 1 ? s.plane0 + first_i : nullptr;
+    uint8_t* p1 = kPlanes == 2 ? s.plane1 + first_i : nullptr;
+    char* const s0_base = static_cast<char*>(s.state0);
+    char* const s1_base = static_cast<char*>(s.state1);
+    char* s0 = s0_base ? s0_base + first_i * kStateSize : nullptr;
+    char* s1 = s1_base ? s1_base + first_i * kStateSize : nullptr;
+    const int64_t s0_step = s0 ? kLanes * kStateSize : 0, s1_step = s1 ? kLanes * kStateSize : 0;
+    const bool momentum = s.momentum, nesterov = s.nesterov, first = s.first;
+    fvec cl[9];
+    for (int j = 0; j < 9; j++) cl[j] = c[j];
+    const DivideByConstant c5l = c5;
+    const int64_t full_end = std::min(b1, n / kLanes);
+    // the hash's first multiply, index * golden ratio, stepped by an add (int32 arithmetic wraps alike)
+    ivec seed = hash_seed(static_cast<int32_t>(s.offset + first_i), s.key);
+    const ivec seed_step = I(static_cast<int32_t>(kLanes * kGolden));
+    for (int64_t blk = b0; blk < full_end; blk++, seed = seed + seed_step) {
+      prefetch_ahead<kPrefetchBlocks * kLanes * 2>(half);
+      prefetch_ahead<kPrefetchBlocks * kLanes * 2>(grad);
+      if constexpr (kPlanes >= 1) prefetch_ahead<kPrefetchBlocks * kLanes>(p0);
+      if constexpr (kPlanes == 2) prefetch_ahead<kPrefetchBlocks * kLanes>(p1);
+      if (s0) prefetch_ahead<kPrefetchBlocks * kLanes * kStateSize>(s0);
+      if (s1) prefetch_ahead<kPrefetchBlocks * kLanes * kStateSize>(s1);
+      block<kExact>(half, grad, p0, p1, s0, s1, cl, c5l, seed, momentum, nesterov, first);
+      half += kLanes;
+      grad += kLanes;
+      if constexpr (kPlanes >= 1) p0 += kLanes;
+      if constexpr (kPlanes == 2) p1 += kLanes;
+      s0 += s0_step;
+      s1 += s1_step;
+    }
+    if (b1 * kLanes > n && b0 < b1) {  // the tail: the same code on zero-padded copies
+      const int64_t i = (b1 - 1) * kLanes, count = n - i;
+      alignas(64) uint16_t th[kLanes] = {}, tg[kLanes] = {};
+      alignas(64) uint8_t t0[kLanes] = {}, t1[kLanes] = {};
+      alignas(64) char ts0[kLanes * 4] = {}, ts1[kLanes * 4] = {};
+      uint8_t* const q0 = s.plane0;
+      uint8_t* const q1 = s.plane1;
+      std::memcpy(th, s.half + i, count * 2);
+      std::memcpy(tg, s.grad + i, count * 2);
+      if (q0) std::memcpy(t0, q0 + i, count);
+      if (q1) std::memcpy(t1, q1 + i, count);
+      if (s0_base) std::memcpy(ts0, s0_base + i * kStateSize, count * kStateSize);
+      if (s1_base) std::memcpy(ts1, s1_base + i * kStateSize, count * kStateSize);
+      block<kExact>(th, tg, t0, t1, ts0, ts1, cl, c5l, hash_seed(static_cast<int32_t>(s.offset + i), s.key), momentum,
+                    nesterov, first);
+      std::memcpy(s.half + i, th, count * 2);
+      if (q0) std::memcpy(q0 + i, t0, count);
+      if (q1) std::memcpy(q1 + i, t1, count);
+      if (s0_base) std::memcpy(s0_base + i * kStateSize, ts0, count * kStateSize);
+      if (s1_base) std::memcpy(s1_base + i * kStateSize, ts1, count * kStateSize);
+    }
+  }
+
   static void run(const Step& s, int64_t n) {
     fvec c[9];
     for (int j = 0; j < 9; j++) c[j] = fvec(s.c[j]);
     const float c5f = s.c[5];
-    const DivideByConstant c5{fvec(c5f), fvec(1.0f / c5f), std::isnormal(c5f) && c5f > 0.0f && c5f <= 1.0f};
+    const DivideByConstant c5{fvec(c5f), fvec(1.0f / c5f)};
+    const bool exact = std::isnormal(c5f) && c5f > 0.0f && c5f <= 1.0f;
     const int64_t blocks = (n + kLanes - 1) / kLanes;
     // NOTE: at least 32768 values per task (ATen's grain size): a small group runs on one thread.
     at::parallel_for(0, blocks, 32768 / kLanes, [&](int64_t b0, int64_t b1) {
-      uint16_t* const half = s.half;
-      const uint16_t* const grad = s.grad;
-      uint8_t* const p0 = s.plane0;
-      uint8_t* const p1 = s.plane1;
-      char* const s0 = static_cast<char*>(s.state0);
-      char* const s1 = static_cast<char*>(s.state1);
-      const int32_t key = s.key;
-      const int64_t offset = s.offset;
-      const bool momentum = s.momentum, nesterov = s.nesterov, first = s.first;
-      fvec cl[9];
-      for (int j = 0; j < 9; j++) cl[j] = c[j];
-      const DivideByConstant c5l = c5;
-      const int64_t full_end = std::min(b1, n / kLanes);
-      // the hash's first multiply, index * golden ratio, stepped by an add (int32 arithmetic wraps alike)
-      ivec seed = hash_seed(static_cast<int32_t>(offset + b0 * kLanes), key);
-      const ivec seed_step = I(static_cast<int32_t>(kLanes * kGolden));
-      for (int64_t blk = b0; blk < full_end; blk++, seed = seed + seed_step) {
-        const int64_t i = blk * kLanes;
-        block(half + i, grad + i, kPlanes >= 1 ? p0 + i : nullptr, kPlanes == 2 ? p1 + i : nullptr,
-              s0 ? s0 + i * kStateSize : nullptr, s1 ? s1 + i * kStateSize : nullptr, cl, c5l, seed, momentum,
-              nesterov, first);
-      }
-      if (b1 * kLanes > n && b0 < b1) {  // the tail: the same code on zero-padded copies
-        const int64_t i = (b1 - 1) * kLanes, count = n - i;
-        alignas(64) uint16_t th[kLanes] = {}, tg[kLanes] = {};
-        alignas(64) uint8_t t0[kLanes] = {}, t1[kLanes] = {};
-        alignas(64) char ts0[kLanes * 4] = {}, ts1[kLanes * 4] = {};
-        std::memcpy(th, half + i, count * 2);
-        std::memcpy(tg, grad + i, count * 2);
-        if (p0) std::memcpy(t0, p0 + i, count);
-        if (p1) std::memcpy(t1, p1 + i, count);
-        if (s0) std::memcpy(ts0, s0 + i * kStateSize, count * kStateSize);
-        if (s1) std::memcpy(ts1, s1 + i * kStateSize, count * kStateSize);
-        block(th, tg, t0, t1, ts0, ts1, cl, c5l, hash_seed(static_cast<int32_t>(offset + i), key), momentum, nesterov,
-              first);
-        std::memcpy(half + i, th, count * 2);
-        if (p0) std::memcpy(p0 + i, t0, count);
-        if (p1) std::memcpy(p1 + i, t1, count);
-        if (s0) std::memcpy(s0 + i * kStateSize, ts0, count * kStateSize);
-        if (s1) std::memcpy(s1 + i * kStateSize, ts1, count * kStateSize);
-      }
+      exact ? range<true>(s, n, b0, b1, c, c5) : range<false>(s, n, b0, b1, c, c5);
     });
   }
 };

@@ -1,162 +1,14 @@
-// Vector helpers of the packed CPU step (packed_step.cpp): narrow loads and stores, float <-> 16-bit
-// patterns, and fp32 arithmetic with the eager step's exact results (ATen's NaN rules, torch's sqrt,
-// a correctly rounded division by a per-step constant). See packed_step.cpp for the paper and why.
+// Vector helpers of the packed CPU step (packed_step.cpp): float <-> 16-bit patterns, and fp32 arithmetic
+// with the eager step's exact results (ATen's NaN rules, torch's sqrt, a correctly rounded division by a
+// per-step constant); the loads and stores are in packed_io.h. See packed_step.cpp for the paper and why.
 #pragma once
-
-#include <ATen/cpu/vec/vec.h>
-#include <c10/util/Half.h>
 
 #include <cmath>
 #include <cstdint>
 
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-#include <immintrin.h>
-#endif
+#include "packed_io.h"
 
 namespace workbench_packed {
-
-using fvec = at::vec::Vectorized<float>;
-using ivec = at::vec::Vectorized<int32_t>;
-constexpr int kLanes = fvec::size();
-static_assert(ivec::size() == kLanes, "int32 and float vectors must have the same lane count");
-
-// ------------------------------------------------------------------ narrow loads and stores
-// Each reads or writes exactly kLanes elements; the tail goes through a padded buffer.
-inline ivec load_u16(const uint16_t* p) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-#elif defined(CPU_CAPABILITY_AVX2)
-  return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#else
-  alignas(64) int32_t b[kLanes];
-  for (int j = 0; j < kLanes; j++) b[j] = p[j];
-  return ivec::loadu(b);
-#endif
-}
-
-inline ivec load_u8(const uint8_t* p) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#elif defined(CPU_CAPABILITY_AVX2)
-  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-#else
-  alignas(64) int32_t b[kLanes];
-  for (int j = 0; j < kLanes; j++) b[j] = p[j];
-  return ivec::loadu(b);
-#endif
-}
-
-// low 16 bits of each lane (a truncating store, as torch's int32 -> int16 conversion)
-inline void store_u16(uint16_t* p, const ivec& v) {
-#if defined(CPU_CAPABILITY_AVX512)
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
-#elif defined(CPU_CAPABILITY_AVX2)
-  __m256i w = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
-  w = _mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0xD8);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(w));
-#else
-  alignas(64) int32_t b[kLanes];
-  v.store(b);
-  for (int j = 0; j < kLanes; j++) p[j] = static_cast<uint16_t>(b[j]);
-#endif
-}
-
-// low 8 bits of each lane
-inline void store_u8(uint8_t* p, const ivec& v) {
-#if defined(CPU_CAPABILITY_AVX512)
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(v));
-#elif defined(CPU_CAPABILITY_AVX2)
-  __m256i w = _mm256_and_si256(v, _mm256_set1_epi32(0xFF));
-  w = _mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0xD8);
-  w = _mm256_packus_epi16(w, w);
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(w));
-#else
-  alignas(64) int32_t b[kLanes];
-  v.store(b);
-  for (int j = 0; j < kLanes; j++) p[j] = static_cast<uint8_t>(b[j]);
-#endif
-}
-
-// fp16 -> fp32 as ATen's vectorised conversion does it (F16C; the same for every non-NaN value)
-inline fvec load_fp16_as_float(const uint16_t* p) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-#elif defined(CPU_CAPABILITY_AVX2)
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#else
-  alignas(64) float b[kLanes];
-  for (int j = 0; j < kLanes; j++) b[j] = static_cast<float>(c10::Half(p[j], c10::Half::from_bits()));
-  return fvec::loadu(b);
-#endif
-}
-
-// NOTE: the bf16 step keeps a 16-bit pattern in the upper half of its lane (where fp32 keeps it) and
-// a byte plane at its byte position, so loads and stores are one permute each on AVX512 instead of
-// a widening move plus a shift (512-bit shifts only issue on one port, and the step is port-bound).
-// Lanes holding pattern << 16 (the bf16 value as fp32 bits), from kLanes 16-bit patterns.
-inline ivec load_u16_hi(const uint16_t* p) {
-#if defined(CPU_CAPABILITY_AVX512)
-  const __m512i odd_from = _mm512_set_epi32(15 << 16, 14 << 16, 13 << 16, 12 << 16, 11 << 16, 10 << 16, 9 << 16,
-                                            8 << 16, 7 << 16, 6 << 16, 5 << 16, 4 << 16, 3 << 16, 2 << 16, 1 << 16, 0);
-  const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_maskz_permutexvar_epi16(0xAAAAAAAA, odd_from, _mm512_castsi256_si512(words));
-#else
-  return load_u16(p) << ivec(16);
-#endif
-}
-
-// store the upper 16 bits of each lane
-inline void store_u16_hi(uint16_t* p, const ivec& v) {
-#if defined(CPU_CAPABILITY_AVX512)
-  const __m512i odd_words = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, (31 << 16) | 29, (27 << 16) | 25,
-                                             (23 << 16) | 21, (19 << 16) | 17, (15 << 16) | 13, (11 << 16) | 9,
-                                             (7 << 16) | 5, (3 << 16) | 1);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_castsi512_si256(_mm512_permutexvar_epi16(odd_words, v)));
-#else
-  store_u16(p, v >> ivec(16));
-#endif
-}
-
-// Lanes holding byte << (8 * J), from kLanes bytes.
-template <int J>
-inline ivec load_u8_at(const uint8_t* p) {
-#if defined(CPU_CAPABILITY_AVX512)
-  // each 128-bit lane L holds all 16 bytes; its dword t takes byte 4L + t into byte position J
-  alignas(64) static const int8_t ctrl[64] = {
-#define WB_B(L, t) (J == 0 ? 4 * L + t : -128), (J == 1 ? 4 * L + t : -128), (J == 2 ? 4 * L + t : -128), \
-                   (J == 3 ? 4 * L + t : -128)
-#define WB_LANE(L) WB_B(L, 0), WB_B(L, 1), WB_B(L, 2), WB_B(L, 3)
-      WB_LANE(0), WB_LANE(1), WB_LANE(2), WB_LANE(3)};
-#undef WB_LANE
-#undef WB_B
-  const __m512i all = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm512_shuffle_epi8(all, _mm512_load_si512(ctrl));
-#else
-  return load_u8(p) << ivec(8 * J);
-#endif
-}
-
-// store byte J of each lane
-template <int J>
-inline void store_u8_from(uint8_t* p, const ivec& v) {
-#if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (J == 0) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(v));
-  } else {
-    // gather byte J of the lane's 4 dwords into its first dword, then the 4 first dwords together
-    alignas(64) static const int8_t ctrl[64] = {
-#define WB_LANE J, 4 + J, 8 + J, 12 + J, -128, -128, -128, -128, -128, -128, -128, -128, -128, -128, -128, -128
-        WB_LANE, WB_LANE, WB_LANE, WB_LANE};
-#undef WB_LANE
-    const __m512i packed = _mm512_shuffle_epi8(v, _mm512_load_si512(ctrl));
-    const __m512i firsts = _mm512_permutexvar_epi32(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0),
-                                                    packed);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_castsi512_si128(firsts));
-  }
-#else
-  store_u8(p, v >> ivec(8 * J));
-#endif
-}
 
 // ------------------------------------------------------------------------ bit-level helpers
 inline ivec I(int32_t v) { return ivec(v); }
@@ -242,17 +94,22 @@ inline fvec sqrt_t(const fvec& v) {
 // divisions per vector) bounds the in-cache step; this moves one division to the FMA ports.
 struct DivideByConstant {
   fvec c, y;
-  bool exact;  // c is a positive normal number <= 1 (else: plain division)
 };
+// kExact: c is a positive normal number <= 1 (else: plain division); a template parameter, so the loop has
+// no branch on it.
+template <bool kExact>
 inline fvec divide(const fvec& x, const DivideByConstant& d) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  if (d.exact) {
+  if constexpr (kExact) {
     const fvec q = x * d.y;
-    const fvec r = at::vec::fmadd(fvec(0.0f) - q, d.c, x);
-    const fvec fine = at::vec::fmadd(r, d.y, q);
 #if defined(CPU_CAPABILITY_AVX512)
-    return _mm512_mask_mov_ps(fine, _mm512_fpclass_ps_mask(x, 0x9F), q);  // 0x9F: NaN, +-0, +-inf
+    // r = x - c * q in one fnmadd (-(q * c) + x: the same single rounding as fmadd(-q, c, x)), and the
+    // correction q + r * y merged with the special lanes' q by the FMA's own mask (0x9F: NaN, +-0, +-inf)
+    const fvec r = _mm512_fnmadd_ps(q, d.c, x);
+    return _mm512_mask3_fmadd_ps(r, d.y, q, static_cast<__mmask16>(~_mm512_fpclass_ps_mask(x, 0x9F)));
 #else
+    const fvec r = _mm256_fnmadd_ps(q, d.c, x);
+    const fvec fine = at::vec::fmadd(r, d.y, q);
     const fvec special = (x == fvec(0.0f)) | (x.abs() < fvec(INFINITY)) ^ as_float(ivec(-1));
     return fvec::blendv(fine, q, special);
 #endif
@@ -282,8 +139,29 @@ inline ivec float_to_bf16_hi(const fvec& x) {
 #endif
 }
 
+// kLanes fp32 values stored as bf16, rounded to nearest even as float_to_bf16_hi rounds them. NOTE: with
+// AVX512-BF16 (cpu_kernel.py adds -mavx512bf16 where the CPU has it) one vcvtneps2bf16 converts and packs
+// them (6 vector ops fewer per stored state); it flushes subnormal inputs to zero and returns another NaN
+// than ATen's conversion, so a vector holding either takes the integer rounding.
+inline void store_bf16(uint16_t* p, const fvec& x) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+  if (_mm512_fpclass_ps_mask(x, 0xA1) == 0) {  // 0xA1: quiet NaN, subnormal, signalling NaN
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+    return;
+  }
+#endif
+  store_u16_hi(p, float_to_bf16_hi(x));
+}
+
 // bits | 0x400000 where x is a NaN: the quiet bit of fp32 is bf16's bit 0x40, which split sets on a
-// NaN whose payload may sit in dropped bits
+// NaN whose payload may sit in dropped bits. NOTE: x86 arithmetic never returns a signalling NaN, so
+// on AVX2/AVX512 builds a value that comes out of an arithmetic instruction needs no quieting
+// (kArithmeticQuiets); generic builds (maybe not x86) quiet it here.
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+constexpr bool kArithmeticQuiets = true;
+#else
+constexpr bool kArithmeticQuiets = false;
+#endif
 inline ivec quiet_if_nan(const ivec& bits, const fvec& x) {
 #if defined(CPU_CAPABILITY_AVX512)
   return _mm512_mask_or_epi32(bits, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), bits, _mm512_set1_epi32(0x400000));
