@@ -14,6 +14,16 @@ def _seed():
 requires_cuda = pytest.mark.cuda
 
 
+def pytest_configure(config):
+    """One intra-op thread for the whole run: the tests' tensors are tiny, and at torch's default (a thread per
+    core) each op pays OpenMP's fork, join and spin-wait. On the 2-core machine at load 5, 96 tests of
+    checkpoint, models, calcgraph calibration and two experiments took 97 s (76 s CPU) at 2 threads and 20 s
+    (18 s CPU) at 1. A test that needs several threads sets them itself (tests/optim/test_cpu_kernel.py)."""
+    # NOTE: torch's setting only, not OMP_NUM_THREADS: processes the tests start (ranks, Dask workers, kernels)
+    # keep their own defaults, which some tests check; the notebook build sets it for its kernels itself.
+    torch.set_num_threads(1)
+
+
 def pytest_collection_finish(session):
     """Freeze what collection made (modules, functions, parameters: alive for the whole run) out of the cyclic
     garbage collector's reach: the measuring code's `gc.collect()` (before each meter, calibration run and
@@ -41,8 +51,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def one_thread():
-    """One intra-op thread for the test: tiny tensors and convolutions run several times faster on a
-    shared 2-core machine without threads spin-waiting on each other."""
+    """One intra-op thread for the test, whatever the session's setting (`pytest_configure`): tiny tensors and
+    convolutions run several times faster on a shared 2-core machine without threads spin-waiting on each
+    other."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -147,7 +147,11 @@ def test_notebook_saved_by_jupyterlab_keeps_git_status_clean(tmp_path):
                          "@jupyterlab/apputils-extension:kernels-settings": {"commsOverSubshells": "disabled"}}
 
 
-def test_every_notebook_builds_at_smoke(tmp_path):
+def test_every_notebook_builds_at_smoke(tmp_path, monkeypatch):
+    # One intra-op thread in the kernels (they inherit the variable), as in the test process (conftest): every
+    # cell still runs; at smoke sizes OpenMP's spinning threads cost more than they share (efficient_densenet's
+    # smoke build 107 s at torch's default of 2 threads, 25 s at 1, on 2 cores at load 5).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "reports"
     results = build_reports(profile="smoke", out_dir=out, progress=False)
     failures = results[results.status != "ok"]

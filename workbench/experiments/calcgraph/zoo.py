@@ -18,12 +18,13 @@ __all__ = ["ZOO_BAND", "zoo_accuracy", "zoo_worst"]
 ZOO_BAND = (-0.02, 0.05)  # our target: never under by more than 2%, never over by more than 5%
 
 
-def zoo_accuracy(batch_sizes: Sequence[int]) -> pd.DataFrame:
-    """The zoo's error table at `batch_sizes` (one intra-op thread: scratch depends on the thread count)."""
+def zoo_accuracy(batch_sizes: Sequence[int], *, models: Sequence[str] = ()) -> pd.DataFrame:
+    """The zoo's error table at `batch_sizes` (one intra-op thread: scratch depends on the thread count), for the
+    networks named in `models` (`ZOO`'s names; empty: all of them)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return accuracy_table(batch_sizes=batch_sizes)
+        return accuracy_table(list(models) or None, batch_sizes=batch_sizes)
     finally:
         torch.set_num_threads(threads)
 
