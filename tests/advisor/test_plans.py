@@ -13,14 +13,15 @@ def mlp() -> nn.Module:
     return nn.Sequential(*(m for _ in range(4) for m in (nn.Linear(24, 24), nn.ReLU())), nn.Linear(24, 5))
 
 
+# each program (step in backward or not, checkpoints or not) with the traced variant and the two farthest from it
 PACKED = [Config("bf16", k, state, sib, ckpt) for sib in (False, True) for ckpt in ("none", "uniform")
-          for k in (0, 8, 16) for state in ("fp32", "bf16")]
+          for k, state in ((0, "fp32"), (0, "bf16"), (16, "bf16"))]
 
 
 def test_packed_variants_share_one_trace_and_equal_tracing_each():
     work = Workload.of(mlp, torch.randn(6, 24), torch.randint(0, 5, (6,)), None, "adamw", 1e-3, torch.device("cpu"))
     plans = Plans(work, PACKED)
-    for cfg in PACKED:
+    for cfg in [c for c in PACKED if (c.extra_bits, c.state_dtype) != (0, "fp32")]:  # not the traced ones
         own = _compile(work, cfg, None)
         for size in (1, 6, 50):
             assert plans.plan(cfg).peak(size) == own.required_bytes(size), (cfg.name, size)
