@@ -58,6 +58,8 @@ def test_resnet50_planning_time_is_judged_with_its_load_and_only_on_a_cpu():
     slow = {**records, "decisions": records["decisions"].assign(planning_seconds=[75.0, 1.0])}
     assert claim_row(claims, prefix, slow, device_class="cpu")["verdict"] == "not reproduced"
     assert claim_row(claims, prefix, fast, device_class="gpu")["verdict"] == "other device"
+    with_cpu = {**records, "decisions": fast["decisions"].assign(planning_cpu_seconds=[41.5, 1.0])}
+    assert "2 threads, 41.5 s of CPU" in claim_row(claims, prefix, with_cpu, device_class="cpu")["scale"]
 
 
 def test_planning_time_is_judged_only_at_100m_parameters_and_on_a_cpu():

@@ -81,7 +81,8 @@ def _decisions(column: str, reduce: str):
 def _loads(row) -> str:
     if "load_before" not in row:
         return ""
-    return f"; load {row['load_before']:.1f} before, {row['load_after']:.1f} after, {int(row['threads'])} threads"
+    cpu = f", {row['planning_cpu_seconds']:.1f} s of CPU" if "planning_cpu_seconds" in row else ""
+    return f"; load {row['load_before']:.1f} before, {row['load_after']:.1f} after, {int(row['threads'])} threads{cpu}"
 
 
 def _planning_model(name: str):
