@@ -54,3 +54,19 @@ def test_a_programs_peaks_are_remembered_once_for_every_candidate_and_forgotten_
     plans.forget_peaks()  # what `Advice.verify` does after recalibrating a graph
     first.peak(6)
     assert first.graph.evaluations == before + 7
+
+
+def test_the_largest_batch_search_traces_batch_one_only_where_the_users_batch_does_not_fit():
+    from workbench.calcgraph import search_max
+
+    x, y = torch.randn(6, 24), torch.randint(0, 5, (6,))
+    advice = advise(mlp, (x, y), memory_budget=2**40, calibrate=False, min_run_time=0.01,
+                    candidates=[Config(), Config(step_in_backward=True)])
+    assert not any(hasattr(graph, "_one") for graph in advice._plans._graphs.values())  # batch 1 never traced
+    cap = advice.memory_budget * (1 - advice.margin)
+    for name, answer in zip(advice.table["config"], advice.table["max_batch"], strict=True):
+        assert answer == search_max(lambda b, p=advice._by_name[name]: p.fits(b, cap), 6, limit=2**20)[0]
+    fp32 = advice.table.set_index("config").loc["fp32", "predicted_peak_bytes"]
+    advice.rebudget(fp32 * 0.9)  # nothing fits at batch 6: the searches go down, through batch 1
+    assert not advice.table["fits"].any() and (advice.table["max_batch"] < 6).all()
+    assert all(hasattr(graph, "_one") for graph in advice._plans._graphs.values())
