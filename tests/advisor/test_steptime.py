@@ -93,3 +93,24 @@ def test_parts_of_stalled_passes_are_set_aside_and_identical_parts_pooled(monkey
     parts, reliable = time_parts(lambda: next(results), passes=5)
     assert reliable and parts == [1.0, 2.0]  # the five clean passes' medians; the warm-up and stalls left out
     assert pooled([1.0, 3.0, 10.0, 2.0], ["block", "block", "head", "block"]) == [2.0, 2.0, 10.0, 2.0]
+
+
+def test_a_part_of_the_step_is_read_off_the_same_calls():
+    clock = []
+
+    def step():
+        start = time.perf_counter()
+        time.sleep(0.004)  # the part: a forward
+        clock.append(time.perf_counter() - start)
+        time.sleep(0.008)
+
+    def part() -> float:
+        spent = sum(clock)
+        clock.clear()
+        return spent
+
+    measured = time_step(step, min_run_time=0.01, device=CPU, part=part)
+    assert 0.004 <= measured.part_seconds < measured.seconds
+    assert measured.seconds >= 0.012
+    assert time_step(step, min_run_time=0.01, device=CPU).part_seconds != time_step(  # no part: NaN
+        step, min_run_time=0.01, device=CPU).part_seconds

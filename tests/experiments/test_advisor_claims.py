@@ -58,6 +58,8 @@ def test_resnet50_planning_time_is_judged_with_its_load_and_only_on_a_cpu():
     slow = {**records, "decisions": records["decisions"].assign(planning_seconds=[75.0, 1.0])}
     assert claim_row(claims, prefix, slow, device_class="cpu")["verdict"] == "not reproduced"
     assert claim_row(claims, prefix, fast, device_class="gpu")["verdict"] == "other device"
+    with_cpu = {**records, "decisions": fast["decisions"].assign(planning_cpu_seconds=[41.5, 1.0])}
+    assert "2 threads, 41.5 s of CPU" in claim_row(claims, prefix, with_cpu, device_class="cpu")["scale"]
 
 
 def test_planning_time_is_judged_only_at_100m_parameters_and_on_a_cpu():
@@ -110,3 +112,12 @@ def test_the_step_time_row_is_inconclusive_where_its_quartiles_straddle_the_targ
     row = claim_row(claims, "Predicted step time within 15%", _records(
         peak_errors=(0.0,) * 4, time_errors=(0.1, -0.14, 0.16, 0.2)), device_class="cpu")
     assert row["verdict"] == "inconclusive" and row["measured"] == pytest.approx(0.15)
+
+
+def test_a_sampled_suite_says_how_many_candidates_of_how_many_were_run():
+    records = _records()
+    row = claim_row(claims, "Predicted peak within 5%", records, device_class="cpu")
+    assert "3 candidates run" in row["scale"] and " of " not in row["scale"].split(";")[-1]
+    records["candidates"]["sampled_from"] = 24  # one model: 3 of its 24 candidates drawn at random
+    row = claim_row(claims, "Predicted peak within 5%", records, device_class="cpu")
+    assert "3 of 24 candidates run (a seeded random sample per model)" in row["scale"]

@@ -104,8 +104,8 @@ class Advice:
             self._seconds, self.timing = self._timer()
             self.table = pd.DataFrame([self._row(c) for c in self._configs.values()])
             self.table["fits"] = self.table["predicted_peak_bytes"] <= cap
-        self.table["max_batch"] = [search_max(lambda b, p=self._by_name[name]: p.fits(b, cap), self.batch_size,
-                                              limit=2**20)[0] for name in self.table["config"]]
+        self.table["max_batch"] = [_max_batch(self._by_name[name], cap, self.batch_size, fits)
+                                   for name, fits in zip(self.table["config"], self.table["fits"], strict=True)]
         return self
 
     @property
@@ -212,6 +212,13 @@ class Advice:
             result.update(recalibrated=True, choice_after=self.best["config"])
         self.verification = result
         return result
+
+
+def _max_batch(plan: Plan, cap: float, batch_size: int, fits: bool) -> int:
+    """The largest batch whose predicted peak fits `cap` (CalcGraph's search). Where the user's batch fits, the
+    smaller ones are not asked (the search assumes the peak grows with the batch): batch 1, a program of its own
+    (`CompiledGraph._batch_one`), is traced only for a candidate whose search goes down to it."""
+    return search_max(lambda b: (fits and b <= batch_size) or plan.fits(b, cap), batch_size, limit=2**20)[0]
 
 
 @contextlib.contextmanager

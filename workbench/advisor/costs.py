@@ -10,10 +10,10 @@ the budget allows for fp32 with the forward and backward scaled linearly in the 
   a candidate's step is its precision's whole step with the anchor's optimizer step swapped for its own;
 - one whole step with the update inside backward, per optimizer family (torch's, the packed ones): what it
   costs beyond the plain step (per-parameter updates, hooks) is added to each candidate with step in backward;
-- one forward per precision, and one whole step with uniform checkpoints (of the precision whose whole step
-  was fastest): a checkpoint plan adds the share of the forward it recomputes (profiled layer times) plus,
-  per checkpointed segment, what the uniform step measured beyond its own recomputation
-  (torch.utils.checkpoint's machinery).
+- the forward (and loss) per precision, read off the same calls as its whole step, and one whole step with
+  uniform checkpoints (of the precision whose whole step was fastest): a checkpoint plan adds the share of the
+  forward it recomputes (profiled layer times) plus, per checkpointed segment, what the uniform step measured
+  beyond its own recomputation (torch.utils.checkpoint's machinery).
 
 Each is timed after a warm-up call, in blocks of calls (torch.utils.benchmark), or in single calls where one
 lasts `min_run_time` (one call for a step of seconds: a 100M-parameter model's optimizer step).
@@ -46,17 +46,19 @@ from workbench.optim import step_in_backward
 
 from .blocks import BlockCheckpoints, profile_blocks
 from .configs import SPLIT_BLOCKS, Config, checkpoint_kind, training_setup
-from .steptime import pooled, time_parts, time_step
+from .steptime import StepTime, pooled, time_parts, time_step
 from .workload import Workload
 
 __all__ = ["Checkpoints", "measure_time", "predict_seconds", "profile_checkpoints", "time_terms",
            "timing_batches", "training_step"]
 
 
-def training_step(work: Workload, cfg: Config, segments: Sequence | None = None
+def training_step(work: Workload, cfg: Config, segments: Sequence | None = None, *,
+                  forward_clock: list[float] | None = None
                   ) -> Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
     """`step(batch) -> loss`: one training step of `cfg` (model, optimizer, precision, step in backward,
-    checkpoints) built now on the workload's device, with `step.model`, `step.optimizer`, `step.config`."""
+    checkpoints) built now on the workload's device, with `step.model`, `step.optimizer`, `step.config`.
+    Given `forward_clock`, each step appends the seconds of its forward and loss to it."""
     setup = training_setup(cfg, work.build, optimizer=work.optimizer, lr=work.lr, segments=segments)
     with work.device:
         model = work.shard(setup["build"]()).train()
@@ -64,12 +66,19 @@ def training_step(work: Workload, cfg: Config, segments: Sequence | None = None
     hooks = step_in_backward(model, opt) if setup["in_backward"] else None
     cast = setup["autocast"]
 
+    sync = torch.cuda.synchronize if work.device.type == "cuda" and forward_clock is not None else (lambda: None)
+
     def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = (t.to(work.device) for t in batch)
         if cfg.precision == "bf16" and x.is_floating_point():
             x = x.to(torch.bfloat16)
+        sync()
+        start = time.perf_counter()
         with torch.autocast(work.device.type, dtype=cast, enabled=cast is not None):
             value = work.loss_fn(model(x), y)
+        if forward_clock is not None:
+            sync()
+            forward_clock.append(time.perf_counter() - start)
         value.backward()
         if hooks is None:
             opt.step()
@@ -128,18 +137,32 @@ def measure_time(work: Workload, configs: Sequence[Config], min_run_time: float,
     seconds: dict[str, float] = {}
     how: dict[str, str] = {}
 
-    def timed(key: str, what: str, fn: Callable[[], object]) -> float:
-        measured = time_step(fn, min_run_time=min_run_time, device=work.device)
+    def timed(key: str, what: str, fn: Callable[[], object], part: Callable[[], float] | None = None
+              ) -> StepTime:
+        measured = time_step(fn, min_run_time=min_run_time, device=work.device, part=part)
         runs[what] = runs.get(what, 0) + measured.calls
         if not measured.reliable:
             how[key] = f"unreliable: {measured.stalled} of {measured.samples} samples stalled"
-        return measured.seconds
+        return measured
 
     def whole(cfg: Config, key: str, size: int, segments: Sequence | None = None) -> tuple[Callable, float]:
+        return whole_and_forward(cfg, key, size, segments)[:2]
+
+    def whole_and_forward(cfg: Config, key: str, size: int, segments: Sequence | None = None
+                          ) -> tuple[Callable, float, float]:
+        """The step and, read off the same calls, its forward and loss (`time_step`'s `part`)."""
         torch.manual_seed(0)
-        step = training_step(work, cfg, segments)
+        clock: list[float] = []
+        step = training_step(work, cfg, segments, forward_clock=clock)
+
+        def forward_seconds() -> float:
+            spent = sum(clock)
+            clock.clear()
+            return spent
+
         batch = work.make_batch(cfg)(size, work.device)
-        return step, timed(key, "timed training steps", lambda: step(batch))
+        measured = timed(key, "timed training steps", lambda: step(batch), forward_seconds)
+        return step, measured.seconds, measured.part_seconds
 
     anchors = _anchors(configs)
     needed: dict[str, Config] = {}  # the updates swapped in for their precision's anchor
@@ -153,12 +176,8 @@ def measure_time(work: Workload, configs: Sequence[Config], min_run_time: float,
     for precision, anchor in anchors.items():
         sizes = timing_batches(lambda n, a=anchor: fits is None or fits(a, n), work.batch_size)
         steps, forwards = {}, {}
-        for size in sizes:
-            step, steps[size] = whole(anchor, "step " + precision, size)
-            x, y = work.make_batch(anchor)(size, work.device)
-            forwards[size] = timed(_forward_key(anchor), "timed forward passes",
-                                   _forward(work, step.model, x, y, training_setup(anchor, work.build)["autocast"]))
-            del x, y
+        for size in sizes:  # the forward (and loss), which prices a checkpoint's recomputation, in the same calls
+            step, steps[size], forwards[size] = whole_and_forward(anchor, "step " + precision, size)
         seconds["step " + precision] = _affine(steps, work.batch_size)
         seconds[_forward_key(anchor)] = _affine(forwards, work.batch_size)
         at[precision] = (sizes[-1], steps[sizes[-1]], forwards[sizes[-1]])
@@ -191,17 +210,9 @@ def measure_time(work: Workload, configs: Sequence[Config], min_run_time: float,
             model.parameters())
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
-        seconds[key] = timed(key, "timed optimizer steps", opt.step)
+        seconds[key] = timed(key, "timed optimizer steps", opt.step).seconds
         del model, opt
     return seconds, how
-
-
-def _forward(work: Workload, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-             cast: torch.dtype | None) -> Callable[[], torch.Tensor]:
-    def forward() -> torch.Tensor:
-        with torch.autocast(work.device.type, dtype=cast, enabled=cast is not None):
-            return work.loss_fn(model(x), y)
-    return forward
 
 
 def _forward_key(cfg: Config) -> str:

@@ -12,8 +12,8 @@ optimal checkpoint plan that checkpoints nothing runs the plain program; one equ
 uniform program.
 
 Calibration (CPU): the kernels' scratch that fake tensors cannot see, measured once per precision in real
-steps at batches 1, 2, 4 and 8 of its plain program (`CompiledGraph.calibrate`), and added to every candidate
-of that precision as workspace.
+steps at batches 2, 4 and 8 (1, 2 and 4 for a batch of 1) of its plain program (`CompiledGraph.calibrate`),
+and added to every candidate of that precision as workspace.
 """
 
 from __future__ import annotations
@@ -70,14 +70,17 @@ class Plan:
     def categories(self, batch_size: int) -> dict[str, int]:
         """Bytes live at the predicted peak by category: a checkpoint's recomputed tensors (the graph's
         `recomputed` allocation ids) are activations, the calibrated scratch workspace."""
-        frame = self.graph.variables(batch_size)
-        live = self.graph.timeline(batch_size)
-        at = int(live.argmax()) if len(live) else 0
-        alive = frame[(frame["born"] <= at) & (frame["died"] > at)]
-        again = alive.index.isin(list(self.graph.recomputed)) & (alive["kind"] == "temporary")
-        out = dict.fromkeys(CATEGORIES, 0)
-        for kind, nbytes in alive["bytes"].groupby(alive["kind"].where(~again, "activation")).sum().items():
-            out[_KINDS.get(kind, "workspace")] += int(nbytes)
+        key = (id(self.graph), batch_size, "categories")  # shared by the candidates that run the program
+        if key not in self.memo:
+            frame = self.graph.variables(batch_size)
+            live = self.graph.timeline(batch_size)
+            at = int(live.argmax()) if len(live) else 0
+            alive = frame[(frame["born"] <= at) & (frame["died"] > at)]
+            again = alive.index.isin(list(self.graph.recomputed)) & (alive["kind"] == "temporary")
+            self.memo[key] = dict.fromkeys(CATEGORIES, 0)
+            for kind, nbytes in alive["bytes"].groupby(alive["kind"].where(~again, "activation")).sum().items():
+                self.memo[key][_KINDS.get(kind, "workspace")] += int(nbytes)
+        out = dict(self.memo[key])
         out["optimizer_state"] += self.offset
         out["workspace"] += self.scratch(batch_size)
         return out
@@ -156,20 +159,23 @@ class Plans:
         graph = self.graph(precision)
         if precision.precision in self._scratch or not graph.affine:
             return 0
-        uncalibrated = {b: graph.required_bytes(b) for b in (1, batch_size)}
+        uncalibrated = {batch_size: graph.required_bytes(batch_size)}
         # NOTE: a shallow copy, not a second trace of the same program (a bf16 one at 100M parameters traces for
         # minutes): calibrating rebinds the copy's own calibration, and an affine plan reads its traces without
         # adding to them. Checked (and refined once where it misses) only at a batch beyond the calibrated
-        # sizes, where the fit extrapolates; a batch within them is interpolated between two measured sizes
+        # sizes, where the fit extrapolates; a batch within them is interpolated between two measured sizes.
+        # Batch 1 runs a program of its own (`CompiledGraph._batch_one`: one more trace and one more real step,
+        # and a model with BatchNorm refuses it after both): calibrated only for a user's batch of 1
         check = (min(16, batch_size),) if batch_size > 8 else ()
-        calibrated = copy.copy(graph).calibrate(sizes=(1, 2, 4, 8), check=check, refine=1)
+        sizes = (1, 2, 4) if batch_size == 1 else (2, 4, 8)
+        calibrated = copy.copy(graph).calibrate(sizes=sizes, check=check, refine=1)
         checks = calibrated.calibration_error
         # NOTE: memoized: a calibrated plan adds each op call's scratch in Python (a second per batch size at
         # 100M parameters), asked for the same batches by every candidate of the precision
         peak = functools.lru_cache(maxsize=None)(calibrated.required_bytes)
         self._scratch[precision.precision] = lambda b: max(
             0, peak(b) - (uncalibrated[b] if b in uncalibrated else graph.required_bytes(b)))
-        return 4 + len(check) + (int(checks["refined"].max()) if len(checks) else 0)
+        return len(sizes) + len(check) + (int(checks["refined"].max()) if len(checks) else 0)
 
 
 def _meta_state(work: Workload, cfg: Config) -> int:

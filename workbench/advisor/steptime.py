@@ -26,7 +26,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -70,6 +70,7 @@ class StepTime:
     calls: int
     samples: int
     stalled: int
+    part_seconds: float = math.nan  # of the part `time_step(part=...)` reads, per call (same samples)
 
     @property
     def reliable(self) -> bool:
@@ -78,15 +79,19 @@ class StepTime:
 
 
 def time_step(fn: Callable[[], object], *, min_run_time: float, device: torch.device, samples: int = 5,
-              most: int = 15) -> StepTime:
+              most: int = 15, part: Callable[[], float] | None = None) -> StepTime:
     """Time `fn` after one warm-up call: at least `samples` samples and `min_run_time` seconds, more (up to
-    `most` samples) while fewer than `samples` are clean."""
+    `most` samples) while fewer than `samples` are clean. `part()`, where given, returns the seconds `fn` spent
+    in a part of its work since `part` was last called (a step's forward): its median per call over the same
+    samples is `part_seconds`, so that a part is not timed in calls of its own."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
     fn()  # warm-up: first-call allocations (an optimizer's state) and kernel selection
     sync()
     once = time.perf_counter() - start
+    part = part or (lambda: math.nan)
+    part()
     calls = max(1, math.ceil(min_run_time / samples / max(once, 1e-9)))
     clean, stalled, spent = [], [], 0.0
     enabled = gc.isenabled()
@@ -106,10 +111,12 @@ def time_step(fn: Callable[[], object], *, min_run_time: float, device: torch.de
                 gc.enable()
         spent += wall
         stall = None if waited is None or after is None else (after - waited) / max(wall, 1e-12)
-        (stalled if stall is not None and stall > STALL else clean).append(wall / calls)
+        (stalled if stall is not None and stall > STALL else clean).append((wall / calls, part() / calls))
     taken = len(clean) + len(stalled)
     result = StepTime(0.0, 1 + calls * taken, taken, len(stalled))
-    return StepTime(statistics.median(clean if result.reliable else clean + stalled), *astuple(result)[1:])
+    kept = clean if result.reliable else clean + stalled
+    return replace(result, seconds=statistics.median(s for s, _ in kept),
+                   part_seconds=statistics.median(p for _, p in kept))
 
 
 def time_parts(run_pass: Callable[[], list[float]], *, passes: int = 5, most: int = 15) -> tuple[list[float], bool]:

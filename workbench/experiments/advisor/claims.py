@@ -22,8 +22,13 @@ PEAK_BAND = (-0.02, 0.05)  # every candidate's peak error (predicted - measured)
 def _scale(records: Records, params: Mapping) -> str:
     df = record_frame(records, "candidates")
     models = ", ".join(dict.fromkeys(df["model"])) if df is not None else "?"
+    run = "0 candidates run" if df is None else f"{len(df)} candidates run"
+    if df is not None and "sampled_from" in df:
+        total = int(df.groupby("model", sort=False)["sampled_from"].first().sum())
+        if total > len(df):  # `suite.evaluate(sample=...)`: drawn at random per model before any was run
+            run = f"{len(df)} of {total} candidates run (a seeded random sample per model)"
     return (f"{models}; batch {params.get('batch_size', '?')}, width x{params.get('width', '?')}, "
-            f"{params.get('image_size', '?')} px; {0 if df is None else len(df)} candidates run")
+            f"{params.get('image_size', '?')} px; {run}")
 
 
 def _median_error(column: str):
@@ -76,7 +81,8 @@ def _decisions(column: str, reduce: str):
 def _loads(row) -> str:
     if "load_before" not in row:
         return ""
-    return f"; load {row['load_before']:.1f} before, {row['load_after']:.1f} after, {int(row['threads'])} threads"
+    cpu = f", {row['planning_cpu_seconds']:.1f} s of CPU" if "planning_cpu_seconds" in row else ""
+    return f"; load {row['load_before']:.1f} before, {row['load_after']:.1f} after, {int(row['threads'])} threads{cpu}"
 
 
 def _planning_model(name: str):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from workbench.advisor import Advice, advise
+from workbench.advisor.steptime import time_step
 from workbench.measure import AllocatorMeter, calls_for, time_interleaved
 
 from .models import SUITE, suite_model
@@ -32,56 +34,58 @@ __all__ = ["SUITE", "evaluate", "measure_candidate", "paired_regret", "planning_
 PAIRED_SAMPLE_S = 0.03  # the least time one round of `paired_regret` spends on each candidate
 
 
-def measure_candidate(advice: Advice, config: str, *, repeats: int) -> dict:
+def measure_candidate(advice: Advice, config: str, *, repeats: int, min_run_time: float = 0.05) -> dict:
     """The real peak (AllocatorMeter over the very program the plan traced: build + two steps; on CUDA also
-    the caching allocator's reserved peak) and the median step time of one candidate (timed outside the
-    meter, after a warm-up step)."""
+    the caching allocator's reserved peak) and the step time of one candidate (timed outside the meter: the
+    median of at least `repeats` (>= 3) samples whose threads did not wait for a CPU, after a warm-up step)."""
     gc.collect()
     with AllocatorMeter(advice.device) as meter:
         advice.program(config)(advice.batch_size, None)
     step, batch = advice.build(config), advice.make_batch(config)
-    step(batch(advice.batch_size, advice.device))
-    sync = torch.cuda.synchronize if advice.device.type == "cuda" else (lambda: None)
-    times = []
-    for _ in range(repeats):
-        data = batch(advice.batch_size, advice.device)
-        sync()
-        start = time.perf_counter()
-        step(data)
-        sync()
-        times.append(time.perf_counter() - start)
+    data = batch(advice.batch_size, advice.device)
+    # NOTE: by the advisor's own clock (`steptime.time_step`: after a warm-up, samples whose threads waited for a
+    # CPU set aside): a plain median of three steps on the shared machine measured the other processes as well
+    measured = time_step(lambda: step(data), min_run_time=min_run_time, device=advice.device,
+                         samples=max(3, repeats), most=3 * max(3, repeats))
     return {"measured_peak_bytes": meter.peak_bytes, "measured_reserved_bytes": meter.reserved_peak_bytes,
-            "measured_step_seconds": statistics.median(times)}
+            "measured_step_seconds": measured.seconds, "measured_time_reliable": measured.reliable}
 
 
 def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size: int, budget_quantile: float,
              repeats: int = 3, min_run_time: float = 0.1, candidates=None, device: torch.device | str = "cpu",
-             progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Advice]]:
+             progress: bool = True, sample: int = 0, seed: int = 0
+             ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Advice]]:
     """Advise on each model, with the budget at the `budget_quantile` of its candidates' predicted peaks (so
-    that some fit and some do not), verify the choice, and run every candidate for real, all on `device`.
-    Returns (candidates, decisions, advice per model)."""
+    that some fit and some do not), verify the choice, and run its candidates for real, all on `device`: every
+    candidate, or (`sample` > 0) a random sample of `sample` of them per model drawn with `seed` before any is
+    run (`sampled_from` in each row: how many there were). Returns (candidates, decisions, advice per model)."""
     rows, decisions, advices = [], [], {}
     for name in tqdm(models, desc="models", disable=not progress):
         model = suite_model(name, width=width, image_size=image_size)
         torch.manual_seed(0)
         batch = model.batch(batch_size, device=device)
         gc.collect()
-        load, start = _load(), time.perf_counter()
+        load, start, cpu = _load(), time.perf_counter(), time.process_time()
         advice = advise(model.build, batch, memory_budget=2**62, loss_fn=model.loss_fn, candidates=candidates,
                         min_run_time=min_run_time, device=device)
-        planning = {"planning_seconds": time.perf_counter() - start, "load_before": load, "load_after": _load(),
+        # the process's CPU seconds beside the wall time: on a shared machine the wall time measures its load too
+        planning = {"planning_seconds": time.perf_counter() - start, "planning_cpu_seconds": time.process_time() - cpu,
+                    "load_before": load, "load_after": _load(),
                     "threads": torch.get_num_threads(), "candidates": len(advice.table),
                     **{f"{phase.replace(' ', '_')}_seconds": t for phase, t in advice.planning_seconds.items()}}
         peaks = advice.table["predicted_peak_bytes"]
         budget = float(peaks.quantile(budget_quantile, interpolation="lower")) / (1 - advice.margin)
         advice.rebudget(budget)
         advices[name] = advice
-        for _, row in tqdm(list(advice.table.iterrows()), desc=name, disable=not progress, leave=False):
-            real = measure_candidate(advice, row["config"], repeats=repeats)
+        run = list(advice.table.index)
+        if 0 < sample < len(run):  # drawn from the table's order alone: no prediction or measurement chooses
+            run = sorted(random.Random(seed).sample(run, sample))
+        for _, row in tqdm(list(advice.table.loc[run].iterrows()), desc=name, disable=not progress, leave=False):
+            real = measure_candidate(advice, row["config"], repeats=repeats, min_run_time=min_run_time)
             rows.append({"model": name, "config": row["config"], "budget_bytes": budget,
                          "predicted_peak_bytes": int(row["predicted_peak_bytes"]),
                          "predicted_step_seconds": float(row["predicted_step_seconds"]), "fits": bool(row["fits"]),
-                         **real})
+                         "sampled_from": len(advice.table), **real})
         decisions.append(_decision(name, advice, budget, planning, rows, repeats))
     table = pd.DataFrame(rows)
     table["peak_error"] = (table["predicted_peak_bytes"] - table["measured_peak_bytes"]) / table["measured_peak_bytes"]
