@@ -78,8 +78,9 @@ def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size
         advice.rebudget(budget)
         advices[name] = advice
         run = list(advice.table.index)
-        if 0 < sample < len(run):  # drawn from the table's order alone: no prediction or measurement chooses
-            run = sorted(random.Random(seed).sample(run, sample))
+        if 0 < sample < len(run):  # drawn from the table's order alone: no prediction or measurement chooses;
+            # seeded by model too, so models whose tables share one order are not all sampled at the same rows
+            run = sorted(random.Random(f"{seed}:{name}").sample(run, sample))
         for _, row in tqdm(list(advice.table.loc[run].iterrows()), desc=name, disable=not progress, leave=False):
             real = measure_candidate(advice, row["config"], repeats=repeats, min_run_time=min_run_time)
             rows.append({"model": name, "config": row["config"], "budget_bytes": budget,
