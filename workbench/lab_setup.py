@@ -19,8 +19,9 @@ and git"), for the JupyterLab that runs from it:
    is turned on in `share/jupyter/lab/settings/overrides.d/` (the filter strips that state from git). A
    widget closed before the save has no state to save: a tqdm notebook bar made with `leave=False` (the
    inner loops here; outer loops keep theirs) closes its container when it finishes, while the output that
-   displayed it stays, in a cell or in an output widget's state. The extension's pre-save hook drops those views of closed widgets (the live
-   page shows none of them either), so the reopened notebook reads as it did when saved.
+   displayed it stays, in a cell or in an output widget's state. The extension's pre-save hook drops those
+   views of closed widgets (the live page shows none of them either), so the reopened notebook reads as it
+   did when saved.
 3. **Widget callbacks on the kernel's main shell.** JupyterLab 4.4+ sends comm messages to a kernel subshell
    when the kernel has them (ipykernel 7, setting `commsOverSubshells`, default one subshell per comm
    target), so a widget's callback runs in a thread beside the cells. The kernel indicator then reads Idle
