@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pandas as pd
 import torch
+from torch._C._profiler import _EventType
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -28,8 +29,8 @@ from .measure_args import _device, check_device
 from .timing import Timing, calls_for, time_callable, time_interleaved
 
 __all__ = [
-    "AllocatorMeter", "LiveStorageMode", "MemoryMeter", "Timing", "allocator_events", "calls_for", "check_device",
-    "time_callable", "format_bytes",
+    "AllocatorMeter", "LiveStorageMode", "MemoryMeter", "Timing", "allocator_events", "allocator_trace", "calls_for",
+    "check_device", "time_callable", "format_bytes",
     "measure_training_step", "plot_memory_trace", "state_bytes", "time_interleaved",
 ]
 
@@ -169,19 +170,47 @@ def allocator_events(user: str = "allocator_events") -> Iterator[torch.profiler.
         yield profiler
 
 
+def allocator_trace(profiler: torch.profiler.profile) -> list[tuple[int, int]]:
+    """The CPU allocator's events an `allocator_events` block recorded, in time order: (ns, +bytes) per
+    allocation and (ns, -bytes) per free of a block allocated inside the block; frees of older blocks left out.
+
+    # NOTE: matched by address (the profiler's event tree has it; its flat event list does not): c10's CPU
+    # reporter sizes a free from a table it fills only while a profiler runs, so a block allocated under an
+    # earlier profiler and freed outside any leaves its size behind, and a later block at the same address,
+    # allocated before entry and freed inside, was counted with that stale size (a 3 MB free read as -10 MB).
+    """
+    found, stack = [], list(profiler.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
+            found.append((event.start_time_ns, event.extra_fields.ptr, event.extra_fields.alloc_size))
+    live: set[int] = set()
+    trace = []
+    for ns, ptr, nbytes in sorted(found, key=lambda e: e[0]):
+        if nbytes >= 0:
+            live.add(ptr)
+        elif ptr in live:
+            live.discard(ptr)
+        else:
+            continue
+        trace.append((ns, nbytes))
+    return trace
+
+
 class AllocatorMeter:
     """Peak bytes the device's allocator handed out inside a `with` block, net of frees inside it.
 
     The independent measure for everything counted from tensors (MemoryMeter's CPU tracker, CalcGraph's
     fake-tensor plan): it shares no counting rule with them. On CPU, every allocation and free of the
     c10 CPU allocator while the block runs (torch.profiler with `profile_memory=True`), summed in time
-    order; blocks allocated before entry and freed inside are not seen (the profiler warns once), so
-    the figure is relative to entry like MemoryMeter's. Kernel scratch (BatchNorm, oneDNN RNN
+    order (`allocator_trace`); frees of blocks allocated before entry are not counted, so the figure is
+    relative to entry like MemoryMeter's. Kernel scratch (BatchNorm, oneDNN RNN
     workspaces) counts. On CUDA, `max_memory_allocated` relative to entry, and `reserved_peak_bytes`,
     the caching allocator's absolute `max_memory_reserved` (what actually runs out).
 
-    # NOTE: the profiler's event list is read directly (kineto results) rather than exported to a
-    # chrome trace, which writes a file per measurement; only one profiler can run at a time.
+    # NOTE: the profiler's events are read directly (kineto results) rather than exported to a chrome
+    # trace, which writes a file per measurement; only one profiler can run at a time.
     """
 
     def __init__(self, device: torch.device | str | None = None) -> None:
@@ -211,11 +240,9 @@ class AllocatorMeter:
             return
         profiler, self._profiler = self._profiler, None
         self._stack.close()
-        events = [e for e in profiler.profiler.kineto_results.events()
-                  if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
         current = peak = 0
-        for event in sorted(events, key=lambda e: e.start_ns()):
-            current += event.nbytes()
+        for _, nbytes in allocator_trace(profiler):
+            current += nbytes
             peak = max(peak, current)
         self.peak_bytes, self.end_bytes = peak, current
 

@@ -19,14 +19,13 @@ affine in the batch size, call by call, so that the plan predicts them at any ba
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..measure import allocator_events
+from ..measure import allocator_events, allocator_trace
 from .tracker import CALL_PREFIX, _Trace, _TraceError, _Tracker, _trace
 
 __all__: list[str] = []  # used through CompiledGraph.calibrate
@@ -43,12 +42,10 @@ def _observe(program: Callable[[_Tracker], None]) -> _Observed:
     """One real run of `program` under the tracker and the profiler's CPU allocator events."""
     if torch.autograd.profiler._is_profiler_enabled:
         raise RuntimeError("calibration needs torch.profiler, which is already running; stop it first")
-    gc.collect()  # garbage of an earlier run freed inside the profiler would lower its count
     with allocator_events("calibration") as profiler:  # without kineto's start/stop markers on stderr
         trace = _trace(program, fake=False, profiled=True)
     events = profiler.profiler.kineto_results.events()
-    memory = sorted((e.start_ns(), e.nbytes()) for e in events
-                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    memory = allocator_trace(profiler)
     times = np.asarray([t for t, _ in memory], dtype=np.int64)
     level = np.cumsum(np.asarray([n for _, n in memory], dtype=np.int64))
     scratch = np.zeros(len(trace.calls), dtype=np.int64)

@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ..measure import allocator_events, check_device, time_callable
+from ..measure import allocator_events, allocator_trace, check_device, time_callable
 from .graph import run_stages, stages_of
 
 __all__ = ["LayerProfile", "measure_layers", "unit_for"]
@@ -227,8 +227,7 @@ class _Allocations:
         profiler, self._profiler = self._profiler, None
         self._profiling.__exit__(None, None, None)
         events = profiler.profiler.kineto_results.events()
-        memory = sorted((e.start_ns(), e.nbytes()) for e in events
-                        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+        memory = allocator_trace(profiler)
         ranges = {int(e.name().rsplit(".", 1)[1]): (e.start_ns(), e.end_ns()) for e in events
                   if e.name().startswith("workbench.vbs.call.")}
         times = [t for t, _ in memory]
