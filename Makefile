@@ -43,8 +43,9 @@ hooks: $(STAMP)
 report: $(STAMP) hooks
 	$(VENV)/bin/workbench report --profile $(PROFILE) $(if $(WORKERS),--workers $(WORKERS))
 
+# One test process per core (pytest-xdist), each at one torch thread (tests/conftest.py).
 test: $(STAMP) hooks
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
 # The Jupyter stack a bare CUDA PyTorch image lacks (papermill, nbclient, ipykernel, nbconvert and their
 # dependencies, extras included), as Python 3.12 wheels at the versions installed here. `gpu_run pack` downloads
