@@ -114,6 +114,16 @@ def test_the_step_time_row_is_inconclusive_where_its_quartiles_straddle_the_targ
     assert row["verdict"] == "inconclusive" and row["measured"] == pytest.approx(0.15)
 
 
+def test_the_step_time_row_shows_how_far_two_timings_of_the_same_candidates_differ():
+    records = _records(peak_errors=(0.0,) * 4, time_errors=(0.1, -0.14, 0.16, 0.2))
+    row = claim_row(claims, "Predicted step time within 15%", records, device_class="cpu")
+    assert "timed twice" not in row["scale"]
+    records["candidates"]["repeat_error"] = (0.02, -0.3, 0.1, -0.06)
+    row = claim_row(claims, "Predicted step time within 15%", records, device_class="cpu")
+    assert "the same candidates timed twice differ by a median 8.0% (quartiles 5.0%..15.0%)" in row["scale"]
+    assert row["measured"] == pytest.approx(0.15) and row["verdict"] == "inconclusive"  # context, not the verdict
+
+
 def test_a_sampled_suite_says_how_many_candidates_of_how_many_were_run():
     records = _records()
     row = claim_row(claims, "Predicted peak within 5%", records, device_class="cpu")

@@ -8,6 +8,7 @@ running total, which shares no counting rule with the plan); time errors against
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
@@ -41,6 +42,19 @@ def _median_error(column: str):
         return Measured(float(errors.median()), spread=(float(errors.quantile(0.25)), float(errors.quantile(0.75))),
                         scale=_scale(records, params))
     return measure
+
+
+def _time_error(records: Records, params: Mapping) -> Measured | None:
+    """The median |time error| (`_median_error`), and beside it how far two timings of the same candidates at
+    different moments differ (`suite.evaluate`'s `repeat_error`): the floor a prediction is judged above."""
+    measured = _median_error("time_error")(records, params)
+    repeat = record_frame(records, "candidates")
+    repeat = repeat["repeat_error"].dropna().abs() if measured is not None and "repeat_error" in repeat else None
+    if repeat is None or repeat.empty:
+        return measured
+    return replace(measured, scale=f"{measured.scale}; the same candidates timed twice differ by a median "
+                                   f"{repeat.median():.1%} (quartiles {repeat.quantile(0.25):.1%}.."
+                                   f"{repeat.quantile(0.75):.1%})")
 
 
 def _band(records: Records, params: Mapping) -> Measured | None:
@@ -125,7 +139,7 @@ CLAIMS = (
           source="target", definition="(predicted - measured) / measured peak of the candidate farthest outside "
                                       "the band (nearest its edge when all are inside)"),
     Claim("Predicted step time within 15%, median over the suite and every candidate", unit="|error| (fraction)",
-          paper="goal: <= 0.15", measure=_median_error("time_error"), rule=at_most(0.15), source="target",
+          paper="goal: <= 0.15", measure=_time_error, rule=at_most(0.15), source="target",
           definition="|predicted - measured| / measured seconds per step, median of real steps after a warm-up"),
     Claim("Verification runs over the budget", unit="runs", paper="goal: 0",
           measure=_decisions("within_budget", "count_false"), rule=at_most(0), source="target",
