@@ -60,3 +60,22 @@ def test_a_step_is_timed_at_the_users_batch_where_it_fits_else_at_two_batches_be
     assert timing_batches(lambda n: n <= 1, 32) == [1]
     with pytest.raises(ValueError, match="even at batch 1"):
         timing_batches(lambda n: False, 32)
+
+
+@pytest.mark.parametrize(("least_share", "groups"), [(0.5, [2, 2]), (0.6, [1, 1, 1, 1])])
+def test_what_a_variant_adds_is_timed_together_with_its_plain_step_where_both_fit(monkeypatch, least_share, groups):
+    from workbench.advisor import Config, advise, costs
+
+    grid = [Config(), Config(step_in_backward=True), Config(checkpoint="uniform")]
+    advice = advise(lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                                          nn.Linear(32, 4)),
+                    (torch.randn(8, 16), torch.randint(0, 4, (8,))), memory_budget=2**40, candidates=grid,
+                    min_run_time=0.01, calibrate=False)
+    timed, real = [], costs.time_steps
+    monkeypatch.setattr(costs, "time_steps", lambda fns, **kw: timed.append(len(fns)) or real(fns, **kw))
+    seconds, _ = costs.measure_time(advice._workload, grid, 0.01, {}, checkpoints=advice._checkpoints,
+                                    fits=lambda cfg, size, share: share >= least_share)
+    # fp32 with its step in backward, then again with uniform checkpoints: two at a time where each gets half the
+    # memory free, else one after the other
+    assert timed == groups
+    assert {"step fp32", "in backward torch", "per checkpointed segment"} <= set(seconds)

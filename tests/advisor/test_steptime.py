@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from workbench.advisor import steptime
-from workbench.advisor.steptime import STALL, StepTime, pooled, runqueue_wait, time_parts, time_step
+from workbench.advisor.steptime import STALL, StepTime, pooled, runqueue_wait, time_parts, time_step, time_steps
 
 CPU = torch.device("cpu")
 
@@ -114,3 +114,22 @@ def test_a_part_of_the_step_is_read_off_the_same_calls():
     assert measured.seconds >= 0.012
     assert time_step(step, min_run_time=0.01, device=CPU).part_seconds != time_step(  # no part: NaN
         step, min_run_time=0.01, device=CPU).part_seconds
+
+
+def test_steps_timed_together_take_turns_and_a_stalled_round_is_set_aside_whole(monkeypatch):
+    order = []
+
+    def step(name, seconds):
+        def run():
+            order.append(name)
+            time.sleep(seconds)
+        return run
+
+    short, long = time_steps([step("a", 0.002), step("b", 0.006)], min_run_time=0.001, device=CPU)
+    assert order[:2] == ["a", "b"]  # the warm-ups, then rounds of one sample of each, the order rotated
+    assert order[2:8] == ["a", "b", "b", "a", "a", "b"]
+    assert short.samples == long.samples >= 5 and 0.002 <= short.seconds < long.seconds
+    _stalling(monkeypatch, {1})  # the second sample timed: round 0's "b"; its "a" is set aside with it
+    durations = iter([0.001, 0.001] + [0.5 if i in (0, 1) else 0.001 for i in range(40)])
+    first, _ = time_steps([lambda: time.sleep(next(durations))] * 2, min_run_time=0.001, device=CPU)
+    assert first.stalled == 1 and first.seconds < 0.1

@@ -310,9 +310,9 @@ def advise(
     # machine): at the user's batch, else two smaller batches (see `costs.timing_batches`)
     room = min(0.9 * free_memory_bytes(dev), 4 * float(memory_budget))
 
-    def fits(cfg: Config, size: int) -> bool:
+    def fits(cfg: Config, size: int, share: float = 1.0) -> bool:
         with _timed(phases, "traces"):
-            return plans.plan(cfg).fits(size, room)
+            return plans.plan(cfg).fits(size, room * share)
 
     checkpoints = None
     if any(c.checkpoint != "none" for c in grid):

@@ -16,7 +16,9 @@ the budget allows for fp32 with the forward and backward scaled linearly in the 
   beyond its own recomputation (torch.utils.checkpoint's machinery).
 
 Each is timed after a warm-up call, in blocks of calls (torch.utils.benchmark), or in single calls where one
-lasts `min_run_time` (one call for a step of seconds: a 100M-parameter model's optimizer step).
+lasts `min_run_time` (one call for a step of seconds: a 100M-parameter model's optimizer step). A step whose
+difference from a plain one is a term (step in backward, uniform checkpoints) is timed together with that
+plain step, in alternating samples (`steptime.time_steps`), where both fit the memory free now.
 
 Checkpointing (models whose layers open): one per-layer profile (`workbench.checkpoint.profile_layers`,
 real passes of each layer at a small batch) gives the share of the forward each plan recomputes, and the
@@ -46,7 +48,7 @@ from workbench.optim import step_in_backward
 
 from .blocks import BlockCheckpoints, profile_blocks
 from .configs import SPLIT_BLOCKS, Config, checkpoint_kind, training_setup
-from .steptime import StepTime, pooled, time_parts, time_step
+from .steptime import StepTime, pooled, time_parts, time_step, time_steps
 from .workload import Workload
 
 __all__ = ["Checkpoints", "measure_time", "predict_seconds", "profile_checkpoints", "time_terms",
@@ -125,11 +127,12 @@ def timing_batches(fits: Callable[[int], bool], batch_size: int) -> list[int]:
 
 
 def measure_time(work: Workload, configs: Sequence[Config], min_run_time: float, runs: dict[str, int], *,
-                 fits: Callable[[Config, int], bool] | None = None, checkpoints: Checkpoints | None = None
+                 fits: Callable[[Config, int, float], bool] | None = None, checkpoints: Checkpoints | None = None
                  ) -> tuple[dict[str, float], dict[str, str]]:
     """The cost model's inputs (see the module docstring) at the user's batch: seconds of each precision's whole
-    step (`step <precision>`) and forward, timed at the batches `timing_batches` picks (`fits(anchor, size)`:
-    whether that real step fits the memory free now; default: always); of the optimizer steps a candidate swaps
+    step (`step <precision>`) and forward, timed at the batches `timing_batches` picks (`fits(anchor, size,
+    share)`: whether that real step fits `share` of the memory free now; default: always); of the optimizer
+    steps a candidate swaps
     in (`optimizer <variant>`); what the update inside backward adds per family (`in backward <family>`); and,
     given the layer profile `checkpoints`, what a checkpointed segment adds beyond its recomputation
     (`per checkpointed segment`, from a uniformly checkpointed step). Returns (seconds, how each key was timed:
@@ -137,32 +140,31 @@ def measure_time(work: Workload, configs: Sequence[Config], min_run_time: float,
     seconds: dict[str, float] = {}
     how: dict[str, str] = {}
 
-    def timed(key: str, what: str, fn: Callable[[], object], part: Callable[[], float] | None = None
-              ) -> StepTime:
-        measured = time_step(fn, min_run_time=min_run_time, device=work.device, part=part)
+    def note(key: str, what: str, measured: StepTime) -> StepTime:
         runs[what] = runs.get(what, 0) + measured.calls
         if not measured.reliable:
             how[key] = f"unreliable: {measured.stalled} of {measured.samples} samples stalled"
         return measured
 
-    def whole(cfg: Config, key: str, size: int, segments: Sequence | None = None) -> tuple[Callable, float]:
-        return whole_and_forward(cfg, key, size, segments)[:2]
-
-    def whole_and_forward(cfg: Config, key: str, size: int, segments: Sequence | None = None
-                          ) -> tuple[Callable, float, float]:
-        """The step and, read off the same calls, its forward and loss (`time_step`'s `part`)."""
-        torch.manual_seed(0)
-        clock: list[float] = []
-        step = training_step(work, cfg, segments, forward_clock=clock)
-
-        def forward_seconds() -> float:
-            spent = sum(clock)
-            clock.clear()
-            return spent
-
-        batch = work.make_batch(cfg)(size, work.device)
-        measured = timed(key, "timed training steps", lambda: step(batch), forward_seconds)
-        return step, measured.seconds, measured.part_seconds
+    def wholes(cfgs: Sequence[Config], key: str, size: int) -> list[tuple[Callable, float, float]]:
+        """Each step and, read off the same calls, its forward and loss (`time_steps`' parts). Several steps (a plain
+        one first, then variants of it that hold no more memory) are timed together where the plain one fits
+        the share of the memory each gets (`fits(plain, size, share)`), one after the other otherwise."""
+        if len(cfgs) > 1 and fits is not None and not fits(cfgs[0], size, 1 / len(cfgs)):
+            return [found for cfg in cfgs for found in wholes([cfg], key, size)]
+        steps, fns, parts = [], [], []
+        for cfg in cfgs:
+            torch.manual_seed(0)
+            clock: list[float] = []
+            step = training_step(work, cfg, forward_clock=clock)
+            batch = work.make_batch(cfg)(size, work.device)
+            steps.append(step)
+            fns.append(lambda step=step, batch=batch: step(batch))
+            parts.append(lambda clock=clock: _drained(clock))
+        measured = time_steps(fns, min_run_time=min_run_time, device=work.device, parts=parts)
+        for m in measured:
+            note(key, "timed training steps", m)
+        return [(step, m.seconds, m.part_seconds) for step, m in zip(steps, measured, strict=True)]
 
     anchors = _anchors(configs)
     needed: dict[str, Config] = {}  # the updates swapped in for their precision's anchor
@@ -172,32 +174,37 @@ def measure_time(work: Workload, configs: Sequence[Config], min_run_time: float,
             needed.update({_step_key(cfg): cfg, _step_key(anchor): anchor})
     models = {}  # each precision's model, for the updates timed on its parameters
     families = {_family(c) for c in configs if c.step_in_backward}
-    at: dict[str, tuple[int, float, float]] = {}  # per precision: its largest timing batch, step and forward there
+    largest: dict[str, int] = {}  # per precision: its largest timing batch
     for precision, anchor in anchors.items():
-        sizes = timing_batches(lambda n, a=anchor: fits is None or fits(a, n), work.batch_size)
+        sizes = timing_batches(lambda n, a=anchor: fits is None or fits(a, n, 1.0), work.batch_size)
         steps, forwards = {}, {}
+        family = _family(anchor)
         for size in sizes:  # the forward (and loss), which prices a checkpoint's recomputation, in the same calls
-            step, steps[size], forwards[size] = whole_and_forward(anchor, "step " + precision, size)
+            # what the update inside backward adds: once per family, at its first precision, timed together with
+            # its own plain step
+            beside = [replace(anchor, step_in_backward=True)] if size == sizes[-1] and family in families else []
+            (step, steps[size], forwards[size]), *sib = wholes([anchor, *beside], "step " + precision, size)
+            if sib:
+                families.discard(family)
+                seconds["in backward " + family] = sib[0][1] - steps[size]
+            del sib
         seconds["step " + precision] = _affine(steps, work.batch_size)
         seconds[_forward_key(anchor)] = _affine(forwards, work.batch_size)
-        at[precision] = (sizes[-1], steps[sizes[-1]], forwards[sizes[-1]])
+        largest[precision] = sizes[-1]
         extrapolated = "" if sizes == [work.batch_size] else f"timed at batches {sizes[0]} and {sizes[-1]}, " \
                                                                f"extrapolated"
         how["step " + precision] = "; ".join(filter(None, [extrapolated, how.get("step " + precision, "")]))
         if any(c.precision == precision for c in needed.values()):
             models[precision] = step.model
         del step
-        family = _family(anchor)
-        if family in families:  # measured once per family, at its first precision, beside its own plain step
-            families.discard(family)
-            _, sib = whole(replace(anchor, step_in_backward=True), "in backward " + family, sizes[-1])
-            seconds["in backward " + family] = sib - steps[sizes[-1]]
     if checkpoints is not None:
         # NOTE: on the precision whose whole step was fastest: the machinery does not depend on the optimizer,
         # and at 1e8 parameters torch's fp32 AdamW step takes 1.5 s on CPU, the packed kernel's 0.05 s
         fastest = min(anchors, key=lambda p: seconds["step " + p])
-        (size, plain, forward), segments = at[fastest], checkpoints.uniform
-        _, uniform = whole(replace(anchors[fastest], checkpoint="uniform"), "checkpoint uniform", size)
+        segments, plain = checkpoints.uniform, anchors[fastest]
+        # timed together with its plain step again: the difference is what checkpointing adds
+        (_, plain, forward), (_, uniform, _) = wholes([plain, replace(plain, checkpoint="uniform")],
+                                                      "checkpoint uniform", largest[fastest])
         recomputed = forward * checkpoints.recompute_share(segments)
         seconds["per checkpointed segment"] = max(0.0, uniform - plain - recomputed) / max(
             1, sum(c for _, _, c in segments))
@@ -210,9 +217,17 @@ def measure_time(work: Workload, configs: Sequence[Config], min_run_time: float,
             model.parameters())
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
-        seconds[key] = timed(key, "timed optimizer steps", opt.step).seconds
+        seconds[key] = note(key, "timed optimizer steps", time_step(opt.step, min_run_time=min_run_time,
+                                                                     device=work.device)).seconds
         del model, opt
     return seconds, how
+
+
+def _drained(clock: list[float]) -> float:
+    """The seconds a `training_step`'s forward clock gathered since last drained."""
+    spent = sum(clock)
+    clock.clear()
+    return spent
 
 
 def _forward_key(cfg: Config) -> str:

@@ -30,7 +30,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-__all__ = ["STALL", "StepTime", "free_memory_bytes", "pooled", "runqueue_wait", "time_parts", "time_step"]
+__all__ = ["STALL", "StepTime", "free_memory_bytes", "pooled", "runqueue_wait", "time_parts", "time_step",
+           "time_steps"]
 
 STALL = 0.1  # a sample whose threads waited on a run queue for more than this share of its wall time is stalled
 
@@ -84,39 +85,61 @@ def time_step(fn: Callable[[], object], *, min_run_time: float, device: torch.de
     `most` samples) while fewer than `samples` are clean. `part()`, where given, returns the seconds `fn` spent
     in a part of its work since `part` was last called (a step's forward): its median per call over the same
     samples is `part_seconds`, so that a part is not timed in calls of its own."""
+    return time_steps([fn], min_run_time=min_run_time, device=device, samples=samples, most=most, parts=[part])[0]
+
+
+def time_steps(fns: Sequence[Callable[[], object]], *, min_run_time: float, device: torch.device,
+               samples: int = 5, most: int = 15, parts: Sequence[Callable[[], float] | None] | None = None
+               ) -> list[StepTime]:
+    """`time_step` of several steps at once, in rounds of one sample of each (the order rotated each round): what
+    one step costs beyond another (the update inside backward, a checkpoint plan's recomputation) is then read
+    from samples taken at the same moments. A round any of whose samples stalled is set aside whole.
+
+    # NOTE: timed one after the other, two steps of this project's 2-core VM differed by phases of the machine
+    # as well: its speed moved by a third for seconds at a time (a ViT step 27 ms, then 36 ms for 20 steps)
+    """
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    fn()  # warm-up: first-call allocations (an optimizer's state) and kernel selection
-    sync()
-    once = time.perf_counter() - start
-    part = part or (lambda: math.nan)
-    part()
-    calls = max(1, math.ceil(min_run_time / samples / max(once, 1e-9)))
+    parts = [p or (lambda: math.nan) for p in (parts or [None] * len(fns))]
+    calls = []
+    for fn, part in zip(fns, parts, strict=True):
+        sync()
+        start = time.perf_counter()
+        fn()  # warm-up: first-call allocations (an optimizer's state) and kernel selection
+        sync()
+        calls.append(max(1, math.ceil(min_run_time / samples / max(time.perf_counter() - start, 1e-9))))
+        part()
     clean, stalled, spent = [], [], 0.0
     enabled = gc.isenabled()
     while len(clean) + len(stalled) < most and not (len(clean) >= samples and spent >= min_run_time):
-        gc.disable()  # NOTE: as timeit: a collection of a large heap (a notebook's) is no part of the step
-        try:
-            waited = runqueue_wait()
-            sync()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            sync()
-            wall = time.perf_counter() - start
-            after = runqueue_wait()
-        finally:
-            if enabled:
-                gc.enable()
-        spent += wall
-        stall = None if waited is None or after is None else (after - waited) / max(wall, 1e-12)
-        (stalled if stall is not None and stall > STALL else clean).append((wall / calls, part() / calls))
+        shift = (len(clean) + len(stalled)) % len(fns)
+        order = list(range(len(fns)))[shift:] + list(range(len(fns)))[:shift]
+        sample, late = [(0.0, 0.0)] * len(fns), False
+        for i in order:
+            gc.disable()  # NOTE: as timeit: a collection of a large heap (a notebook's) is no part of the step
+            try:
+                waited = runqueue_wait()
+                sync()
+                start = time.perf_counter()
+                for _ in range(calls[i]):
+                    fns[i]()
+                sync()
+                wall = time.perf_counter() - start
+                after = runqueue_wait()
+            finally:
+                if enabled:
+                    gc.enable()
+            spent += wall / len(fns)
+            late |= waited is not None and after is not None and (after - waited) / max(wall, 1e-12) > STALL
+            sample[i] = (wall / calls[i], parts[i]() / calls[i])
+        (stalled if late else clean).append(sample)
     taken = len(clean) + len(stalled)
-    result = StepTime(0.0, 1 + calls * taken, taken, len(stalled))
-    kept = clean if result.reliable else clean + stalled
-    return replace(result, seconds=statistics.median(s for s, _ in kept),
-                   part_seconds=statistics.median(p for _, p in kept))
+    results = []
+    for i, n in enumerate(calls):
+        result = StepTime(0.0, 1 + n * taken, taken, len(stalled))
+        kept = clean if result.reliable else clean + stalled
+        results.append(replace(result, seconds=statistics.median(r[i][0] for r in kept),
+                               part_seconds=statistics.median(r[i][1] for r in kept)))
+    return results
 
 
 def time_parts(run_pass: Callable[[], list[float]], *, passes: int = 5, most: int = 15) -> tuple[list[float], bool]:
