@@ -129,6 +129,10 @@ def test_steps_timed_together_take_turns_and_a_stalled_round_is_set_aside_whole(
     assert order[:2] == ["a", "b"]  # the warm-ups, then rounds of one sample of each, the order rotated
     assert order[2:8] == ["a", "b", "b", "a", "a", "b"]
     assert short.samples == long.samples >= 5 and 0.002 <= short.seconds < long.seconds
+    counts = {"a": 0, "b": 0}
+    quick = time_steps([lambda: counts.__setitem__("a", counts["a"] + 1), lambda: None], min_run_time=0.01,
+                       device=CPU)
+    assert quick[0].calls == counts["a"] > quick[0].samples * 2  # blocks of calls, each after one untimed call
     _stalling(monkeypatch, {1})  # the second sample timed: round 0's "b"; its "a" is set aside with it
     durations = iter([0.001, 0.001] + [0.5 if i in (0, 1) else 0.001 for i in range(40)])
     first, _ = time_steps([lambda: time.sleep(next(durations))] * 2, min_run_time=0.001, device=CPU)
