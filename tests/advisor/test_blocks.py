@@ -120,3 +120,31 @@ def test_a_densenets_layers_recompute_on_their_inputs_as_they_were():
         torch.testing.assert_close(b.grad, a.grad, msg=name)
     for a, b in zip(plain.buffers(), checkpointed.buffers(), strict=True):  # running statistics advanced once
         torch.testing.assert_close(b, a)
+
+
+@pytest.mark.parametrize("in_backward", [False, True])
+def test_a_densenet_checkpointed_through_its_blocks_is_planned_within_the_band_at_held_out_batches(in_backward):
+    """Issue 37: a DenseNet-BC with uniform block checkpoints, with and without step in backward, predicted within
+    -2%..+5% of the allocator at batch 4 and at 12, which calibration (plain program, batches 2, 4, 8) never ran.
+    Its peak is in a backward, beside other kernels' scratch than the plain program's peak: the plain
+    program's correction added as one constant missed by -4.7% to -5.3% (1 thread; +12.5% at 2 threads)."""
+    from workbench.advisor.plans import Plans
+    from workbench.advisor.workload import Workload
+    from workbench.models.densenet import densenet_bc
+
+    def build() -> nn.Module:
+        return densenet_bc(10, growth_rate=2)
+
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
+    work = Workload.of(build, x, y, None, "adamw", 1e-3, torch.device("cpu"))
+    candidate = Config(step_in_backward=in_backward, checkpoint="uniform")
+    with torch.device("meta"):
+        uniform = [(i, i + 1, True) for i in range(len(find_blocks(build())))]
+    plans = Plans(work, [Config(), candidate], uniform=uniform)
+    plans.calibrate(Config(), 4)
+    plan = plans.plan(candidate)
+    for size in (4, 12):
+        with AllocatorMeter() as meter:
+            work.program(candidate)(size, None)
+        error = (plan.peak(size) - meter.peak_bytes) / meter.peak_bytes
+        assert -0.02 <= error <= 0.05, (size, plan.peak(size), meter.peak_bytes)

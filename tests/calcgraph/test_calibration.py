@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.calcgraph import CALIBRATED_ZONE, ZONES, plan_training, training_program
+from workbench.calcgraph import CALIBRATED_ZONE, ZONES, CompiledGraph, plan_training, training_program
 from workbench.measure import AllocatorMeter
 
 
@@ -49,6 +49,28 @@ def test_fake_tensors_miss_the_lstm_workspace_and_calibration_finds_it(lstm):
         assert -0.03 <= error <= 0.05, (b, error)
     assert calibrated.calibration is not None  # on CPU the default plan is calibrated
     assert (calibrated.calibration_error["error"].abs() < 0.02).all()
+
+
+def test_a_variant_of_the_program_takes_its_calibration_call_by_call(lstm):
+    """Issue 37: the step-in-backward variant of the LSTM's program, planned with the plain program's calibration
+    carried over (`calibrated_like`, no real step of its own), counts the oneDNN workspace that its fake tensors
+    miss, at batches no calibration ran (it ran 1, 2, 4, 8, 16, 32 and 64)."""
+    _, calibrated = lstm
+
+    def variant(size, tracker):
+        training_program(LSTMNet, LSTM_SHAPE, size, annotate=tracker, in_backward=True)
+
+    graph = CompiledGraph(variant, device="cpu", trace_sizes=(2, 3))
+    carried = graph.calibrated_like(calibrated)
+    assert graph.calibration is None and carried.calibration is not None  # a calibrated copy
+    for b in (12, 48):
+        with AllocatorMeter("cpu") as meter:
+            training_program(LSTMNet, LSTM_SHAPE, b, in_backward=True)
+        assert graph.required_bytes(b) < 0.75 * meter.peak_bytes
+        error = (carried.required_bytes(b) - meter.peak_bytes) / meter.peak_bytes
+        assert -0.02 <= error <= 0.05, (b, error)
+    with pytest.raises(ValueError, match="traced at one batch, got 3, 4"):  # the calls' shapes differ
+        CompiledGraph(variant, device="cpu", trace_sizes=(2, 4)).calibrated_like(calibrated)
 
 
 def test_lstm_max_batch_fits_the_budget_under_the_allocator(lstm):

@@ -5,7 +5,7 @@ Memory: each candidate's training program (build, then two steps: the optimizer 
 first) is traced under fake tensors by CalcGraph ("CalcGraph: taming the high costs of deep learning using
 models", 2022, Section 3.2), so no step of any candidate runs at the user's batch; programs that differ only in
 the packed optimizer's state are traced once (`plans`). On CPU the kernels' scratch that fake tensors cannot
-see is calibrated once per precision and added to every candidate of that precision as workspace.
+see is calibrated once per precision and carried over, op call by op call, to every candidate of that precision.
 
 The step-time cost model and the checkpoint profile are in `costs`, the user's batch and loss in `workload`.
 """
@@ -200,11 +200,10 @@ class Advice:
             graph = self._by_name[row["config"]].graph
             graph.calibrate(sizes=(1, 2, 4, 8), check=(16,), refine=1)
             self._plans.forget_peaks()
-            # the candidates that share this trace run the same program: recalibrated with it (the graph's own
-            # calibration now holds the scratch its precision's term stood for)
+            # the candidates that share this plan run the same program: recalibrated with it (its own real steps
+            # replace the calibration carried over from its precision's plain program)
             for name, plan in self._by_name.items():
                 if plan.graph is graph:
-                    plan.scratch = lambda b: 0
                     at = self.table["config"] == name
                     self.table.loc[at, "predicted_peak_bytes"] = plan.peak(self.batch_size)
                     self.table.loc[at, "fits"] = plan.peak(self.batch_size) <= self.memory_budget * (1 - self.margin)

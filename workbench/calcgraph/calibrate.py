@@ -91,6 +91,9 @@ class Calibration:
     scratch_at: np.ndarray  # [len(sizes), planned op calls]
     corrected: np.ndarray  # [planned allocations]: which ones the real runs made larger or smaller
     skipped: dict[int, str]  # calibration sizes whose real run failed, with the error
+    # [len(sizes), planned allocations]: of each correction, what the same op's real tensor had beyond its planned
+    # one (the kernel's own; the rest is the real runs' allocations the plan lacks or has alone, placed in order)
+    resized: np.ndarray
 
     def _at(self, values: np.ndarray, batch_size: int, *, steps: bool = False) -> np.ndarray:
         if len(self.sizes) == 1:  # a plan of one batch size
@@ -191,7 +194,7 @@ def calibrate(planned: _Trace, plan_sizes: Callable[[int], np.ndarray], observed
     """
     if len(observed) < least or min(observed, default=1) < 1:
         raise ValueError(f"calibration needs >= {least} distinct batch sizes >= 1, got {tuple(sorted(observed))}")
-    allocations, deltas, scratches, used, skipped = [], [], [], [], {}
+    allocations, deltas, scratches, used, skipped, resized = [], [], [], [], {}, []
     for size in sorted(observed):
         real = observed[size]
         if isinstance(real, str):
@@ -207,14 +210,67 @@ def calibrate(planned: _Trace, plan_sizes: Callable[[int], np.ndarray], observed
         delta[p_alloc:][~found] = -plan_at[~found]
         for j, i in enumerate(match):  # a real allocation the plan lacks adds to the planned one before it
             delta[p_alloc + i] += real_sizes[j] - (plan_at[i] if matched[j] else 0)
+        resize = np.zeros(len(planned.sizes), dtype=np.int64)
+        resize[p_alloc + match[matched]] = real_sizes[matched] - plan_at[match[matched]]
         scratch = np.zeros(len(planned.calls), dtype=np.int64)
         match, _, _ = _align(p_ops, r_ops)
         np.maximum.at(scratch, p_call + match, real.scratch[r_call:])
         allocations.append(np.maximum(0, plan_sizes(size) + delta))
         deltas.append(delta)
+        resized.append(resize)
         scratches.append(scratch)
         used.append(size)
     if len(used) < least:
         raise ValueError(f"calibration needs real runs at >= {least} batch sizes; failed at {skipped}")
     return Calibration(np.asarray(used), np.stack(allocations), np.stack(scratches),
-                       np.any(np.stack(deltas) != 0, axis=0), skipped)
+                       np.any(np.stack(deltas) != 0, axis=0), skipped, np.stack(resized))
+
+
+def transfer(calibration: Calibration, source: _Trace, target: _Trace, target_sizes: Callable[[int], np.ndarray]
+             ) -> Calibration:
+    """`calibration` (of the plan whose trace is `source`) carried over to another program's plan (`target`, its
+    own sizes `target_sizes`) of the same layers, traced at the same batch size: each op call of `target` takes
+    the scratch measured for the calls of `source` with the same op and argument shapes (the most of them; none
+    where no call matches), each allocation the kernel's own size correction (`Calibration.resized`) of the
+    allocations made at the same place (its call's key, its order among that call's allocations). Allocations
+    only one run had are not carried over: they stand where the plan's own (the batch a real step takes from
+    the user's rows, a fake step draws) stand in the program calibrated, not in another.
+
+    # NOTE: a variant of a program (step in backward, checkpoints) runs the same kernels on the same shapes in
+    # another order, and a checkpoint's recomputation runs the forward's kernels again inside backward. Its
+    # peak is elsewhere than the plain program's, beside another kernel's scratch: oneDNN's convolution
+    # backward at 2 threads takes 141 kB at the peak of a DenseNet-BC-40's (growth 2, batch 4) step with block
+    # checkpoints, which a correction measured at the plain program's peak (6.8 kB) left out: -15%.
+    """
+    if not source.keys or not target.keys:
+        raise ValueError("carrying a calibration over needs both plans' call keys (traces under fake tensors)")
+    columns: dict[tuple, list[int]] = {}
+    for i, key in enumerate(source.keys):
+        columns.setdefault(key, []).append(i)
+    scratch = np.zeros((len(calibration.sizes), len(target.calls)), dtype=calibration.scratch_at.dtype)
+    most = {key: calibration.scratch_at[:, at].max(axis=1) for key, at in columns.items()}
+    for j, key in enumerate(target.keys):
+        if key in most:
+            scratch[:, j] = most[key]
+    corrections: dict[tuple, np.ndarray] = {}
+    for i, place in enumerate(_places(source)):
+        if calibration.resized[:, i].any():
+            corrections[place] = np.maximum(corrections.get(place, calibration.resized[:, i]),
+                                            calibration.resized[:, i])
+    delta = np.zeros((len(calibration.sizes), len(target.sizes)), dtype=np.int64)
+    for j, place in enumerate(_places(target)):
+        if place in corrections:
+            delta[:, j] = corrections[place]
+    planned = np.stack([target_sizes(int(s)) for s in calibration.sizes])
+    return Calibration(calibration.sizes, np.maximum(0, planned + delta), scratch, np.any(delta != 0, axis=0),
+                       dict(calibration.skipped), delta)
+
+
+def _places(trace: _Trace) -> list[tuple]:
+    """Each allocation's place: the key of the call that made it and its order among that call's allocations."""
+    places, seen = [], {}
+    for info in trace.info:
+        call = info["call"]
+        seen[call] = seen.get(call, -1) + 1
+        places.append((trace.keys[call] if call < len(trace.keys) else None, seen[call]))
+    return places

@@ -18,6 +18,7 @@ dichotomic search (Algorithm 1) over it.
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ import torch
 from .calibrate import Calibration
 from .calibrate import calibrate as _fit_calibration
 from .calibrate import observe as _observe_at
+from .calibrate import transfer as _transfer
 from .program import _DtypeMismatch
 from .tracker import _Trace, _TraceError, _Tracker, _trace
 
@@ -104,7 +106,7 @@ class CompiledGraph:
         self._exact: dict[int, _Trace] = {}
         s1, s2, *checks = trace_sizes
         t1, t2 = self._traced(s1), self._traced(s2)
-        self._base = t2
+        self._base, self._base_size = t2, s2
         self.affine = t1.signature == t2.signature
         rows = []
         if self.affine:
@@ -217,9 +219,12 @@ class CompiledGraph:
         if calibration is None or not length:
             return extra, which
         scratch = calibration.scratch(batch_size)
-        for call, (_, pos) in enumerate(trace.calls):
-            if pos >= 1 and scratch[call] > extra[pos - 1]:
-                extra[pos - 1], which[pos - 1] = scratch[call], call
+        at = np.fromiter((pos for _, pos in trace.calls), dtype=np.int64, count=len(trace.calls)) - 1
+        calls = np.nonzero((at >= 0) & (scratch > 0))[0]
+        np.maximum.at(extra, at[calls], scratch[calls])
+        most = calls[scratch[calls] == extra[at[calls]]]
+        which[at[most]] = len(scratch)
+        np.minimum.at(which, at[most], most)  # the first call with the most scratch at its event
         return extra, which
 
     def live_bytes(self, batch_size: int, *, inputs: bool = True) -> np.ndarray:
@@ -303,6 +308,18 @@ class CompiledGraph:
         self.calibration = _fit_calibration(self._base, self._planned_sizes, observed)
         self.calibration_error = pd.DataFrame(rows, columns=_CHECK_COLUMNS)
         return self
+
+    def calibrated_like(self, reference: CompiledGraph) -> CompiledGraph:
+        """A copy of this plan with `reference`'s calibration carried over (`calibrate.transfer`), for a variant
+        of the calibrated program (the same layers; step in backward, checkpoints) without real steps of its own.
+        Its batch 1, where that runs a program of its own (`_batch_one`), stays uncalibrated."""
+        if reference.calibration is None or not (self.affine and reference.affine) or \
+                self._base_size != reference._base_size:  # at other batches the calls' shapes differ
+            raise ValueError(f"needs affine plans traced at one batch, got {reference._base_size}, {self._base_size}")
+        out = copy.copy(self)
+        out.calibration = _transfer(reference.calibration, reference._base, self._base, self._planned_sizes)
+        out.calibration_error, out._one_calibration = pd.DataFrame(columns=_CHECK_COLUMNS), None
+        return out
 
     @property
     def calibrated_batches(self) -> list[int]:

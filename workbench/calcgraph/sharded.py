@@ -52,7 +52,7 @@ from torch.utils._pytree import tree_leaves
 from ..measure import AllocatorMeter
 from .plan import CompiledGraph
 from .program import OptimizerSpec, training_program
-from .tracker import CALL_PREFIX, _Tracker
+from .tracker import CALL_PREFIX, _call_key, _Tracker
 
 __all__ = ["fsdp_tracker_peak", "measure_ranks_peak", "measure_sharded_peak", "plan_sharded_training",
            "fake_group", "local_tensors", "run_on_ranks", "shard_model", "sharded_memory_check", "sharded_program"]
@@ -135,6 +135,8 @@ class _ShardedTracker(_Tracker):
             self._nbytes[key] = nbytes
             self._allocated(key, nbytes, old, func.__name__)
         self.calls.append((func.__name__, len(self.events)))
+        if self.fake:
+            self.keys.append(_call_key(func, args))
         return out
 
     def tag(self, tensor: torch.Tensor, zone: str, kind: str, name: str) -> None:

@@ -51,6 +51,7 @@ class _Tracker(LiveStorageMode):
         self.layers: dict[str, str] = {}  # module label -> class name
         self._phase = "build"
         self.calls: list[tuple[str, int]] = []  # each dispatched op: (name, events recorded after it)
+        self.keys: list[tuple] = []  # under fake tensors, each call's op and arguments (`_call_key`)
         self.profiled = False  # mark each op call for torch.profiler (calibration runs)
         self.call_marks: dict[str, int] = {}
         self.fake = False  # traced under fake tensors (a plan), not for real (calibration)
@@ -68,6 +69,8 @@ class _Tracker(LiveStorageMode):
             else:
                 out = super()._counted(op, args, kwargs)
         self.calls.append((op.__name__, len(self.events)))
+        if self.fake:
+            self.keys.append(_call_key(op, args))
         return out
 
     # allocation timeline -------------------------------------------------------------------
@@ -81,7 +84,7 @@ class _Tracker(LiveStorageMode):
             self._released(key, old_nbytes)
         idx = len(self.sizes)
         self.sizes.append(nbytes)
-        self.info.append({"op": op, "module": self._modules[-1], "phase": self._phase,
+        self.info.append({"op": op, "module": self._modules[-1], "phase": self._phase, "call": len(self.calls),
                           "zone": None, "kind": None, "name": None})
         self.live[key] = idx
         self.events.append(idx)
@@ -147,6 +150,20 @@ class _Trace:
     signature: tuple = field(repr=False, default=())
     calls: list[tuple[str, int]] = field(repr=False, default_factory=list)
     call_marks: dict[str, int] = field(repr=False, default_factory=dict)
+    keys: list[tuple] = field(repr=False, default_factory=list)  # each call's `_call_key` (traces under fake tensors)
+
+
+def _call_key(op, args: tuple) -> tuple:
+    """What a kernel's scratch depends on: the op and its positional arguments, tensors by shape and dtype (also
+    inside lists: `cat`), other values as they are. Equal in two programs that run the same layer on the same
+    shapes, e.g. a checkpointed block's recomputation and the plain program's forward."""
+    def describe(a):
+        if isinstance(a, torch.Tensor):
+            return tuple(a.shape), a.dtype
+        if isinstance(a, (list, tuple)):
+            return tuple(describe(b) for b in a)
+        return a if a is None or isinstance(a, (bool, int, float, str, torch.dtype)) else type(a).__name__
+    return op.__name__, tuple(describe(a) for a in args)
 
 
 class _TraceError(Exception):
@@ -241,4 +258,4 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
     signature = tuple((e, tracker.info[e]["op"]) if e >= 0 else (e, "free") for e in events)
     return _Trace(np.asarray(tracker.sizes, dtype=np.int64), tracker.info,
                   np.asarray(events, dtype=np.int64), tracker.marks, tracker.spec, signature,
-                  tracker.calls, tracker.call_marks)
+                  tracker.calls, tracker.call_marks, tracker.keys)
