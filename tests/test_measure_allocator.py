@@ -240,6 +240,11 @@ def test_only_kineto_markers_are_held_back_from_stderr(capfd):
         os.write(2, b"first real line\n" + marker + b"ERROR: a real error, USDT: inside\n")
         os.write(2, marker.replace(b"start", b"stop") + b"no newline at the end")
     assert capfd.readouterr().err == "first real line\nERROR: a real error, USDT: inside\nno newline at the end"
+    unseen = (b"[W1127 01:48:25.609280570 CPUAllocator.cpp:245] Memory block of unknown size was allocated before "
+              b"the profiling started, profiler results will not include the deallocation event\n")
+    with without_kineto_markers():
+        os.write(2, b"kept\n" + unseen + b"[W1127 01:48:25.6 CPUAllocator.cpp:1] another warning\n")
+    assert capfd.readouterr().err == "kept\n[W1127 01:48:25.6 CPUAllocator.cpp:1] another warning\n"
     with pytest.raises(ValueError, match="inside"), without_kineto_markers():
         os.write(2, b"before the error\n")
         raise ValueError("raised inside")

@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .inplace import InPlace, as_the_user_runs
-from .kineto import quiet_profile
+from .kineto import quiet_profile, without_kineto_markers
 from .measure_args import _device, check_device
 from .timing import Timing, calls_for, time_callable, time_interleaved
 
@@ -166,7 +166,10 @@ def allocator_events(user: str = "allocator_events") -> Iterator[torch.profiler.
     """torch.profiler recording the CPU allocator's events (`profile_memory=True`) around the block, without
     the trace markers kineto prints at each start and stop; read `.profiler.kineto_results` after the block.
     Only one profiler runs at a time: `user` names the caller in the error raised when one already runs."""
-    with quiet_profile(user, [torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
+    # NOTE: fd 2 held for the whole block, not only the profiler's start and stop: c10 warns there when a block
+    # allocated before entry is freed inside (garbage collected meanwhile), a free `allocator_trace` leaves out
+    with without_kineto_markers(), quiet_profile(user, [torch.profiler.ProfilerActivity.CPU],
+                                                 profile_memory=True) as profiler:
         yield profiler
 
 
