@@ -60,6 +60,10 @@ def test_resnet50_planning_time_is_judged_with_its_load_and_only_on_a_cpu():
     assert claim_row(claims, prefix, fast, device_class="gpu")["verdict"] == "other device"
     with_cpu = {**records, "decisions": fast["decisions"].assign(planning_cpu_seconds=[41.5, 1.0])}
     assert "2 threads, 41.5 s of CPU" in claim_row(claims, prefix, with_cpu, device_class="cpu")["scale"]
+    assert "compiled" not in claim_row(claims, prefix, with_cpu, device_class="cpu")["scale"]
+    compiled = {**records, "decisions": with_cpu["decisions"].assign(kernel_build_seconds=[21.6, 0.0])}
+    assert "41.5 s of CPU; the packed CPU kernel compiled before it: 21.6 s, once per environment" in claim_row(
+        claims, prefix, compiled, device_class="cpu")["scale"]
 
 
 def test_planning_time_is_judged_only_at_100m_parameters_and_on_a_cpu():
