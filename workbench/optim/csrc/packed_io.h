@@ -21,15 +21,29 @@ static_assert(ivec::size() == kLanes, "int32 and float vectors must have the sam
 
 // ------------------------------------------------------------------ narrow loads and stores
 // Each reads or writes exactly kLanes elements; the tail goes through a padded buffer.
+
+// The generic build's: lane by lane through an aligned int32 buffer.
+template <typename T>
+inline ivec widen_lanes(const T* p) {
+  alignas(64) int32_t b[kLanes];
+  for (int j = 0; j < kLanes; j++) b[j] = p[j];
+  return ivec::loadu(b);
+}
+
+template <typename T>
+inline void narrow_lanes(T* p, const ivec& v) {
+  alignas(64) int32_t b[kLanes];
+  v.store(b);
+  for (int j = 0; j < kLanes; j++) p[j] = static_cast<T>(b[j]);
+}
+
 inline ivec load_u16(const uint16_t* p) {
 #if defined(CPU_CAPABILITY_AVX512)
   return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 #elif defined(CPU_CAPABILITY_AVX2)
   return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 #else
-  alignas(64) int32_t b[kLanes];
-  for (int j = 0; j < kLanes; j++) b[j] = p[j];
-  return ivec::loadu(b);
+  return widen_lanes(p);
 #endif
 }
 
@@ -39,9 +53,7 @@ inline ivec load_u8(const uint8_t* p) {
 #elif defined(CPU_CAPABILITY_AVX2)
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 #else
-  alignas(64) int32_t b[kLanes];
-  for (int j = 0; j < kLanes; j++) b[j] = p[j];
-  return ivec::loadu(b);
+  return widen_lanes(p);
 #endif
 }
 
@@ -54,9 +66,7 @@ inline void store_u16(uint16_t* p, const ivec& v) {
   w = _mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0xD8);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(w));
 #else
-  alignas(64) int32_t b[kLanes];
-  v.store(b);
-  for (int j = 0; j < kLanes; j++) p[j] = static_cast<uint16_t>(b[j]);
+  narrow_lanes(p, v);
 #endif
 }
 
@@ -70,9 +80,7 @@ inline void store_u8(uint8_t* p, const ivec& v) {
   w = _mm256_packus_epi16(w, w);
   _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(w));
 #else
-  alignas(64) int32_t b[kLanes];
-  v.store(b);
-  for (int j = 0; j < kLanes; j++) p[j] = static_cast<uint8_t>(b[j]);
+  narrow_lanes(p, v);
 #endif
 }
 
