@@ -48,10 +48,10 @@ def _time_error(records: Records, params: Mapping) -> Measured | None:
     """The median |time error| (`_median_error`), and beside it how far two timings of the same candidates at
     different moments differ (`suite.evaluate`'s `repeat_error`): the floor a prediction is judged above."""
     measured = _median_error("time_error")(records, params)
-    repeat = record_frame(records, "candidates")
-    repeat = repeat["repeat_error"].dropna().abs() if measured is not None and "repeat_error" in repeat else None
-    if repeat is None or repeat.empty:
+    df = record_frame(records, "candidates")
+    if measured is None or "repeat_error" not in df or df["repeat_error"].isna().all():
         return measured
+    repeat = df["repeat_error"].dropna().abs()
     return replace(measured, scale=f"{measured.scale}; the same candidates timed twice differ by a median "
                                    f"{repeat.median():.1%} (quartiles {repeat.quantile(0.25):.1%}.."
                                    f"{repeat.quantile(0.75):.1%})")

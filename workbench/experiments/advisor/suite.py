@@ -50,12 +50,17 @@ def measure_candidate(advice: Advice, config: str, *, repeats: int, min_run_time
 
 def time_candidate(advice: Advice, config: str, *, repeats: int, min_run_time: float = 0.05) -> StepTime:
     """One candidate's step, built now and timed at the user's batch (`measure_candidate`'s clock)."""
-    step, batch = advice.build(config), advice.make_batch(config)
-    data = batch(advice.batch_size, advice.device)
     # NOTE: by the advisor's own clock (`steptime.time_step`: after a warm-up, samples whose threads waited for a
     # CPU set aside): a plain median of three steps on the shared machine measured the other processes as well
-    return time_step(lambda: step(data), min_run_time=min_run_time, device=advice.device,
+    return time_step(_built_step(advice, config), min_run_time=min_run_time, device=advice.device,
                      samples=max(3, repeats), most=3 * max(3, repeats))
+
+
+def _built_step(advice: Advice, config: str) -> Callable[[], object]:
+    """One training step of `config`, built now, as a call on one fresh batch at the user's batch size."""
+    step, batch = advice.build(config), advice.make_batch(config)
+    data = batch(advice.batch_size, advice.device)
+    return lambda: step(data)
 
 
 def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size: int, budget_quantile: float,
@@ -158,12 +163,9 @@ def paired_regret(advice: Advice, chosen: str, fastest: str, *, rounds: int) -> 
     """
     if chosen == fastest:
         return 0.0, 0.0, 0.0
-    steps = {}
-    for config in (chosen, fastest):
-        step, batch = advice.build(config), advice.make_batch(config)
-        data = batch(advice.batch_size, advice.device)
-        step(data)  # warm-up
-        steps[config] = (lambda step=step, data=data: step(data))
+    steps = {config: _built_step(advice, config) for config in (chosen, fastest)}
+    for step in steps.values():
+        step()  # warm-up
     # each round times enough steps in a row for PAIRED_SAMPLE_S of the slower (single steps of 1-3 ms: +-7%
     # in 9 rounds)
     calls = min(calls_for(f, PAIRED_SAMPLE_S, device=advice.device) for f in steps.values())
