@@ -107,3 +107,15 @@ def test_a_device_given_by_name_plans_and_calibrates_alike():
     assert by_name.required_bytes(8) == CompiledGraph(program, device=torch.device("cpu"),
                                                       input_shape=(8,)).required_bytes(8)
     assert by_name.calibrate(sizes=(1, 2), check=()).calibration is not None
+
+
+def test_cudnn_rnn_kernels_are_refused_naming_the_layer_and_the_way_out(monkeypatch):
+    from workbench.calcgraph import Unplannable, tracker
+
+    # what nn.LSTM/GRU/RNN dispatch on a GPU, forward and backward (the fake forward lacks cuDNN's reserve
+    # space, the backward has no fake kernel: the 2026-11-27 H100 run of the zoo failed inside them)
+    assert {torch.ops.aten._cudnn_rnn.default, torch.ops.aten._cudnn_rnn_backward.default} <= tracker._CUDNN_RNN
+    # this CPU never dispatches them: the MLP's addmm stands in, through the same planner path
+    monkeypatch.setattr(tracker, "_CUDNN_RNN", frozenset({torch.ops.aten.addmm.default}))
+    with pytest.raises(Unplannable, match=r"layer '0' \(Linear\).*cannot plan an RNN layer.*cudnn\.flags"):
+        plan_training(mlp, (8,), calibrate=False)

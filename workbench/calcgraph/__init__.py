@@ -20,11 +20,12 @@ from .plan import (
     CALIBRATED_ZONE, ZONES, CompiledGraph, make_optimizer, measure_required_bytes, plan_training, search_max,
     training_program,
 )
+from .tracker import Unplannable
 
 __all__ = [
     "CALIBRATED_ZONE", "ZONES", "BudgetGuard", "CompiledGraph", "Heap", "HeapSnapshot", "cuda_memory_budget",
     "make_optimizer",
     "max_parallel_models", "measure_required_bytes", "plan_parallel_training", "plan_training", "search_max",
-    "train_many", "training_program",
+    "train_many", "training_program", "Unplannable",
     "fake_group", "plan_sharded_training", "run_on_ranks", "sharded_memory_check",
 ]

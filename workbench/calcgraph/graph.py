@@ -33,7 +33,7 @@ from .calibrate import calibrate as _fit_calibration
 from .calibrate import observe as _observe_at
 from .calibrate import transfer as _transfer
 from .program import _DtypeMismatch
-from .tracker import _Trace, _TraceError, _Tracker, _trace
+from .tracker import _Trace, _TraceError, _Tracker, _trace, Unplannable
 
 __all__ = ["CALIBRATED_ZONE", "MAX_BATCH", "ZONES", "CompiledGraph", "search_max"]
 
@@ -142,6 +142,8 @@ class CompiledGraph:
             except _TraceError as failure:
                 if isinstance(failure.error, _DtypeMismatch):
                     raise _DtypeMismatch(str(failure.error)) from None
+                if isinstance(failure.error, Unplannable):
+                    raise Unplannable(f"{failure.module or 'the training program'}: {failure.error}") from None
                 shape = f"input [{size}, {', '.join(map(str, self._input_shape))}]" if self._input_shape else "input"
                 shape += f" of {self._input_dtype}" if self._input_dtype is not None else ""
                 where = failure.module or "the training program"

@@ -29,6 +29,35 @@ __all__: list[str] = []  # internal to workbench.calcgraph
 CALL_PREFIX = "calcgraph.call#"
 
 
+class Unplannable(ValueError):
+    """An op whose memory torch's fake kernels do not model, so no plan of it would be the program that runs."""
+
+
+def _cudnn_rnn_ops() -> frozenset:
+    aten = torch.ops.aten
+    return frozenset(getattr(aten, name).default for name in ("_cudnn_rnn", "_cudnn_rnn_backward", "miopen_rnn",
+                                                               "miopen_rnn_backward") if hasattr(aten, name))
+
+
+def _refuse_unplannable(op) -> None:
+    """Refuse cuDNN's (and MIOpen's) fused RNN kernels, which nn.LSTM, nn.GRU and nn.RNN run on a GPU.
+
+    # NOTE: torch's fake `_cudnn_rnn` gives no reserve space (the buffer cuDNN keeps from forward to backward;
+    # "TODO: Query cudnnGetRNNTrainingReserveSize" in torch/_meta_registrations.py), returns the weight buffer it
+    # was given, which is None for a fake module (its `flatten_parameters` cannot tell fake storages apart), and
+    # `_cudnn_rnn_backward` has no fake kernel at all: the first H100 run of the zoo failed inside it.
+    """
+    if op in _CUDNN_RNN:
+        raise Unplannable(
+            f"{op.__name__}: CalcGraph cannot plan an RNN layer (nn.LSTM, nn.GRU, nn.RNN) run by cuDNN: torch's "
+            f"fake kernels model neither cuDNN's reserve space nor its weight buffer, so the plan would not be the "
+            f"program that runs. Plan it on the CPU, or train without cuDNN's RNN kernels "
+            f"(`with torch.backends.cudnn.flags(enabled=False):` around both the plan and the training loop)")
+
+
+_CUDNN_RNN = _cudnn_rnn_ops()
+
+
 class _Tracker(LiveStorageMode):
     """Records each storage created by an aten op (an allocation) and when it is freed.
 
@@ -58,6 +87,7 @@ class _Tracker(LiveStorageMode):
 
     def _counted(self, op, args, kwargs):
         if self.fake:
+            _refuse_unplannable(op)
             _refuse_mixed_matmul(op, args)
             op, real = with_known_values(op, args, kwargs)
         else:

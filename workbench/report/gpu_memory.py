@@ -20,6 +20,7 @@ import gc
 import os
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,6 +30,8 @@ import torch
 __all__ = ["ZOO_BATCH_SIZES", "ADVISOR_ORDER", "zoo_on_device", "advisor_on_device", "main"]
 
 ZOO_BATCH_SIZES = {"gpu": (1, 8, 64, 256), "smoke": (1, 4)}  # the cpu build's zoo batches (paper profile's too)
+ZOO_COLUMNS = ["model", "batch_size", "cudnn", "predicted_bytes", "max_memory_allocated", "max_memory_reserved",
+               "error", "device", "refused"]
 ADVISOR_ORDER = ("mlp", "lstm", "transformer", "gpt2", "densenet_bc_100", "resnet50", "vit")  # cheapest first
 
 
@@ -57,10 +60,8 @@ def zoo_on_device(device: torch.device | str, batch_sizes: Sequence[int], out: P
     # NOTE: `workbench.calcgraph.zoo.accuracy_table` measures on the CPU allocator only (it has no device), so
     # its loop is repeated here for a device: same cases, same training program, the CUDA allocator's peaks.
     """
-    from ..calcgraph.plan import plan_training
-    from ..calcgraph.program import training_program
+    from ..calcgraph import Unplannable
     from ..calcgraph.zoo import ZOO
-    from ..measure import AllocatorMeter
 
     device = torch.device(device)
     rows = []
@@ -68,25 +69,46 @@ def zoo_on_device(device: torch.device | str, batch_sizes: Sequence[int], out: P
         case = ZOO[name]
         kind = {"optimizer": case.optimizer, "input_dtype": case.input_dtype, "device": device}
         started = time.perf_counter()
-        graph = plan_training(case.build, case.shape, calibrate=False, **kind)
-        # cuBLAS's per-process workspaces are allocated by the first matmul and live on: made before the meter
-        training_program(case.build, case.shape, 2, steps=1, **kind)
-        for batch in batch_sizes:
-            _reset(device)
+        for cudnn in (True, False):
             try:
-                with AllocatorMeter(device) as meter:
-                    training_program(case.build, case.shape, batch, **kind)
-                allocated, reserved = meter.peak_bytes, meter.reserved_peak_bytes
-            except (RuntimeError, ValueError):  # e.g. BatchNorm1d cannot train on a batch of one
-                allocated = reserved = float("nan")
-            predicted = graph.required_bytes(batch)
-            rows.append({"model": name, "batch_size": batch, "predicted_bytes": predicted,
-                         "max_memory_allocated": allocated, "max_memory_reserved": reserved,
-                         "error": (predicted - allocated) / allocated, "device": str(device)})
+                with torch.backends.cudnn.flags(enabled=cudnn):
+                    rows += _zoo_case(name, case, kind, batch_sizes, cudnn=cudnn)
+                break
+            except (RuntimeError, ValueError) as refused:  # one case that cannot be planned stops no other
+                rows += [{"model": name, "batch_size": batch, "cudnn": cudnn, "device": str(device),
+                          "refused": f"{type(refused).__name__}: {refused}"} for batch in batch_sizes]
+                if not isinstance(refused, Unplannable):
+                    break
+                # the plan refused cuDNN's RNN kernels and said how to plan without them: that advice, measured
         _log(f"zoo {name}: {time.perf_counter() - started:.1f} s")
         if out is not None:
-            _write_csv(pd.DataFrame(rows), out)
-    return pd.DataFrame(rows)
+            _write_csv(pd.DataFrame(rows, columns=ZOO_COLUMNS), out)
+    return pd.DataFrame(rows, columns=ZOO_COLUMNS)
+
+
+def _zoo_case(name: str, case, kind: dict, batch_sizes: Sequence[int], *, cudnn: bool) -> list[dict]:
+    from ..calcgraph.plan import plan_training
+    from ..calcgraph.program import training_program
+    from ..measure import AllocatorMeter
+
+    device = kind["device"]
+    graph = plan_training(case.build, case.shape, calibrate=False, **kind)
+    # cuBLAS's per-process workspaces are allocated by the first matmul and live on: made before the meter
+    training_program(case.build, case.shape, 2, steps=1, **kind)
+    rows = []
+    for batch in batch_sizes:
+        _reset(device)
+        try:
+            with AllocatorMeter(device) as meter:
+                training_program(case.build, case.shape, batch, **kind)
+            allocated, reserved = meter.peak_bytes, meter.reserved_peak_bytes
+        except (RuntimeError, ValueError):  # e.g. BatchNorm1d cannot train on a batch of one
+            allocated = reserved = float("nan")
+        predicted = graph.required_bytes(batch)
+        rows.append({"model": name, "batch_size": batch, "cudnn": cudnn, "predicted_bytes": predicted,
+                     "max_memory_allocated": allocated, "max_memory_reserved": reserved,
+                     "error": (predicted - allocated) / allocated, "device": str(device)})
+    return rows
 
 
 def _advisor_parameters(profile: str) -> dict:
@@ -111,10 +133,14 @@ def advisor_on_device(device: torch.device | str, profile: str, candidates_csv: 
     for model in models:
         started = time.perf_counter()
         _reset(torch.device(device))
-        table, decided, _ = suite.evaluate(
-            [model], batch_size=p["batch_size"], width=p["width"], image_size=p["image_size"],
-            budget_quantile=p["budget_quantile"], repeats=p["repeats"], min_run_time=p["min_run_time"],
-            device=device, progress=False)
+        try:
+            table, decided, _ = suite.evaluate(
+                [model], batch_size=p["batch_size"], width=p["width"], image_size=p["image_size"],
+                budget_quantile=p["budget_quantile"], repeats=p["repeats"], min_run_time=p["min_run_time"],
+                device=device, progress=False)
+        except (RuntimeError, ValueError):  # one model that fails stops no other; its traceback is in the log
+            _log(f"advisor {model}: failed after {time.perf_counter() - started:.1f} s\n{traceback.format_exc()}")
+            continue
         tables.append(table)
         decisions.append(decided)
         _log(f"advisor {model}: {len(table)} candidates, {time.perf_counter() - started:.1f} s")
@@ -122,6 +148,8 @@ def advisor_on_device(device: torch.device | str, profile: str, candidates_csv: 
             _write_csv(pd.concat(tables, ignore_index=True), candidates_csv)
         if decisions_csv is not None:
             _write_csv(pd.concat(decisions, ignore_index=True), decisions_csv)
+    if not tables:
+        return pd.DataFrame(), pd.DataFrame()
     return pd.concat(tables, ignore_index=True), pd.concat(decisions, ignore_index=True)
 
 
@@ -131,7 +159,8 @@ def _summary(zoo: pd.DataFrame, candidates: pd.DataFrame) -> str:
         error = zoo["error"].dropna()
         lines.append(f"zoo: {zoo['model'].nunique()} models x {zoo['batch_size'].nunique()} batches, plan error "
                      f"against max_memory_allocated {error.min():+.1%} .. {error.max():+.1%} "
-                     f"(median |error| {error.abs().median():.1%})")
+                     f"(median |error| {error.abs().median():.1%}); refused: "
+                     f"{', '.join(sorted(set(zoo.loc[zoo['refused'].notna(), 'model']))) or 'none'}")
     if len(candidates):
         error = candidates["peak_error"].dropna()
         lines.append(f"advisor: {candidates['model'].nunique()} models, {len(candidates)} candidates, peak error "
