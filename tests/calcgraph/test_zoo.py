@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from workbench.calcgraph import plan_training
-from workbench.calcgraph.zoo import HELD_OUT_BATCHES, ZOO, _allocator_peak, accuracy_table
+from workbench.calcgraph.zoo import HELD_OUT_BATCHES, ZOO, accuracy_table, measure_case
 
 SMALL, LARGE = HELD_OUT_BATCHES[:2], HELD_OUT_BATCHES[2:]
 # (case, batch): measured error and why, for a case that misses (xfail strict)
@@ -64,7 +64,7 @@ def test_zoo_has_the_named_architectures():
 def test_calibrated_plan_within_five_percent_of_the_allocator(graphs, name, batch_size):
     case, graph = ZOO[name], graphs(name)
     assert batch_size not in graph.calibrated_batches  # held out
-    real = _allocator_peak(case, batch_size)
+    real = measure_case(case, batch_size).peak_bytes
     error = (graph.required_bytes(batch_size) - real) / real
     assert -0.02 <= error <= 0.05, f"{name} at batch {batch_size}: {error:+.2%} against the allocator"
 

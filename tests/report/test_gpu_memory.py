@@ -18,6 +18,14 @@ def test_the_zoo_on_a_device_keeps_its_table_model_by_model(tmp_path):
     assert pd.read_csv(csv)["model"].tolist() == ["sgd momentum"] * 2  # written as soon as the model finished
 
 
+def test_zoo_cases_with_their_own_loss_or_sample_batch_are_planned_and_run_with_them():
+    # the first H100 run planned these without the case's loss (next-token targets) or its sample of token
+    # ids (the lengths a packed sequence needs): both refused at batch 2
+    table = gpu_memory.zoo_on_device("cpu", (3,), cases=["tied decoder", "packed bilstm"])
+    assert table["refused"].isna().all() and (table["max_memory_allocated"] > 0).all()
+    assert (table["error"].abs() < 0.05).all()
+
+
 def test_a_case_the_plan_refuses_is_a_row_with_the_reason_and_the_others_still_run(monkeypatch):
     # the convolution stands for cuDNN's RNN kernel, which this CPU never dispatches: refused with cuDNN and
     # without (the way out the refusal names changes nothing here), the next case measured

@@ -24,10 +24,11 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from torch.utils.checkpoint import checkpoint
 
 from ..measure import AllocatorMeter
+from .graph import CompiledGraph
 from .plan import _user_rows, plan_training
 from .program import training_program
 
-__all__ = ["HELD_OUT_BATCHES", "ZOO", "ZooCase", "accuracy_table"]
+__all__ = ["HELD_OUT_BATCHES", "ZOO", "ZooCase", "accuracy_table", "measure_case", "plan_case"]
 
 # NOTE: batch sizes that calibration never runs (it runs 1, 2, 4, 8, 32, checks 16 and 64, and doubles a
 # check that misses), so that the table judges the calibrated plan where it predicts rather than where it
@@ -203,13 +204,21 @@ ZOO: dict[str, ZooCase] = {
 }
 
 
-def _allocator_peak(case: ZooCase, batch_size: int) -> int:
+def plan_case(case: ZooCase, device: torch.device | str = "cpu") -> CompiledGraph:
+    """`case` planned (not calibrated) on `device`: its own sample batch where it has one, its loss."""
+    return plan_training(case.build, case.sample if case.sample is not None else case.shape, loss=case.loss,
+                         optimizer=case.optimizer, input_dtype=case.input_dtype, calibrate=False, device=device)
+
+
+def measure_case(case: ZooCase, batch_size: int, device: torch.device | str = "cpu") -> AllocatorMeter:
+    """One real run of `case`'s training program at `batch_size` under `AllocatorMeter` (read its peaks)."""
     gc.collect()  # garbage of an earlier run freed inside the meter would lower its count
-    batches = _user_rows(case.sample) if case.sample is not None else None
-    with AllocatorMeter("cpu") as meter:
+    device = torch.device(device)
+    batches = _user_rows(case.sample.to(device)) if case.sample is not None else None
+    with AllocatorMeter(device) as meter:
         training_program(case.build, case.shape, batch_size, optimizer=case.optimizer, input_dtype=case.input_dtype,
-                         loss=case.loss, make_batch=batches)
-    return meter.peak_bytes
+                         loss=case.loss, make_batch=batches, device=device)
+    return meter
 
 
 def accuracy_table(
@@ -236,15 +245,14 @@ def accuracy_table(
         cases = {name: ZOO[name] for name in cases}
     rows = []
     for name, case in cases.items():
-        graph = plan_training(case.build, case.sample if case.sample is not None else case.shape, loss=case.loss,
-                              optimizer=case.optimizer, input_dtype=case.input_dtype, calibrate=False)
+        graph = plan_case(case)
         raw = {int(b): graph.required_bytes(int(b)) for b in batch_sizes}
         if calibrate and graph.affine:
             graph.calibrate()
         seen = graph.calibrated_batches
         for b, plain in raw.items():
             try:
-                real = _allocator_peak(case, b)
+                real = measure_case(case, b).peak_bytes
             except (RuntimeError, ValueError):  # e.g. BatchNorm1d cannot train on a batch of one
                 real = float("nan")
             predicted = graph.required_bytes(b)

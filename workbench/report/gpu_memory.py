@@ -57,8 +57,8 @@ def zoo_on_device(device: torch.device | str, batch_sizes: Sequence[int], out: P
     """Each zoo case planned on `device` and measured there: predicted bytes, max_memory_allocated (relative to
     the bytes live before the step) and max_memory_reserved (absolute, what runs out), error of the plan.
 
-    # NOTE: `workbench.calcgraph.zoo.accuracy_table` measures on the CPU allocator only (it has no device), so
-    # its loop is repeated here for a device: same cases, same training program, the CUDA allocator's peaks.
+    # NOTE: not `workbench.calcgraph.zoo.accuracy_table`, which calibrates against the CPU allocator: CUDA plans
+    # are not calibrated. Same cases, same plan and measurement (`plan_case`, `measure_case`), the device's peaks.
     """
     from ..calcgraph import Unplannable
     from ..calcgraph.zoo import ZOO
@@ -67,12 +67,11 @@ def zoo_on_device(device: torch.device | str, batch_sizes: Sequence[int], out: P
     rows = []
     for name in cases or list(ZOO):
         case = ZOO[name]
-        kind = {"optimizer": case.optimizer, "input_dtype": case.input_dtype, "device": device}
         started = time.perf_counter()
         for cudnn in (True, False):
             try:
                 with torch.backends.cudnn.flags(enabled=cudnn):
-                    rows += _zoo_case(name, case, kind, batch_sizes, cudnn=cudnn)
+                    rows += _zoo_case(name, case, device, batch_sizes, cudnn=cudnn)
                 break
             except (RuntimeError, ValueError) as refused:  # one case that cannot be planned stops no other
                 rows += [{"model": name, "batch_size": batch, "cudnn": cudnn, "device": str(device),
@@ -86,21 +85,17 @@ def zoo_on_device(device: torch.device | str, batch_sizes: Sequence[int], out: P
     return pd.DataFrame(rows, columns=ZOO_COLUMNS)
 
 
-def _zoo_case(name: str, case, kind: dict, batch_sizes: Sequence[int], *, cudnn: bool) -> list[dict]:
-    from ..calcgraph.plan import plan_training
-    from ..calcgraph.program import training_program
-    from ..measure import AllocatorMeter
+def _zoo_case(name: str, case, device: torch.device, batch_sizes: Sequence[int], *, cudnn: bool) -> list[dict]:
+    from ..calcgraph.zoo import measure_case, plan_case
 
-    device = kind["device"]
-    graph = plan_training(case.build, case.shape, calibrate=False, **kind)
+    graph = plan_case(case, device)
     # cuBLAS's per-process workspaces are allocated by the first matmul and live on: made before the meter
-    training_program(case.build, case.shape, 2, steps=1, **kind)
+    measure_case(case, 2, device)
     rows = []
     for batch in batch_sizes:
         _reset(device)
         try:
-            with AllocatorMeter(device) as meter:
-                training_program(case.build, case.shape, batch, **kind)
+            meter = measure_case(case, batch, device)
             allocated, reserved = meter.peak_bytes, meter.reserved_peak_bytes
         except (RuntimeError, ValueError):  # e.g. BatchNorm1d cannot train on a batch of one
             allocated = reserved = float("nan")
