@@ -11,7 +11,7 @@ from torch import nn
 
 from tests.conftest import requires_cuda
 from workbench.kineto import without_kineto_markers
-from workbench.measure import AllocatorMeter, MemoryMeter, allocator_events
+from workbench.measure import AllocatorMeter, MemoryMeter, allocator_events, allocator_trace
 from workbench.timing import kernel_seconds
 from workbench.vbs import measure_layers
 
@@ -209,6 +209,33 @@ def test_cuda_counts_allocated_and_reserved():
     assert meter.allocator_peak_bytes == meter.peak_bytes >= 12_500_000
     assert meter.reserved_peak_bytes >= meter.peak_bytes
     del kept
+
+
+def test_the_allocator_trace_holds_one_device_s_events():
+    with allocator_events() as profiler:
+        kept = torch.empty(1 << 20, dtype=torch.uint8)
+    assert (pytest.approx(1 << 20, abs=4096) == sum(n for _, n in allocator_trace(profiler, "cpu")))
+    assert allocator_trace(profiler, "cuda") == [] and allocator_trace(profiler, "cuda:1") == []
+    del kept
+
+
+@requires_cuda
+def test_the_cuda_allocator_trace_is_what_max_memory_allocated_counts():
+    # calibration on CUDA reads these events per op call: their running sum peaks where the allocator's does
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    with allocator_events() as profiler:
+        a = torch.empty(3_000_001, dtype=torch.uint8, device="cuda")
+        b = torch.empty(5_000_000, dtype=torch.uint8, device="cuda")
+        del a
+        c = torch.empty(1_000, dtype=torch.uint8, device="cuda")
+    level = peak = 0
+    for _, nbytes in allocator_trace(profiler, "cuda"):
+        level += nbytes
+        peak = max(peak, level)
+    assert peak == torch.cuda.max_memory_allocated() - start and level == torch.cuda.memory_allocated() - start
+    del b, c
 
 
 def test_kineto_markers_stay_off_stderr(capfd):

@@ -163,7 +163,8 @@ class _StorageTracker(LiveStorageMode):
 
 @contextlib.contextmanager
 def allocator_events(user: str = "allocator_events") -> Iterator[torch.profiler.profile]:
-    """torch.profiler recording the CPU allocator's events (`profile_memory=True`) around the block, without
+    """torch.profiler recording the allocators' events (`profile_memory=True`: the CPU's and CUDA's caching
+    allocator's, each event with its device) around the block, without
     the trace markers kineto prints at each start and stop; read `.profiler.kineto_results` after the block.
     Only one profiler runs at a time: `user` names the caller in the error raised when one already runs."""
     # NOTE: fd 2 held for the whole block, not only the profiler's start and stop: c10 warns there when a block
@@ -173,20 +174,24 @@ def allocator_events(user: str = "allocator_events") -> Iterator[torch.profiler.
         yield profiler
 
 
-def allocator_trace(profiler: torch.profiler.profile) -> list[tuple[int, int]]:
-    """The CPU allocator's events an `allocator_events` block recorded, in time order: (ns, +bytes) per
+def allocator_trace(profiler: torch.profiler.profile, device: torch.device | str = "cpu") -> list[tuple[int, int]]:
+    """`device`'s allocator events an `allocator_events` block recorded, in time order: (ns, +bytes) per
     allocation and (ns, -bytes) per free of a block allocated inside the block; frees of older blocks left out.
+    On CUDA these are the caching allocator's blocks handed out and given back (what `max_memory_allocated`
+    counts), recorded on the host as each call makes them.
 
     # NOTE: matched by address (the profiler's event tree has it; its flat event list does not): c10's CPU
     # reporter sizes a free from a table it fills only while a profiler runs, so a block allocated under an
     # earlier profiler and freed outside any leaves its size behind, and a later block at the same address,
     # allocated before entry and freed inside, was counted with that stale size (a 3 MB free read as -10 MB).
     """
+    device = torch.device(device)  # "cuda" without an index: every GPU's events (a program runs on one)
     found, stack = [], list(profiler.profiler.kineto_results.experimental_event_tree())
     while stack:
         event = stack.pop()
         stack.extend(event.children)
-        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == device.type and (
+                device.index is None or event.extra_fields.device.index == device.index):
             found.append((event.start_time_ns, event.extra_fields.ptr, event.extra_fields.alloc_size))
     live: set[int] = set()
     trace = []

@@ -11,10 +11,10 @@ from workbench.report import gpu_memory
 
 def test_the_zoo_on_a_device_keeps_its_table_model_by_model(tmp_path):
     csv = tmp_path / "memory-zoo.csv"
-    table = gpu_memory.zoo_on_device("cpu", (1, 4), csv, cases=["sgd momentum"])
-    assert list(table["batch_size"]) == [1, 4] and (table["max_memory_allocated"] > 0).all()
-    assert table["error"].tolist() == ((table["predicted_bytes"] - table["max_memory_allocated"])
-                                       / table["max_memory_allocated"]).tolist()
+    table = gpu_memory.zoo_on_device("cpu", (3, 12), csv, cases=["sgd momentum"])
+    assert list(table["batch_size"]) == [3, 12] and (table["allocator"] > 0).all() and table["held_out"].all()
+    assert table["error"].tolist() == ((table["predicted"] - table["allocator"]) / table["allocator"]).tolist()
+    assert list(table.columns) == gpu_memory.ZOO_COLUMNS
     assert pd.read_csv(csv)["model"].tolist() == ["sgd momentum"] * 2  # written as soon as the model finished
 
 
@@ -22,7 +22,7 @@ def test_zoo_cases_with_their_own_loss_or_sample_batch_are_planned_and_run_with_
     # the first H100 run planned these without the case's loss (next-token targets) or its sample of token
     # ids (the lengths a packed sequence needs): both refused at batch 2
     table = gpu_memory.zoo_on_device("cpu", (3,), cases=["tied decoder", "packed bilstm"])
-    assert table["refused"].isna().all() and (table["max_memory_allocated"] > 0).all()
+    assert table["refused"].isna().all() and (table["allocator"] > 0).all()
     assert (table["error"].abs() < 0.05).all()
 
 
@@ -35,7 +35,7 @@ def test_a_case_the_plan_refuses_is_a_row_with_the_reason_and_the_others_still_r
     assert refused["cudnn"].tolist() == [True, False]
     assert refused["refused"].str.contains("cannot plan an RNN layer").all() and refused["error"].isna().all()
     measured = table[table["model"] == "sgd momentum"]
-    assert len(measured) == 1 and measured["refused"].isna().all() and (measured["max_memory_allocated"] > 0).all()
+    assert len(measured) == 1 and measured["refused"].isna().all() and (measured["allocator"] > 0).all()
 
 
 def test_the_advisor_suite_runs_at_its_notebook_s_gpu_profile_cheapest_model_first():
@@ -45,14 +45,16 @@ def test_the_advisor_suite_runs_at_its_notebook_s_gpu_profile_cheapest_model_fir
 
 
 @requires_cuda
-def test_the_zoo_on_cuda_reads_allocated_and_reserved_peaks(tmp_path):
-    table = gpu_memory.zoo_on_device("cuda", (1, 64), cases=["lstm", "batchnorm 2d"])
-    # the LSTM through cuDNN is refused (see calcgraph.tracker._refuse_unplannable), then planned without it
+def test_the_zoo_on_cuda_is_calibrated_and_within_the_band_at_held_out_batches():
+    # the 2026-11-27 H100 run, uncalibrated: nn.MultiheadAttention -27..-80%, the encoder -49..-63%, a grouped
+    # convolution -31% (kernels' workspaces no fake tensor shows); the LSTM through cuDNN refused, then planned
+    # without it as the refusal says
+    table = gpu_memory.zoo_on_device("cuda", (3, 40, 160), cases=["mha self-attention", "transformer encoder",
+                                                                  "grouped conv", "lstm", "batchnorm 2d"])
     refused = table[table["refused"].notna()]
-    assert refused["model"].tolist() == ["lstm"] * 2 and refused["cudnn"].all()
-    measured = table.dropna(subset=["max_memory_allocated"])
-    assert len(measured) == 4 and (measured["max_memory_allocated"] > 0).all()
-    assert not measured.loc[measured["model"] == "lstm", "cudnn"].any()
-    assert (measured["max_memory_reserved"] >= measured["max_memory_allocated"]).all()
-    assert torch.cuda.max_memory_reserved() > 0
-
+    assert refused["model"].unique().tolist() == ["lstm"] and refused["cudnn"].all()
+    measured = table.dropna(subset=["allocator"])
+    assert len(measured) == 15 and measured["held_out"].all() and not measured.loc[measured["model"] == "lstm",
+                                                                                  "cudnn"].any()
+    assert (measured["reserved"] >= measured["allocator"]).all()
+    assert measured["error"].between(-0.02, 0.05).all(), measured[["model", "batch_size", "error"]]

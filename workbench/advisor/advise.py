@@ -196,7 +196,7 @@ class Advice:
                   "peak_error": error, "predicted_step_seconds": float(row["predicted_step_seconds"]),
                   "measured_step_seconds": seconds, "within_budget": measured <= self.memory_budget,
                   "recalibrated": False, "choice_after": row["config"]}
-        if abs(error) > self.margin and self.device.type == "cpu":
+        if abs(error) > self.margin and self.device.type in ("cpu", "cuda"):
             graph = self._by_name[row["config"]].graph
             graph.calibrate(sizes=(1, 2, 4, 8), check=(16,), refine=1)
             self._plans.forget_peaks()
@@ -247,7 +247,7 @@ def advise(
 
     `model_fn()` builds the user's model; `batch = (inputs, targets)` at the batch size wanted (targets as the
     loss takes them; default loss cross-entropy). `candidates`: configs, or a predicate that narrows the
-    default grid (`configs.default_grid`). `calibrate` (default: on CPU) adds the kernels' scratch measured
+    default grid (`configs.default_grid`). `calibrate` (default: on CPU and CUDA) adds the kernels' scratch measured
     at small batches. Raises ValueError naming the layer when the model cannot be traced.
 
     `world_size` > 1 plans training sharded by FSDP2 over that many ranks (each child module with parameters,
@@ -292,7 +292,7 @@ def advise(
     batch_size = int(inputs.shape[0])
     runs: dict[str, int] = {}
     phases: dict[str, float] = {}  # wall seconds of each phase of planning (`Advice.planning_seconds`)
-    calibrate = dev.type == "cpu" if calibrate is None else calibrate
+    calibrate = dev.type in ("cpu", "cuda") if calibrate is None else calibrate
     plans = Plans(work, grid)
     with _timed(phases, "traces"):
         # each distinct program once, then the plain one each optimal plan is budgeted against

@@ -38,14 +38,14 @@ class _Observed:
     peak: int  # the allocator's peak over the run (what `AllocatorMeter` reads)
 
 
-def _observe(program: Callable[[_Tracker], None]) -> _Observed:
-    """One real run of `program` under the tracker and the profiler's CPU allocator events."""
+def _observe(program: Callable[[_Tracker], None], device: torch.device) -> _Observed:
+    """One real run of `program` under the tracker and the profiler's events of `device`'s allocator."""
     if torch.autograd.profiler._is_profiler_enabled:
         raise RuntimeError("calibration needs torch.profiler, which is already running; stop it first")
     with allocator_events("calibration") as profiler:  # without kineto's start/stop markers on stderr
         trace = _trace(program, fake=False, profiled=True)
     events = profiler.profiler.kineto_results.events()
-    memory = allocator_trace(profiler)
+    memory = allocator_trace(profiler, device)
     times = np.asarray([t for t, _ in memory], dtype=np.int64)
     level = np.cumsum(np.asarray([n for _, n in memory], dtype=np.int64))
     scratch = np.zeros(len(trace.calls), dtype=np.int64)
@@ -172,11 +172,11 @@ def _resync(planned: list[str], real: list[str], a: int, b: int, window: int, an
     return None
 
 
-def observe(program: Callable[[int, _Tracker], None], size: int) -> _Observed | str:
-    """One real run of the training program at batch `size` under the allocator's events, or the
+def observe(program: Callable[[int, _Tracker], None], size: int, device: torch.device) -> _Observed | str:
+    """One real run of the training program at batch `size` under `device`'s allocator events, or the
     error with which the real step refused it (e.g. BatchNorm1d refuses a batch of one)."""
     try:
-        return _observe(lambda tracker: program(size, tracker))
+        return _observe(lambda tracker: program(size, tracker), device)
     except _TraceError as error:
         return str(error)
 

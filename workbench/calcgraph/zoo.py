@@ -223,10 +223,10 @@ def measure_case(case: ZooCase, batch_size: int, device: torch.device | str = "c
 
 def accuracy_table(
     cases: Mapping[str, ZooCase] | Iterable[str] | None = None, batch_sizes: Sequence[int] = HELD_OUT_BATCHES, *,
-    calibrate: bool = True,
+    calibrate: bool = True, device: torch.device | str = "cpu",
 ) -> pd.DataFrame:
-    """Plan each case (calibrated against the allocator at small batches, or not) and judge its
-    predicted peak against `AllocatorMeter` over a real run of the same training program (CPU).
+    """Plan each case on `device` (calibrated against its allocator at small batches, or not) and judge its
+    predicted peak against `AllocatorMeter` over a real run of the same training program there.
 
     Rows: model, batch_size, predicted, allocator (bytes), error = (predicted - allocator) / allocator,
     uncalibrated_predicted and uncalibrated_error (the fake-tensor plan alone), margin (the default
@@ -234,7 +234,8 @@ def accuracy_table(
     there does the error judge a prediction) and calibrated_at (the batches it ran). A plan that is not
     affine in the batch size (packed sequences) is traced at each batch and not calibrated. `cases`: names
     in `ZOO`, a mapping of `ZooCase`, or all of ZOO. A batch the real step refuses (BatchNorm1d at 1) has
-    allocator and error NaN.
+    allocator and error NaN. On CUDA the allocator is `max_memory_allocated` relative to the step's start, and
+    `reserved` the caching allocator's `max_memory_reserved` (absolute); NaN on CPU.
     """
     if cases is None:
         cases = ZOO
@@ -243,20 +244,24 @@ def accuracy_table(
         if unknown:
             raise ValueError(f"unknown zoo cases {unknown}; known: {sorted(ZOO)}")
         cases = {name: ZOO[name] for name in cases}
-    rows = []
+    rows, device = [], torch.device(device)
     for name, case in cases.items():
-        graph = plan_case(case)
+        graph = plan_case(case, device)
         raw = {int(b): graph.required_bytes(int(b)) for b in batch_sizes}
         if calibrate and graph.affine:
             graph.calibrate()
+        elif device.type == "cuda":  # cuBLAS's workspaces come with the first step and live on (as calibrating)
+            measure_case(case, min(batch_sizes), device)
         seen = graph.calibrated_batches
         for b, plain in raw.items():
             try:
-                real = measure_case(case, b).peak_bytes
+                meter = measure_case(case, b, device)
+                real, reserved = meter.peak_bytes, meter.reserved_peak_bytes
             except (RuntimeError, ValueError):  # e.g. BatchNorm1d cannot train on a batch of one
-                real = float("nan")
+                real = reserved = float("nan")
             predicted = graph.required_bytes(b)
             rows.append({"model": name, "batch_size": b, "predicted": predicted, "allocator": real,
+                         "reserved": float("nan") if reserved is None else reserved,
                          "error": (predicted - real) / real, "uncalibrated_predicted": plain,
                          "uncalibrated_error": (plain - real) / real, "margin": graph.default_margin,
                          "held_out": b not in seen, "calibrated_at": ", ".join(map(str, seen))})

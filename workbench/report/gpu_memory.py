@@ -2,10 +2,11 @@
 `torch.cuda.max_memory_allocated` and `max_memory_reserved`.
 
 CalcGraph ("taming the high costs of deep learning using models", 2022), Sections 3.2 and 4.3: memory known
-before execution, judged here on the GPU's own allocator. `zoo_on_device` plans each zoo case on the device
-(the fake-tensor plan alone: CUDA plans are not calibrated) and runs the same training program under
-`AllocatorMeter`, whose CUDA reading is `max_memory_allocated` relative to entry beside the caching allocator's
-`max_memory_reserved`. The advisor suite (`workbench.experiments.advisor.suite.evaluate`, on CUDA already)
+before execution, judged here on the GPU's own allocator. `zoo_on_device` plans each zoo case on the device,
+calibrates it there (real steps at small batches, the CUDA allocator's events per op call) and runs the same
+training program at batches calibration never ran under `AllocatorMeter`, whose CUDA reading is
+`max_memory_allocated` relative to entry beside the caching allocator's `max_memory_reserved`; the
+uncalibrated plan's error is kept beside. The advisor suite (`workbench.experiments.advisor.suite.evaluate`)
 runs at the advisor notebook's gpu profile, one model at a time.
 
 Each table is rewritten (atomically) after each model, so a run stopped at its deadline keeps every model it
@@ -29,9 +30,10 @@ import torch
 
 __all__ = ["ZOO_BATCH_SIZES", "ADVISOR_ORDER", "zoo_on_device", "advisor_on_device", "main"]
 
-ZOO_BATCH_SIZES = {"gpu": (1, 8, 64, 256), "smoke": (1, 4)}  # the cpu build's zoo batches (paper profile's too)
-ZOO_COLUMNS = ["model", "batch_size", "cudnn", "predicted_bytes", "max_memory_allocated", "max_memory_reserved",
-               "error", "device", "refused"]
+# batches calibration never runs (it runs 1, 2, 4, 8, 32, checks 16 and 64, and doubles a check that misses)
+ZOO_BATCH_SIZES = {"gpu": (3, 40, 160, 640), "smoke": (3,)}
+ZOO_COLUMNS = ["model", "batch_size", "cudnn", "predicted", "allocator", "reserved", "error", "uncalibrated_predicted",
+               "uncalibrated_error", "held_out", "calibrated_at", "device", "refused"]
 ADVISOR_ORDER = ("mlp", "lstm", "transformer", "gpt2", "densenet_bc_100", "resnet50", "vit")  # cheapest first
 
 
@@ -54,56 +56,38 @@ def _reset(device: torch.device) -> None:
 
 def zoo_on_device(device: torch.device | str, batch_sizes: Sequence[int], out: Path | None = None,
                   cases: Sequence[str] | None = None) -> pd.DataFrame:
-    """Each zoo case planned on `device` and measured there: predicted bytes, max_memory_allocated (relative to
-    the bytes live before the step) and max_memory_reserved (absolute, what runs out), error of the plan.
-
-    # NOTE: not `workbench.calcgraph.zoo.accuracy_table`, which calibrates against the CPU allocator: CUDA plans
-    # are not calibrated. Same cases, same plan and measurement (`plan_case`, `measure_case`), the device's peaks.
-    """
+    """Each zoo case planned on `device`, calibrated there, and measured there (`calcgraph.zoo.accuracy_table`):
+    predicted and uncalibrated bytes against max_memory_allocated (`allocator`, relative to the bytes live before
+    the step) beside max_memory_reserved (`reserved`, absolute: what runs out), and whether calibration ever ran
+    that batch (`held_out`). A case the planner refuses is a row per batch with the reason (`refused`); one
+    refused for cuDNN's RNN kernels is then planned and run again without them, as the refusal advises."""
     from ..calcgraph import Unplannable
-    from ..calcgraph.zoo import ZOO
+    from ..calcgraph.zoo import ZOO, accuracy_table
 
     device = torch.device(device)
-    rows = []
+    tables = []
     for name in cases or list(ZOO):
-        case = ZOO[name]
         started = time.perf_counter()
         for cudnn in (True, False):
+            _reset(device)
             try:
                 with torch.backends.cudnn.flags(enabled=cudnn):
-                    rows += _zoo_case(name, case, device, batch_sizes, cudnn=cudnn)
+                    tables.append(accuracy_table([name], batch_sizes, device=device).assign(cudnn=cudnn))
                 break
             except (RuntimeError, ValueError) as refused:  # one case that cannot be planned stops no other
-                rows += [{"model": name, "batch_size": batch, "cudnn": cudnn, "device": str(device),
-                          "refused": f"{type(refused).__name__}: {refused}"} for batch in batch_sizes]
+                tables.append(pd.DataFrame({"model": name, "batch_size": list(batch_sizes), "cudnn": cudnn,
+                                            "refused": f"{type(refused).__name__}: {refused}"}))
                 if not isinstance(refused, Unplannable):
                     break
-                # the plan refused cuDNN's RNN kernels and said how to plan without them: that advice, measured
         _log(f"zoo {name}: {time.perf_counter() - started:.1f} s")
         if out is not None:
-            _write_csv(pd.DataFrame(rows, columns=ZOO_COLUMNS), out)
-    return pd.DataFrame(rows, columns=ZOO_COLUMNS)
+            _write_csv(_zoo_frame(tables, device), out)
+    return _zoo_frame(tables, device)
 
 
-def _zoo_case(name: str, case, device: torch.device, batch_sizes: Sequence[int], *, cudnn: bool) -> list[dict]:
-    from ..calcgraph.zoo import measure_case, plan_case
-
-    graph = plan_case(case, device)
-    # cuBLAS's per-process workspaces are allocated by the first matmul and live on: made before the meter
-    measure_case(case, 2, device)
-    rows = []
-    for batch in batch_sizes:
-        _reset(device)
-        try:
-            meter = measure_case(case, batch, device)
-            allocated, reserved = meter.peak_bytes, meter.reserved_peak_bytes
-        except (RuntimeError, ValueError):  # e.g. BatchNorm1d cannot train on a batch of one
-            allocated = reserved = float("nan")
-        predicted = graph.required_bytes(batch)
-        rows.append({"model": name, "batch_size": batch, "cudnn": cudnn, "predicted_bytes": predicted,
-                     "max_memory_allocated": allocated, "max_memory_reserved": reserved,
-                     "error": (predicted - allocated) / allocated, "device": str(device)})
-    return rows
+def _zoo_frame(tables: list[pd.DataFrame], device: torch.device) -> pd.DataFrame:
+    frame = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    return frame.reindex(columns=ZOO_COLUMNS).assign(device=str(device))
 
 
 def _advisor_parameters(profile: str) -> dict:
@@ -151,10 +135,10 @@ def advisor_on_device(device: torch.device | str, profile: str, candidates_csv: 
 def _summary(zoo: pd.DataFrame, candidates: pd.DataFrame) -> str:
     lines = []
     if len(zoo):
-        error = zoo["error"].dropna()
-        lines.append(f"zoo: {zoo['model'].nunique()} models x {zoo['batch_size'].nunique()} batches, plan error "
-                     f"against max_memory_allocated {error.min():+.1%} .. {error.max():+.1%} "
-                     f"(median |error| {error.abs().median():.1%}); refused: "
+        error, plain = zoo["error"].dropna(), zoo["uncalibrated_error"].dropna()
+        lines.append(f"zoo: {zoo['model'].nunique()} models x {zoo['batch_size'].nunique()} batches, calibrated plan "
+                     f"error against max_memory_allocated {error.min():+.1%} .. {error.max():+.1%} (median |error| "
+                     f"{error.abs().median():.1%}; uncalibrated {plain.min():+.1%} .. {plain.max():+.1%}); refused: "
                      f"{', '.join(sorted(set(zoo.loc[zoo['refused'].notna(), 'model']))) or 'none'}")
     if len(candidates):
         error = candidates["peak_error"].dropna()
