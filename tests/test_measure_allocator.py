@@ -225,7 +225,7 @@ def test_the_cuda_allocator_trace_is_what_max_memory_allocated_counts():
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start = torch.cuda.memory_allocated()
-    with allocator_events() as profiler:
+    with allocator_events(device="cuda") as profiler:
         a = torch.empty(3_000_001, dtype=torch.uint8, device="cuda")
         b = torch.empty(5_000_000, dtype=torch.uint8, device="cuda")
         del a

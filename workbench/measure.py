@@ -162,15 +162,19 @@ class _StorageTracker(LiveStorageMode):
 
 
 @contextlib.contextmanager
-def allocator_events(user: str = "allocator_events") -> Iterator[torch.profiler.profile]:
-    """torch.profiler recording the allocators' events (`profile_memory=True`: the CPU's and CUDA's caching
-    allocator's, each event with its device) around the block, without
-    the trace markers kineto prints at each start and stop; read `.profiler.kineto_results` after the block.
-    Only one profiler runs at a time: `user` names the caller in the error raised when one already runs."""
+def allocator_events(user: str = "allocator_events", device: torch.device | str = "cpu"
+                     ) -> Iterator[torch.profiler.profile]:
+    """torch.profiler recording the allocators' events (`profile_memory=True`: the CPU allocator's, and on a
+    CUDA `device` the caching allocator's too, each event with its device) around the block, without the trace
+    markers kineto prints at each start and stop; read `.profiler.kineto_results` after the block. Only one
+    profiler runs at a time: `user` names the caller in the error raised when one already runs."""
     # NOTE: fd 2 held for the whole block, not only the profiler's start and stop: c10 warns there when a block
-    # allocated before entry is freed inside (garbage collected meanwhile), a free `allocator_trace` leaves out
-    with without_kineto_markers(), quiet_profile(user, [torch.profiler.ProfilerActivity.CPU],
-                                                 profile_memory=True) as profiler:
+    # allocated before entry is freed inside (garbage collected meanwhile), a free `allocator_trace` leaves out.
+    # CUDA's activity is asked for on a CUDA device, as torch's own memory timeline does for its device events.
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.device(device).type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with without_kineto_markers(), quiet_profile(user, activities, profile_memory=True) as profiler:
         yield profiler
 
 

@@ -384,3 +384,12 @@ def test_step_in_backward_with_checkpoints_is_planned_within_the_band(kind, one_
             advice.program(row["config"])(16, None)
         error = (row["predicted_peak_bytes"] - meter.peak_bytes) / meter.peak_bytes
         assert -0.02 <= error <= 0.05, (row["config"], error)
+
+
+def test_an_advice_whose_calibration_finds_no_allocator_events_plans_uncalibrated_and_says_so(monkeypatch):
+    import workbench.calcgraph.calibrate as calibration
+
+    monkeypatch.setattr(calibration, "allocator_trace", lambda profiler, device: [])
+    with pytest.warns(UserWarning, match="recorded no allocator event.*the plans are not calibrated"):
+        answer = advise(mlp, batch(), memory_budget=2**20, candidates=lambda c: c.name in FEW, min_run_time=0.02)
+    assert (answer.table["predicted_peak_bytes"] > 0).all()

@@ -147,3 +147,21 @@ def test_calibration_refuses_bad_settings(lstm, keyword, value, match):
     graph = plan_training(LSTMNet, LSTM_SHAPE, calibrate=False)
     with pytest.raises(ValueError, match=match):
         graph.calibrate(**{keyword: value})
+
+
+def test_a_profiler_without_the_device_s_allocator_events_leaves_the_default_plan_uncalibrated_and_says_so(
+        monkeypatch):
+    # CUDA calibration reads the caching allocator's events through the profiler: had a torch recorded none, every
+    # default CUDA plan would fail; it is said and left uncalibrated instead (an explicit calibrate=True raises)
+    import workbench.calcgraph.calibrate as calibration
+    from workbench.calcgraph import plan_training
+
+    monkeypatch.setattr(calibration, "allocator_trace", lambda profiler, device: [])
+
+    def mlp():
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    with pytest.warns(UserWarning, match="recorded no allocator event on cpu.*not calibrated"):
+        assert plan_training(mlp, (8,)).calibration is None
+    with pytest.raises(calibration.NoAllocatorEvents, match="allocated [0-9]+ bytes"):
+        plan_training(mlp, (8,), calibrate=True)

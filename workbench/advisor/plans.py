@@ -24,12 +24,14 @@ its checkpointed step is beside oneDNN's convolution backward scratch.)
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from workbench.calcgraph import CompiledGraph
+from workbench.calcgraph.calibrate import NoAllocatorEvents
 
 from .configs import Config, training_setup
 from .workload import Workload
@@ -111,6 +113,7 @@ class Plans:
         self._graphs: dict[tuple, CompiledGraph] = {}
         # per precision, its plain program's plan as traced and as calibrated
         self._calibrated: dict[str, tuple[CompiledGraph, CompiledGraph]] = {}
+        self._no_allocator_events = False  # calibration found none of the device allocator's events: not retried
         self._views: dict[int, CompiledGraph] = {}  # each traced plan with its precision's calibration carried over
         self._states: dict[tuple, int] = {}
         self._peaks: dict[tuple, int] = {}  # every plan's program peaks (`Plan.memo`)
@@ -161,7 +164,7 @@ class Plans:
         """Measure the kernels' scratch of `precision`'s plain program (real steps at small batches; see the
         module docstring) for every later plan of that precision, once. Returns the real steps taken."""
         graph = self.graph(precision)
-        if precision.precision in self._calibrated or not graph.affine:
+        if precision.precision in self._calibrated or not graph.affine or self._no_allocator_events:
             return 0
         # NOTE: a shallow copy, not a second trace of the same program (a bf16 one at 100M parameters traces for
         # minutes): calibrating rebinds the copy's own calibration, and an affine plan reads its traces without
@@ -171,7 +174,12 @@ class Plans:
         # and a model with BatchNorm refuses it after both): calibrated only for a user's batch of 1
         check = (min(16, batch_size),) if batch_size > 8 else ()
         sizes = (1, 2, 4) if batch_size == 1 else (2, 4, 8)
-        calibrated = copy.copy(graph).calibrate(sizes=sizes, check=check, refine=1)
+        try:
+            calibrated = copy.copy(graph).calibrate(sizes=sizes, check=check, refine=1)
+        except NoAllocatorEvents as error:  # see plan_training: said, and the plans stay uncalibrated
+            warnings.warn(f"{error}: the plans are not calibrated", stacklevel=2)
+            self._no_allocator_events = True
+            return 1
         self._calibrated[precision.precision] = graph, calibrated
         self._views.clear()  # plans made before now were uncalibrated
         self.forget_peaks()

@@ -31,6 +31,10 @@ from .tracker import CALL_PREFIX, _Trace, _TraceError, _Tracker, _trace
 __all__: list[str] = []  # used through CompiledGraph.calibrate
 
 
+class NoAllocatorEvents(RuntimeError):
+    """The profiler recorded none of the device allocator's events in a real step that allocated tensors."""
+
+
 @dataclass
 class _Observed:
     trace: _Trace
@@ -42,10 +46,13 @@ def _observe(program: Callable[[_Tracker], None], device: torch.device) -> _Obse
     """One real run of `program` under the tracker and the profiler's events of `device`'s allocator."""
     if torch.autograd.profiler._is_profiler_enabled:
         raise RuntimeError("calibration needs torch.profiler, which is already running; stop it first")
-    with allocator_events("calibration") as profiler:  # without kineto's start/stop markers on stderr
+    with allocator_events("calibration", device) as profiler:  # without kineto's start/stop markers on stderr
         trace = _trace(program, fake=False, profiled=True)
     events = profiler.profiler.kineto_results.events()
     memory = allocator_trace(profiler, device)
+    if not memory and len(trace.sizes) and trace.sizes.max() > 0:
+        raise NoAllocatorEvents(f"calibration: torch.profiler recorded no allocator event on {device} in a training "
+                           f"step that allocated {int(trace.sizes.sum())} bytes of tensors (torch {torch.__version__})")
     times = np.asarray([t for t, _ in memory], dtype=np.int64)
     level = np.cumsum(np.asarray([n for _, n in memory], dtype=np.int64))
     scratch = np.zeros(len(trace.calls), dtype=np.int64)

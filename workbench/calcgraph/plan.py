@@ -19,6 +19,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..measure import check_device
+from .calibrate import NoAllocatorEvents
 from .graph import CALIBRATED_ZONE, MAX_BATCH, ZONES, CompiledGraph, search_max
 from .program import (
     _OPTIMIZERS, OptimizerSpec, make_optimizer, measure_required_bytes, per_example_shape, training_program,
@@ -103,13 +104,25 @@ def plan_training(
     graph.input_shape, graph.input_dtype = input_shape, input_dtype
     graph.build, graph.loss, graph.optimizer, graph.lr = build, loss, optimizer, lr
     graph.persistent_grads = persistent_grads
+    asked = calibrate is not None
     if calibrate is None:
         calibrate = dev.type in ("cpu", "cuda") and graph.affine
         if dev.type in ("cpu", "cuda") and not graph.affine:
             warnings.warn(f"{graph.description}: the program's allocations are not affine in the batch size "
                           f"(see `nonaffine`): each batch size is traced on its own and the plan is not "
                           f"calibrated (kernel scratch is not covered)", stacklevel=2)
-    return graph.calibrate() if calibrate else graph
+    if not calibrate:
+        return graph
+    try:
+        return graph.calibrate()
+    except NoAllocatorEvents as error:
+        if asked:
+            raise
+        # NOTE: CUDA calibration has not yet run on a GPU here: a profiler that reports no CUDA allocator events
+        # leaves the default plan uncalibrated, said, rather than failing every CUDA plan
+        warnings.warn(f"{error}: this plan is not calibrated", stacklevel=2)
+        graph.calibration = None
+        return graph
 
 
 def _user_rows(sample: torch.Tensor) -> Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]]:
