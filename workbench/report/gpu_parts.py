@@ -6,20 +6,22 @@ what it finished, writes at most 8 files to OUTDIR and streams its log there as 
 from outside leaves its log. `gpu_run unpack` takes every archive a part writes. Expected minutes on an H100
 (from the 2026-11-26 run's logs where they say; `part.json` records each run's own seconds):
 
-- `tests`, about 3: every CUDA-only test (`pytest -m cuda`, 38 tests, most of them Triton kernel builds, on 8
-  pytest-xdist workers; on 2026-11-26 the 17 tests of that day took 33.7 s and 23.6 s in two runs). Files: tests.log,
-  tests.xml (JUnit), tests-<device>.tar.gz.
-- `kernels`, about 4 (not yet run on a GPU): the packed throughput table at 1e8 parameters in 64 tensors,
+- `tests`, about 1.5: every CUDA-only test (`pytest -m cuda`, about 42 tests, most of them Triton kernel builds, on 8
+  pytest-xdist workers; 84 s on 2026-11-27 beside the memory part). Files: tests.log, tests.xml (JUnit),
+  tests-<device>.tar.gz.
+- `kernels`, about 2 (121 s on 2026-11-27): the packed throughput table at 1e8 parameters in 64 tensors,
   eleven widths (byte planes, dense words with and without SR, fp16, bf16 moments), the peers and each
   format's compiled step (`kernels_command`; the notebook's Fig 3 cell timed 3 widths at this size, compiled
   too, in 17 s there). Files: kernels.log, kernels.csv, kernels.backward.csv, kernels-<device>.tar.gz.
-- `memory`, about 5 (not yet run on a GPU): `gpu_memory`, CalcGraph's zoo and the advisor suite against
+- `memory`, 5 or more: `gpu_memory`, CalcGraph's zoo (uncalibrated: 35 s on 2026-11-27; calibrated: not yet run)
+  and the advisor suite (its first model did not finish in the 2.5 minutes left that day) against
   max_memory_allocated and max_memory_reserved. Files: memory.log, memory-zoo.csv, memory-advisor.csv,
   memory-decisions.csv, memory-<device>.tar.gz.
 - notebook names (one, or several joined by commas, at most NOTEBOOKS_PER_CALL): each notebook's gpu profile
   through `gpu_run.run`, the time left shared out as each one's deadline. There: tour 0.25 minutes,
-  variable_batch_size 0.6, efficient_densenet 0.9, packed_bit_optimizers 5.2; optorch, calcgraph and advisor
-  are sized for at most about 8 each (not yet run). Files: notebooks.log and one reference-<device>-<name>.tar.gz
+  variable_batch_size 0.6, efficient_densenet 0.9, packed_bit_optimizers 5.2; optorch and calcgraph are sized
+  for at most about 8 each (not yet run); advisor ran past a 6.3-minute deadline on 2026-11-27 at 48 candidates a
+  model, all run (its gpu profile now plans 24 and runs 8 a model). Files: notebooks.log and one reference-<device>-<name>.tar.gz
   per notebook.
 """
 
