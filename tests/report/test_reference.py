@@ -227,17 +227,21 @@ H100 = "nvidia-h100-80gb-hbm3"
 
 def test_the_h100_references_are_committed_listed_and_shown_beside_a_build(tmp_path):
     """The 2026-11-26 H100 run (built from 012f1da) as unpacked from its archives: four notebooks, their
-    commit as run.json records it, results.json's wrong git_commit kept and explained, never rewritten."""
+    commit as run.json records it, results.json's wrong git_commit kept and explained, never rewritten; and
+    the 2026-11-27 run's advisor, stopped at its deadline, kept as the failed report it is."""
     found = read_references(COMMITTED)
     h100 = {name: refs[0] for name, refs in found.items() for r in refs if r["slug"] == H100}
-    assert sorted(h100) == ["efficient_densenet", "packed_bit_optimizers", "tour", "variable_batch_size"]
+    assert sorted(h100) == ["advisor", "efficient_densenet", "packed_bit_optimizers", "tour", "variable_batch_size"]
+    advisor = h100.pop("advisor")
+    assert advisor["environment"]["commit"].startswith("a38dca1") and advisor["environment"]["status"] == "failed"
     for ref in h100.values():
         assert ref["environment"]["commit"].startswith("012f1da") and ref["environment"]["status"] == "ok"
         assert ref["results"]["environment"]["git_commit"] == "08a6345"  # as the machine wrote it
         assert (ref["folder"] / f"{ref['name']}.html").is_file() and not list(ref["folder"].glob("*.ipynb"))
     listing = (COMMITTED / "README.md").read_text()
     assert listing == listing_text(COMMITTED), "reports/reference/README.md is stale: run gpu_run unpack"
-    assert "Not built on this device: advisor, calcgraph, optorch." in listing and "08a6345" in listing
+    assert "Not built on this device: calcgraph, optorch." in listing and "08a6345" in listing
+    assert "part `kernels`: ok" in listing and "part `memory`: stopped" in listing
     reports = tmp_path / "reports"
     head = reference.checkout_commit()
     _report(reports / "cpu" / "tour", device="cpu", device_name="CPU (test)", commit=head, claims=CPU_CLAIMS)
