@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.autograd import DeviceType
 
 from ..measure import allocator_events, allocator_trace
 from .tracker import CALL_PREFIX, _Trace, _TraceError, _Tracker, _trace
@@ -58,7 +59,9 @@ def _observe(program: Callable[[_Tracker], None], device: torch.device) -> _Obse
     scratch = np.zeros(len(trace.calls), dtype=np.int64)
     for e in events:
         name = e.name()
-        if not name.startswith(CALL_PREFIX):
+        # NOTE: with CUDA's activity on, each marked call also appears on the GPU's timeline (its kernels' span,
+        # another clock): only the host's range brackets the allocator's events, which the host records
+        if not name.startswith(CALL_PREFIX) or e.device_type() != DeviceType.CPU:
             continue
         index = int(name[len(CALL_PREFIX):])
         lo, hi = np.searchsorted(times, e.start_ns(), "left"), np.searchsorted(times, e.end_ns(), "right")
@@ -186,6 +189,14 @@ def observe(program: Callable[[int, _Tracker], None], size: int, device: torch.d
         return _observe(lambda tracker: program(size, tracker), device)
     except _TraceError as error:
         return str(error)
+
+
+def warm_up(program: Callable[[int, _Tracker], None], size: int, device: torch.device) -> None:
+    """On CUDA, one real step before calibration's: cuBLAS's and cuDNN's per-process handles and workspaces come
+    with the first step and live on, and AllocatorMeter's peak (relative to entry) never sees them after it, so
+    the smallest batch's run must not be charged with them. Nothing elsewhere."""
+    if device.type == "cuda":
+        observe(program, size, device)
 
 
 def calibrate(planned: _Trace, plan_sizes: Callable[[int], np.ndarray], observed: dict[int, _Observed | str], *,

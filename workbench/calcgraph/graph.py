@@ -32,6 +32,7 @@ from .calibrate import Calibration
 from .calibrate import calibrate as _fit_calibration
 from .calibrate import observe as _observe_at
 from .calibrate import transfer as _transfer
+from .calibrate import warm_up as _warm_up
 from .program import _DtypeMismatch
 from .tracker import _Trace, _TraceError, _Tracker, _trace, Unplannable
 
@@ -40,9 +41,8 @@ __all__ = ["CALIBRATED_ZONE", "MAX_BATCH", "ZONES", "CompiledGraph", "search_max
 ZONES = ("forward", "gradient", "optimizer", "workspace")
 # bytes a calibrated plan adds from real kernels (Calibration): scratch and tensors larger than their meta size
 CALIBRATED_ZONE = "workspace (calibrated)"
-# NOTE: the CUDA caching allocator hands out blocks in multiples of 512 bytes; on CUDA each
-# planned allocation is rounded up the same way (block splitting is not modelled: the issue's
-# CUDA tolerance of 5% covers it).
+# NOTE: the CUDA caching allocator hands out blocks in multiples of 512 bytes: on CUDA each planned
+# allocation is rounded up the same way (what the real kernels add, calibration measures)
 _CUDA_BLOCK = 512
 _CHECK_COLUMNS = ["batch_size", "predicted", "allocator", "error", "refined", "calibrated_at"]
 
@@ -140,10 +140,8 @@ class CompiledGraph:
             try:
                 self._exact[size] = _trace(lambda tracker: self._program(size, tracker))
             except _TraceError as failure:
-                if isinstance(failure.error, _DtypeMismatch):
-                    raise _DtypeMismatch(str(failure.error)) from None
-                if isinstance(failure.error, Unplannable):
-                    raise Unplannable(f"{failure.module or 'the training program'}: {failure.error}") from None
+                if isinstance(failure.error, (_DtypeMismatch, Unplannable)):  # their messages say it all
+                    raise type(failure.error)(": ".join(filter(None, (failure.module, str(failure.error))))) from None
                 shape = f"input [{size}, {', '.join(map(str, self._input_shape))}]" if self._input_shape else "input"
                 shape += f" of {self._input_dtype}" if self._input_dtype is not None else ""
                 where = failure.module or "the training program"
@@ -258,8 +256,7 @@ class CompiledGraph:
         """Add the bytes real kernels allocate beyond their fake tensors (see `calibrate.py`),
         measured in real training steps at the small batch `sizes`, and measure the calibrated
         prediction's error against the allocator at the `check` sizes (`calibration_error`,
-        covered by `max_batch_size`'s default margin). On CPU and CUDA (each device's own allocator); returns
-        the graph.
+        covered by `max_batch_size`'s default margin). On CPU and CUDA (its own allocator); returns the graph.
 
         Each check is one more real step, whose allocator peak judges the plan fitted to the runs before it
         and which then joins the calibration. A check whose error falls outside `tolerance` is followed by a
@@ -285,11 +282,7 @@ class CompiledGraph:
             raise ValueError(f"batch 1 runs a program of its own here (see `_batch_one`), calibrated alone: the "
                              f"fit needs >= 2 more batch sizes, got {tuple(sizes)}")
         self.calibration = self._one_calibration = None
-        if self.device.type == "cuda":
-            # NOTE: cuBLAS's and cuDNN's per-process handles and workspaces come with the first step and live on;
-            # AllocatorMeter's peak (relative to entry) never sees them after it: one untimed step first, so that
-            # the smallest batch's run is not charged with them
-            _observe_at(self._program, int(min(sizes)), self.device)
+        _warm_up(self._program, int(min(sizes)), self.device)
         observed = {int(s): _observe_at(self._program, int(s), self.device) for s in sizes}
         if one is not None and not isinstance(observed[1], str):  # batch 1 runs its own program: calibrated alone
             self._one_calibration = _fit_calibration(one, lambda _: one.sizes, {1: observed.pop(1)}, least=1)

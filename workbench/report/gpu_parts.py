@@ -13,16 +13,16 @@ from outside leaves its log. `gpu_run unpack` takes every archive a part writes.
   eleven widths (byte planes, dense words with and without SR, fp16, bf16 moments), the peers and each
   format's compiled step (`kernels_command`; the notebook's Fig 3 cell timed 3 widths at this size, compiled
   too, in 17 s there). Files: kernels.log, kernels.csv, kernels.backward.csv, kernels-<device>.tar.gz.
-- `memory`, 5 or more: `gpu_memory`, CalcGraph's zoo (uncalibrated: 35 s on 2026-11-27; calibrated: not yet run)
-  and the advisor suite (its first model did not finish in the 2.5 minutes left that day) against
+- `memory`, 5 or more: `gpu_memory`, CalcGraph's zoo (uncalibrated: 35 s on 2026-11-27; calibrated: not yet
+  run) and the advisor suite (its first model did not finish in the 2.5 minutes left that day) against
   max_memory_allocated and max_memory_reserved. Files: memory.log, memory-zoo.csv, memory-advisor.csv,
   memory-decisions.csv, memory-<device>.tar.gz.
 - notebook names (one, or several joined by commas, at most NOTEBOOKS_PER_CALL): each notebook's gpu profile
   through `gpu_run.run`, the time left shared out as each one's deadline. There: tour 0.25 minutes,
   variable_batch_size 0.6, efficient_densenet 0.9, packed_bit_optimizers 5.2; optorch and calcgraph are sized
   for at most about 8 each (not yet run); advisor ran past a 6.3-minute deadline on 2026-11-27 at 48 candidates a
-  model, all run (its gpu profile now plans 24 and runs 8 a model). Files: notebooks.log and one reference-<device>-<name>.tar.gz
-  per notebook.
+  model, all run (its gpu profile now plans 24 and runs 8 a model). Files: notebooks.log and one
+  reference-<device>-<name>.tar.gz per notebook.
 """
 
 from __future__ import annotations
