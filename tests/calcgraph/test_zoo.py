@@ -73,11 +73,11 @@ def test_accuracy_table_reports_both_plans_and_which_batches_are_held_out(one_th
     table = accuracy_table(["batchnorm 1d", "sgd momentum"], (1, 3, 8))
     assert list(table.columns) == ["model", "batch_size", "predicted", "allocator", "reserved", "error",
                                    "uncalibrated_predicted", "uncalibrated_error", "margin", "held_out",
-                                   "calibrated_at"]
+                                   "calibrated_at", "refused"]
     assert len(table) == 6
     refused = table[(table["model"] == "batchnorm 1d") & (table["batch_size"] == 1)].iloc[0]
     assert math.isnan(refused["allocator"]) and math.isnan(refused["error"])
-    assert table["reserved"].isna().all()  # the caching allocator's reserve: CUDA only
+    assert table["reserved"].isna().all() and table["refused"].isna().all()  # reserved: CUDA only
     rest = table.dropna(subset=["allocator"])
     assert (rest["error"] == (rest["predicted"] - rest["allocator"]) / rest["allocator"]).all()
     assert (rest["margin"] >= 0.02).all()
@@ -85,3 +85,20 @@ def test_accuracy_table_reports_both_plans_and_which_batches_are_held_out(one_th
     assert (table["calibrated_at"].str.startswith("1, 2, 4, 8, 16")).all()
     with pytest.raises(ValueError, match="unknown zoo cases"):
         accuracy_table(["resnet1000"])
+
+
+def test_a_case_refused_for_cudnn_s_rnn_kernels_is_planned_again_without_them(monkeypatch, one_thread):
+    # on CUDA an LSTM's cuDNN kernels are refused (calcgraph.tracker); this CPU has none, so the convolution
+    # stands for them, refused while cuDNN is enabled only: the refusal's way out, followed, plans it
+    from workbench.calcgraph import Unplannable, tracker
+
+    def refuse(op):
+        if torch.backends.cudnn.enabled and op is torch.ops.aten.convolution.default:
+            raise Unplannable("cannot plan an RNN layer run by cuDNN (stand-in)")
+
+    monkeypatch.setattr(tracker, "_refuse_unplannable", refuse)
+    table = accuracy_table(["depthwise conv"], (3,))
+    assert table["model"].tolist() == ["depthwise conv", "depthwise conv (cuDNN off)"]
+    first, again = table.iloc[0], table.iloc[1]
+    assert "stand-in" in first["refused"] and math.isnan(first["error"])
+    assert isinstance(again["refused"], float) and -0.02 <= again["error"] <= 0.05 and again["held_out"]

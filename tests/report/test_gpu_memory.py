@@ -32,8 +32,8 @@ def test_a_case_the_plan_refuses_is_a_row_with_the_reason_and_the_others_still_r
     monkeypatch.setattr(tracker, "_CUDNN_RNN", frozenset({torch.ops.aten.convolution.default}))
     table = gpu_memory.zoo_on_device("cpu", (2,), cases=["depthwise conv", "sgd momentum"])
     refused = table[table["model"] == "depthwise conv"]
-    assert refused["cudnn"].tolist() == [True, False]
-    assert refused["refused"].str.contains("cannot plan an RNN layer").all() and refused["error"].isna().all()
+    assert len(refused) == 1 and refused["error"].isna().all()
+    assert refused["refused"].str.contains("Unplannable: .*cannot plan an RNN layer").all()
     measured = table[table["model"] == "sgd momentum"]
     assert len(measured) == 1 and measured["refused"].isna().all() and (measured["allocator"] > 0).all()
 

@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from ..measure import AllocatorMeter
 from .graph import CompiledGraph
 from .plan import _user_rows, plan_training
+from .tracker import Unplannable
 from .program import training_program
 
 __all__ = ["HELD_OUT_BATCHES", "ZOO", "ZooCase", "accuracy_table", "measure_case", "plan_case"]
@@ -34,6 +35,8 @@ __all__ = ["HELD_OUT_BATCHES", "ZOO", "ZooCase", "accuracy_table", "measure_case
 # check that misses), so that the table judges the calibrated plan where it predicts rather than where it
 # was fitted
 HELD_OUT_BATCHES = (3, 12, 40, 160)
+ACCURACY_COLUMNS = ["model", "batch_size", "predicted", "allocator", "reserved", "error", "uncalibrated_predicted",
+                    "uncalibrated_error", "margin", "held_out", "calibrated_at", "refused"]
 
 
 @dataclass(frozen=True)
@@ -235,7 +238,9 @@ def accuracy_table(
     affine in the batch size (packed sequences) is traced at each batch and not calibrated. `cases`: names
     in `ZOO`, a mapping of `ZooCase`, or all of ZOO. A batch the real step refuses (BatchNorm1d at 1) has
     allocator and error NaN. On CUDA the allocator is `max_memory_allocated` relative to the step's start, and
-    `reserved` the caching allocator's `max_memory_reserved` (absolute); NaN on CPU.
+    `reserved` the caching allocator's `max_memory_reserved` (absolute); NaN on CPU. A case the planner refuses
+    for cuDNN's RNN kernels (`Unplannable`) has a row per batch with the reason (`refused`), then rows of the
+    same case planned and run without cuDNN, named "<case> (cuDNN off)".
     """
     if cases is None:
         cases = ZOO
@@ -246,23 +251,34 @@ def accuracy_table(
         cases = {name: ZOO[name] for name in cases}
     rows, device = [], torch.device(device)
     for name, case in cases.items():
-        graph = plan_case(case, device)
-        raw = {int(b): graph.required_bytes(int(b)) for b in batch_sizes}
-        if calibrate and graph.affine:
-            graph.calibrate()
-        elif device.type == "cuda":  # cuBLAS's workspaces come with the first step and live on (as calibrating)
-            measure_case(case, min(batch_sizes), device)
-        seen = graph.calibrated_batches
-        for b, plain in raw.items():
-            try:
-                meter = measure_case(case, b, device)
-                real, reserved = meter.peak_bytes, meter.reserved_peak_bytes
-            except (RuntimeError, ValueError):  # e.g. BatchNorm1d cannot train on a batch of one
-                real = reserved = float("nan")
-            predicted = graph.required_bytes(b)
-            rows.append({"model": name, "batch_size": b, "predicted": predicted, "allocator": real,
-                         "reserved": float("nan") if reserved is None else reserved,
-                         "error": (predicted - real) / real, "uncalibrated_predicted": plain,
-                         "uncalibrated_error": (plain - real) / real, "margin": graph.default_margin,
-                         "held_out": b not in seen, "calibrated_at": ", ".join(map(str, seen))})
-    return pd.DataFrame(rows)
+        try:
+            rows += _case_rows(name, case, batch_sizes, calibrate, device)
+        except Unplannable as refused:  # cuDNN's RNN kernels: planned and run without them, as the refusal says
+            rows += [{"model": name, "batch_size": int(b), "refused": str(refused)} for b in batch_sizes]
+            with torch.backends.cudnn.flags(enabled=False):
+                rows += _case_rows(f"{name} (cuDNN off)", case, batch_sizes, calibrate, device)
+    return pd.DataFrame(rows, columns=ACCURACY_COLUMNS)
+
+
+def _case_rows(name: str, case: ZooCase, batch_sizes: Sequence[int], calibrate: bool,
+               device: torch.device) -> list[dict]:
+    graph = plan_case(case, device)
+    raw = {int(b): graph.required_bytes(int(b)) for b in batch_sizes}
+    if calibrate and graph.affine:
+        graph.calibrate()
+    elif device.type == "cuda":  # cuBLAS's workspaces come with the first step and live on (as calibrating)
+        measure_case(case, min(batch_sizes), device)
+    seen, rows = graph.calibrated_batches, []
+    for b, plain in raw.items():
+        try:
+            meter = measure_case(case, b, device)
+            real, reserved = meter.peak_bytes, meter.reserved_peak_bytes
+        except (RuntimeError, ValueError):  # e.g. BatchNorm1d cannot train on a batch of one
+            real = reserved = float("nan")
+        predicted = graph.required_bytes(b)
+        rows.append({"model": name, "batch_size": b, "predicted": predicted, "allocator": real,
+                     "reserved": float("nan") if reserved is None else reserved,
+                     "error": (predicted - real) / real, "uncalibrated_predicted": plain,
+                     "uncalibrated_error": (plain - real) / real, "margin": graph.default_margin,
+                     "held_out": b not in seen, "calibrated_at": ", ".join(map(str, seen))})
+    return rows

@@ -28,12 +28,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ..calcgraph.zoo import ACCURACY_COLUMNS
+
 __all__ = ["ZOO_BATCH_SIZES", "ADVISOR_ORDER", "zoo_on_device", "advisor_on_device", "main"]
 
 # batches calibration never runs (it runs 1, 2, 4, 8, 32, checks 16 and 64, and doubles a check that misses)
 ZOO_BATCH_SIZES = {"gpu": (3, 40, 160, 640), "smoke": (3,)}
-ZOO_COLUMNS = ["model", "batch_size", "cudnn", "predicted", "allocator", "reserved", "error", "uncalibrated_predicted",
-               "uncalibrated_error", "held_out", "calibrated_at", "device", "refused"]
+ZOO_COLUMNS = [*ACCURACY_COLUMNS, "device"]
 ADVISOR_ORDER = ("mlp", "lstm", "transformer", "gpt2", "densenet_bc_100", "resnet50", "vit")  # cheapest first
 
 
@@ -60,25 +61,19 @@ def zoo_on_device(device: torch.device | str, batch_sizes: Sequence[int], out: P
     predicted and uncalibrated bytes against max_memory_allocated (`allocator`, relative to the bytes live before
     the step) beside max_memory_reserved (`reserved`, absolute: what runs out), and whether calibration ever ran
     that batch (`held_out`). A case the planner refuses is a row per batch with the reason (`refused`); one
-    refused for cuDNN's RNN kernels is then planned and run again without them, as the refusal advises."""
-    from ..calcgraph import Unplannable
+    refused for cuDNN's RNN kernels is then planned and run again without them ("<case> (cuDNN off)")."""
     from ..calcgraph.zoo import ZOO, accuracy_table
 
     device = torch.device(device)
     tables = []
     for name in cases or list(ZOO):
         started = time.perf_counter()
-        for cudnn in (True, False):
-            _reset(device)
-            try:
-                with torch.backends.cudnn.flags(enabled=cudnn):
-                    tables.append(accuracy_table([name], batch_sizes, device=device).assign(cudnn=cudnn))
-                break
-            except (RuntimeError, ValueError) as refused:  # one case that cannot be planned stops no other
-                tables.append(pd.DataFrame({"model": name, "batch_size": list(batch_sizes), "cudnn": cudnn,
-                                            "refused": f"{type(refused).__name__}: {refused}"}))
-                if not isinstance(refused, Unplannable):
-                    break
+        _reset(device)
+        try:
+            tables.append(accuracy_table([name], batch_sizes, device=device))
+        except (RuntimeError, ValueError) as refused:  # one case that cannot be planned stops no other
+            tables.append(pd.DataFrame({"model": name, "batch_size": list(batch_sizes),
+                                        "refused": f"{type(refused).__name__}: {refused}"}))
         _log(f"zoo {name}: {time.perf_counter() - started:.1f} s")
         if out is not None:
             _write_csv(_zoo_frame(tables, device), out)
