@@ -111,7 +111,8 @@ def advisor_on_device(device: torch.device | str, profile: str, candidates_csv: 
             table, decided, _ = suite.evaluate(
                 [model], batch_size=p["batch_size"], width=p["width"], image_size=p["image_size"],
                 budget_quantile=p["budget_quantile"], repeats=p["repeats"], min_run_time=p["min_run_time"],
-                device=device, progress=False)
+                device=device, progress=False, sample=p["run_candidates"], seed=p["seed"],
+                candidates=lambda c: c.extra_bits is None or c.extra_bits in p["packed_bits"])
         except (RuntimeError, ValueError):  # one model that fails stops no other; its traceback is in the log
             _log(f"advisor {model}: failed after {time.perf_counter() - started:.1f} s\n{traceback.format_exc()}")
             continue
