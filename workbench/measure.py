@@ -48,10 +48,10 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _storages(tree) -> list[torch.UntypedStorage]:
+def _storages(tree, keep: Callable[[torch.Tensor], bool] = lambda tensor: True) -> list[torch.UntypedStorage]:
     return [
         leaf.untyped_storage() for leaf in tree_leaves(tree)
-        if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta" and not leaf.is_sparse
+        if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta" and not leaf.is_sparse and keep(leaf)
     ]
 
 
@@ -95,6 +95,10 @@ class LiveStorageMode(TorchDispatchMode):
         """False lets ops run unobserved while the mode stays on the stack (frees are still followed)."""
         return True
 
+    def _counts(self, tensor: torch.Tensor) -> bool:
+        """Whether the storage of `tensor` (an op's new output) is counted: every one here."""
+        return True
+
     def _allocated(self, key: int, nbytes: int, old_nbytes: int | None, op: str) -> None:
         raise NotImplementedError
 
@@ -118,7 +122,7 @@ class LiveStorageMode(TorchDispatchMode):
         inputs = {s._cdata for s in _storages((args, kwargs))}
         out = op(*args, **kwargs)
         if self._watching():
-            for storage in _storages(out):
+            for storage in _storages(out, self._counts):
                 key, nbytes = storage._cdata, storage.nbytes()
                 old = self._nbytes.get(key)
                 if old is None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.calcgraph import measure_required_bytes, plan_training
+from workbench.calcgraph import measure_required_bytes, plan_training, training_program
 
 
 def mlp() -> nn.Module:
@@ -119,3 +119,18 @@ def test_cudnn_rnn_kernels_are_refused_naming_the_layer_and_the_way_out(monkeypa
     monkeypatch.setattr(tracker, "_CUDNN_RNN", frozenset({torch.ops.aten.addmm.default}))
     with pytest.raises(Unplannable, match=r"layer '0' \(Linear\).*cannot plan an RNN layer.*cudnn\.flags"):
         plan_training(mlp, (8,), calibrate=False)
+
+
+def test_a_cuda_program_s_plan_leaves_host_tensors_out():
+    # AdamW's step counters live on the CPU for CUDA parameters: the 2026-11-27 H100 zoo planned each as a 512-byte
+    # CUDA block (every Adam case a constant 512 bytes a parameter over). The tracker of a CUDA program counts only
+    # the GPU's tensors; this CPU program, traced as if its device were CUDA, has none to count
+    from workbench.calcgraph.tracker import _trace, _Tracker
+
+    def program(tracker):
+        training_program(mlp, (8,), 4, optimizer="adam", device=torch.device("cpu"), annotate=tracker)
+
+    assert _Tracker(torch.device("cuda"))._counts(torch.zeros(1)) is False
+    assert _Tracker(torch.device("cpu"))._counts(torch.zeros(1)) and _Tracker()._counts(torch.zeros(1))
+    assert _trace(program, device=torch.device("cuda")).sizes.sum() == 0
+    assert _trace(program, device=torch.device("cpu")).sizes.sum() > 0

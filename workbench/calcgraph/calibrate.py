@@ -48,7 +48,7 @@ def _observe(program: Callable[[_Tracker], None], device: torch.device) -> _Obse
     if torch.autograd.profiler._is_profiler_enabled:
         raise RuntimeError("calibration needs torch.profiler, which is already running; stop it first")
     with allocator_events("calibration", device) as profiler:  # without kineto's start/stop markers on stderr
-        trace = _trace(program, fake=False, profiled=True)
+        trace = _trace(program, fake=False, profiled=True, device=device)
     events = profiler.profiler.kineto_results.events()
     memory = allocator_trace(profiler, device)
     if not memory and len(trace.sizes) and trace.sizes.max() > 0:

@@ -34,16 +34,13 @@ from .calibrate import observe as _observe_at
 from .calibrate import transfer as _transfer
 from .calibrate import warm_up as _warm_up
 from .program import _DtypeMismatch
-from .tracker import _Trace, _TraceError, _Tracker, _trace, Unplannable
+from .tracker import _Trace, _TraceError, _Tracker, _trace, Unplannable, on_device
 
 __all__ = ["CALIBRATED_ZONE", "MAX_BATCH", "ZONES", "CompiledGraph", "search_max"]
 
 ZONES = ("forward", "gradient", "optimizer", "workspace")
 # bytes a calibrated plan adds from real kernels (Calibration): scratch and tensors larger than their meta size
 CALIBRATED_ZONE = "workspace (calibrated)"
-# NOTE: the CUDA caching allocator hands out blocks in multiples of 512 bytes: on CUDA each planned
-# allocation is rounded up the same way (what the real kernels add, calibration measures)
-_CUDA_BLOCK = 512
 _CHECK_COLUMNS = ["batch_size", "predicted", "allocator", "error", "refined", "calibrated_at"]
 
 
@@ -138,7 +135,7 @@ class CompiledGraph:
     def _traced(self, size: int) -> _Trace:
         if size not in self._exact:
             try:
-                self._exact[size] = _trace(lambda tracker: self._program(size, tracker))
+                self._exact[size] = _trace(lambda tracker: self._program(size, tracker), device=self.device)
             except _TraceError as failure:
                 if isinstance(failure.error, (_DtypeMismatch, Unplannable)):  # their messages say it all
                     raise type(failure.error)(": ".join(filter(None, (failure.module, str(failure.error))))) from None
@@ -196,9 +193,7 @@ class CompiledGraph:
         sizes, trace, _ = self._plan_at(batch_size)
         if not inputs:  # the batch is a view of a data set resident elsewhere
             sizes = np.where([i["kind"] == "input" for i in trace.info], 0, sizes)
-        if self.device.type == "cuda":
-            sizes = np.where(sizes > 0, -(-sizes // _CUDA_BLOCK) * _CUDA_BLOCK, 0)
-        return sizes, trace
+        return on_device(sizes, self.device), trace
 
     def _planned_sizes(self, batch_size: int) -> np.ndarray:
         """The plan's own allocation sizes (fake tensors, uncalibrated) at `batch_size`."""

@@ -29,6 +29,18 @@ __all__: list[str] = []  # internal to workbench.calcgraph
 CALL_PREFIX = "calcgraph.call#"
 
 
+# NOTE: the CUDA caching allocator hands out blocks in multiples of 512 bytes: on CUDA each planned
+# allocation is rounded up the same way (what the real kernels add, calibration measures)
+CUDA_BLOCK = 512
+
+
+def on_device(sizes: np.ndarray, device: torch.device) -> np.ndarray:
+    """`sizes` as `device`'s allocator counts them: on CUDA each block rounded up to `CUDA_BLOCK`."""
+    if device.type != "cuda":
+        return sizes
+    return np.where(sizes > 0, -(-sizes // CUDA_BLOCK) * CUDA_BLOCK, 0)
+
+
 class Unplannable(ValueError):
     """An op whose memory torch's fake kernels do not model, so no plan of it would be the program that runs."""
 
@@ -66,8 +78,9 @@ class _Tracker(LiveStorageMode):
     and a new allocation.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         super().__init__()
+        self.device = device  # the program's: on CUDA, host tensors are no part of its memory
         self.sizes: list[int] = []
         self.info: list[dict] = []
         self.events: list[int] = []  # +id for an allocation, -id - 1 for a free
@@ -84,6 +97,12 @@ class _Tracker(LiveStorageMode):
         self.profiled = False  # mark each op call for torch.profiler (calibration runs)
         self.call_marks: dict[str, int] = {}
         self.fake = False  # traced under fake tensors (a plan), not for real (calibration)
+
+    def _counts(self, tensor: torch.Tensor) -> bool:
+        # NOTE: a CUDA program's plan is the GPU's memory: host tensors it makes (AdamW's step counters, which torch
+        # keeps on the CPU; the CPU generator's state a checkpoint saves) are not, and each was planned as a 512-byte
+        # block (the 2026-11-27 H100 zoo: every Adam case a constant 512 bytes a parameter over)
+        return not (self.device is not None and self.device.type == "cuda" and tensor.device.type == "cpu")
 
     def _counted(self, op, args, kwargs):
         if self.fake:
@@ -267,9 +286,11 @@ def _tracked_cpu_rng_state(fake: bool) -> Iterator[None]:
         torch.get_rng_state, torch.set_rng_state = get, put
 
 
-def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: bool = False) -> _Trace:
-    """Run `program` under the tracker: under fake tensors (a plan), or for real (`fake=False`, calibration)."""
-    tracker = _Tracker()
+def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: bool = False,
+           device: torch.device | None = None) -> _Trace:
+    """Run `program` (on `device`) under the tracker: under fake tensors (a plan), or for real (`fake=False`,
+    calibration)."""
+    tracker = _Tracker(device)
     tracker.profiled, tracker.fake = profiled, fake
     try:
         with _quiet_fake_tensor_logs(), (FakeTensorMode(allow_non_fake_inputs=True) if fake
