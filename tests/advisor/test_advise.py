@@ -393,3 +393,15 @@ def test_an_advice_whose_calibration_finds_no_allocator_events_plans_uncalibrate
     with pytest.warns(UserWarning, match="recorded no allocator event.*the plans are not calibrated"):
         answer = advise(mlp, batch(), memory_budget=2**20, candidates=lambda c: c.name in FEW, min_run_time=0.02)
     assert (answer.table["predicted_peak_bytes"] > 0).all()
+    # a convolution's oneDNN scratch is what only calibration sees: its uncalibrated plan misses, and a miss
+    # recalibrates the choice, except where no allocator event is recorded (there it would raise)
+    def cnn():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(8 * 8 * 8, 10))
+
+    with pytest.warns(UserWarning, match="the plans are not calibrated"):
+        answer = advise(cnn, (torch.randn(8, 3, 8, 8), torch.randint(0, 10, (8,))), memory_budget=2**24,
+                        candidates=[Config()], min_run_time=0.02)
+    answer.margin = 0.0
+    result = answer.verify()
+    assert result["peak_error"] != 0 and not result["recalibrated"]

@@ -196,7 +196,7 @@ class Advice:
                   "peak_error": error, "predicted_step_seconds": float(row["predicted_step_seconds"]),
                   "measured_step_seconds": seconds, "within_budget": measured <= self.memory_budget,
                   "recalibrated": False, "choice_after": row["config"]}
-        if abs(error) > self.margin and self.device.type in ("cpu", "cuda"):
+        if abs(error) > self.margin and self.device.type in ("cpu", "cuda") and not self._plans.no_allocator_events:
             graph = self._by_name[row["config"]].graph
             graph.calibrate(sizes=(1, 2, 4, 8), check=(16,), refine=1)
             self._plans.forget_peaks()

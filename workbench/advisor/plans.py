@@ -113,7 +113,7 @@ class Plans:
         self._graphs: dict[tuple, CompiledGraph] = {}
         # per precision, its plain program's plan as traced and as calibrated
         self._calibrated: dict[str, tuple[CompiledGraph, CompiledGraph]] = {}
-        self._no_allocator_events = False  # calibration found none of the device allocator's events: not retried
+        self.no_allocator_events = False  # calibration found none of the device allocator's events: not retried
         self._views: dict[int, CompiledGraph] = {}  # each traced plan with its precision's calibration carried over
         self._states: dict[tuple, int] = {}
         self._peaks: dict[tuple, int] = {}  # every plan's program peaks (`Plan.memo`)
@@ -164,7 +164,7 @@ class Plans:
         """Measure the kernels' scratch of `precision`'s plain program (real steps at small batches; see the
         module docstring) for every later plan of that precision, once. Returns the real steps taken."""
         graph = self.graph(precision)
-        if precision.precision in self._calibrated or not graph.affine or self._no_allocator_events:
+        if precision.precision in self._calibrated or not graph.affine or self.no_allocator_events:
             return 0
         # NOTE: a shallow copy, not a second trace of the same program (a bf16 one at 100M parameters traces for
         # minutes): calibrating rebinds the copy's own calibration, and an affine plan reads its traces without
@@ -178,7 +178,7 @@ class Plans:
             calibrated = copy.copy(graph).calibrate(sizes=sizes, check=check, refine=1)
         except NoAllocatorEvents as error:  # see plan_training: said, and the plans stay uncalibrated
             warnings.warn(f"{error}: the plans are not calibrated", stacklevel=2)
-            self._no_allocator_events = True
+            self.no_allocator_events = True
             return 1
         self._calibrated[precision.precision] = graph, calibrated
         self._views.clear()  # plans made before now were uncalibrated
