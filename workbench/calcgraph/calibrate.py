@@ -52,8 +52,9 @@ def _observe(program: Callable[[_Tracker], None], device: torch.device) -> _Obse
     events = profiler.profiler.kineto_results.events()
     memory = allocator_trace(profiler, device)
     if not memory and len(trace.sizes) and trace.sizes.max() > 0:
-        raise NoAllocatorEvents(f"calibration: torch.profiler recorded no allocator event on {device} in a training "
-                           f"step that allocated {int(trace.sizes.sum())} bytes of tensors (torch {torch.__version__})")
+        raise NoAllocatorEvents(f"calibration: torch.profiler recorded no allocator event on {device} in a "
+                                f"training step that allocated {int(trace.sizes.sum())} bytes of tensors "
+                                f"(torch {torch.__version__})")
     times = np.asarray([t for t, _ in memory], dtype=np.int64)
     level = np.cumsum(np.asarray([n for _, n in memory], dtype=np.int64))
     scratch = np.zeros(len(trace.calls), dtype=np.int64)

@@ -106,8 +106,8 @@ def plan_training(
     graph.persistent_grads = persistent_grads
     asked = calibrate is not None
     if calibrate is None:
-        calibrate = dev.type in ("cpu", "cuda") and graph.affine
-        if dev.type in ("cpu", "cuda") and not graph.affine:
+        calibrate = graph.affine  # on either device check_device allows
+        if not graph.affine:
             warnings.warn(f"{graph.description}: the program's allocations are not affine in the batch size "
                           f"(see `nonaffine`): each batch size is traced on its own and the plan is not "
                           f"calibrated (kernel scratch is not covered)", stacklevel=2)
