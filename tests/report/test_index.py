@@ -81,3 +81,33 @@ def test_every_link_on_the_index_pages_leads_to_a_file(tmp_path, monkeypatch):
     assert "notebook (HTML)" in cpu and "failed run (.ipynb)" in cpu and "failed run (HTML)" not in cpu
     for page in (reports / "index.html", reports / "cpu" / "index.html", reports / "interactive" / "index.html"):
         assert not dead_links(page), dead_links(page)
+
+
+def test_each_report_names_the_cpu_and_its_instruction_sets(tmp_path):
+    """Two builds compare like with like only on the same kind of CPU: each row and section names the CPU model
+    and a short ISA summary, from the notebook's environment record, else from the runner's run.json; a report
+    made before either recorded it shows a dash."""
+    from workbench.devices import ISA_FLAGS
+    from workbench.report import write_index
+
+    sapphire = {f: True for f in ISA_FLAGS}
+    reports = {
+        "tour": ({"cpu_model": "AMD EPYC 9654", "cpu_isa": "AVX-512 BF16"}, None),
+        "optorch": ({}, {"cpu_model": "Intel(R) Xeon(R) Platinum 8480+", "cpu_flags": sapphire,
+                         "cpu_capability": "AVX512", "onednn_max_cpu_isa": "AVX512_CORE_BF16"}),
+        "calcgraph": ({"torch": "2.13.0"}, None),
+    }
+    for name, (environment, machine) in reports.items():
+        folder = tmp_path / "cpu" / name
+        folder.mkdir(parents=True)
+        run = {"status": "ok", "profile": "cpu", "started": "2026-01-01", **({"machine": machine} if machine else {})}
+        (folder / "run.json").write_text(json.dumps(run))
+        (folder / "results.json").write_text(json.dumps({"name": name, "claims": [], "environment": environment}))
+    write_index(tmp_path)
+    page, top = (tmp_path / "cpu" / "index.html").read_text(), (tmp_path / "index.html").read_text()
+    for text in (page, top):
+        assert "<th>CPU</th>" in text and "<td>AMD EPYC 9654 (AVX-512 BF16)</td>" in text
+        assert ("<td>Intel(R) Xeon(R) Platinum 8480+ (AVX-512 BF16 FP16, AMX-BF16, oneDNN max AVX512_CORE_BF16)"
+                "</td>") in text
+        assert '<td>—</td><td><code>none</code></td>' in text  # calcgraph: CPU not recorded, no overrides
+    assert "torch ?, CPU AMD EPYC 9654 (AVX-512 BF16)." in page and "torch 2.13.0, CPU —." in page

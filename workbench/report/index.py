@@ -1,4 +1,5 @@
-"""The index pages: one per profile (every notebook's ledger, run details, figures) and one linking them."""
+"""The index pages: one per profile (every notebook's ledger, run details, the CPU it ran on, figures) and one
+linking them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from ..devices import isa_summary
 from .folders import GENERATOR, page_is_ours
 from .ledger import VERDICT_CSS, format_value, ledger_html, tally, verdict_class
 from .reference import (
@@ -162,6 +164,18 @@ def _settings_html(run: dict) -> str:
     return f"<details><summary>{len(parameters)} parameters</summary><code>{_e(text)}</code></details>"
 
 
+def _machine(entry: dict) -> str:
+    """The CPU a report ran on and its instruction sets, "AMD EPYC 9654 (AVX-512 BF16)", from the notebook's own
+    environment record, else the runner's run.json; "—" for a report made before either recorded it."""
+    for record in (entry["results"].get("environment"), entry["run"].get("machine")):
+        if isinstance(record, dict) and isinstance(record.get("cpu_model"), str) and record["cpu_model"]:
+            isa = record.get("cpu_isa") if isinstance(record.get("cpu_isa"), str) else None
+            if isa is None and isinstance(record.get("cpu_flags"), dict):
+                isa = isa_summary(record)
+            return f"{record['cpu_model']} ({isa})" if isa else record["cpu_model"]
+    return "—"
+
+
 def _status(entry: dict) -> tuple[str, str]:
     """(css class, text) of an entry's status."""
     status = str(entry["run"].get("status", "?"))
@@ -298,7 +312,8 @@ def _section(entry: dict, references: list[dict] | None = None) -> str:
         f'<p class="paper">{_e(paper_citation(name))}</p>',
         f"<p>{' · '.join(links)}</p>" if links else "",
     ]
-    where = f"on {_e(env.get('device_name', 'unknown device'))}, torch {_e(env.get('torch', '?'))}"
+    where = (f"on {_e(env.get('device_name', 'unknown device'))}, torch {_e(env.get('torch', '?'))}, "
+             f"CPU {_e(_machine(entry))}")
     if run.get("interactive"):
         parts.append(f"<p>Run in JupyterLab, saved {_e(run.get('started', '—'))} {where}. "
                      f"Parameters: {_settings_html(run)}</p>")
@@ -334,10 +349,11 @@ def _summary_rows(entries: list[dict], prefix: str) -> str:
         rows.append(
             f'<tr><td><a href="{_e(target)}#{_e(name)}">{_e(name)}</a></td><td>{_e(paper_citation(name))}</td>'
             f'<td class="{cls}">{_e(status)}</td><td>{_e(run.get("started", "—"))}</td>'
-            f'<td>{_e(run.get("seconds", "—"))}</td>'
+            f'<td>{_e(run.get("seconds", "—"))}</td><td>{_e(_machine(entry))}</td>'
             f"<td>{_settings_html(run)}</td><td>{_e(_tally_text(entry['results']))}</td></tr>")
     settings = "parameters" if entries and entries[0]["run"].get("interactive") else "overrides"
-    head = (f"<tr><th>notebook</th><th>paper</th><th>status</th><th>run at</th><th>seconds</th><th>{settings}</th>"
+    head = (f"<tr><th>notebook</th><th>paper</th><th>status</th><th>run at</th><th>seconds</th><th>CPU</th>"
+            f"<th>{settings}</th>"
             "<th>paper claims</th></tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 

@@ -4,7 +4,10 @@ Parameters (typed by each notebook's defaults, within their declared ranges), pr
 spec and output folders are checked before any kernel starts (`UsageError`); a failing notebook is
 marked failed and the others still run; a failed rebuild never replaces the last good report, and the
 runner replaces only what it made (`folders`). Notebooks run one after another in this process, or in
-parallel as tasks on a Dask cluster (`cluster`), each task running the same `_run_one`.
+parallel as tasks on a Dask cluster (`cluster`), each task running the same `_run_one`. While they run, the
+progress bar names each running notebook, its section (the latest markdown heading above the cell executing,
+told by nbclient's cell hooks; from a Dask worker as events to this process) and how long it has run
+(`progress`).
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..devices import repo_root
+from ..devices import cpu_features, repo_root
 from .folders import locked, mark, prepare_out, recover, report_state, swap_into_place, temp_name
 from .index import write_index
 from .parameters import available_notebooks, coerce, load_profile, notebook_parameters, notebooks_dir
+from .progress import PROGRESS_TOPIC, CellHooks, Progress, tell_driver
 from .results import (
     FAILED_RUN, KERNEL_NAME, KERNEL_QUIET, NAME_PATTERN, PROFILES, RESERVED, UsageError, _jsonable, _write_atomic,
 )
@@ -123,11 +127,16 @@ def _export_html(notebook: Path) -> None:
 
 
 def _record(job: _Job, profile: str) -> dict:
+    """run.json's start, with the machine it runs on (`devices.cpu_features`: CPU model, ISA flags, torch's and
+    oneDNN's kernel choice), so that two builds are compared like with like."""
     return {"name": job.name, "profile": profile, "parameters": job.parameters, "overrides": job.overrides,
-            "status": "ok", "error": None, "kept_previous": False, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "status": "ok", "error": None, "kept_previous": False, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "machine": cpu_features()}
 
 
-def _run_one(job: _Job, profile: str, folder: Path, out: Path, root: Path) -> dict:
+def _run_one(job: _Job, profile: str, folder: Path, out: Path, root: Path, tell=None) -> dict:
+    """Run one notebook into its report folder; `tell(name, section, cell)`, when given, hears of each code cell
+    as it starts (`progress.CellHooks`)."""
     import papermill
 
     name = job.name
@@ -143,6 +152,7 @@ def _run_one(job: _Job, profile: str, folder: Path, out: Path, root: Path) -> di
                 parameters={**job.parameters, "interactive": False, "output_dir": str(staging.resolve())},
                 kernel_name=KERNEL_NAME, cwd=str(folder), progress_bar=False,
                 extra_arguments=[*KERNEL_QUIET, f"--IPKernelApp.exec_lines={_warm_start(name)}"],
+                **(CellHooks(name, tell).engine_kwargs() if tell is not None else {}),
             )
         except Exception as exc:  # a failing notebook (or a full disk) is recorded and the build goes on
             record["status"] = "failed"
@@ -207,17 +217,20 @@ def _store(record: dict, staging: Path, out: Path, root: Path) -> None:
             f"could not write the report: {problem}")
 
 
-def _run_in_worker(job: _Job, *, profile: str, folder: Path, out: Path, root: Path) -> dict:
-    """One notebook as a Dask task: the serial build's `_run_one`, inside the worker process."""
+def _run_in_worker(job: _Job, *, profile: str, folder: Path, out: Path, root: Path, live: bool = False) -> dict:
+    """One notebook as a Dask task: the serial build's `_run_one`, inside the worker process; `live`: its cells
+    are told to the build's process as Dask events (`progress`)."""
     _add_kernel_path()
-    return _run_one(job, profile, folder, out, root)
+    if live:
+        tell_driver(job.name)
+    return _run_one(job, profile, folder, out, root, tell=tell_driver if live else None)
 
 
 def _record_lost(job: _Job, error: str, started: str, seconds: float, pid: int | None = None, *, profile: str,
                  out: Path, root: Path) -> dict:
     """A notebook whose worker died: recorded failed like a notebook that raised, the last good report kept."""
     record = {**_record(job, profile), "status": "failed", "error": error, "started": started,
-              "seconds": seconds}
+              "seconds": seconds, "machine": None}  # the worker's, not known here
     staging = out / temp_name("staging", job.name)
     try:
         staging.mkdir(parents=True)
@@ -357,8 +370,15 @@ def build_reports(
             return record
 
         if workers is None and scheduler is None:
-            records = [indexed(_run_one(job, profile, folder, out, root))
-                       for job in tqdm(jobs, desc=f"reports ({profile})", disable=not progress)]
+            records = []
+            with tqdm(total=len(jobs), desc=f"reports ({profile})", disable=not progress) as bar, \
+                    Progress(bar) as live:
+                for job in jobs:
+                    live.tell(job.name)
+                    record = _run_one(job, profile, folder, out, root, tell=live.tell if live.on else None)
+                    live.done(job.name)
+                    bar.update(1)
+                    records.append(indexed(record))
         else:
             records = _build_on_cluster(jobs, profile, folder, out, root, workers=workers, scheduler=scheduler,
                                         done=indexed, bar=functools.partial(tqdm, total=len(jobs),
@@ -373,10 +393,19 @@ def _build_on_cluster(jobs, profile, folder, out, root, *, workers, scheduler, d
 
     # workers elsewhere (and local ones, whose current folder is their own) need absolute paths
     folder, out, root = folder.resolve(), out.resolve(), root.resolve()
-    with connect(workers=workers, scheduler=scheduler) as (client, gpu_limit, cuda_here), bar() as progress:
-        return run_on_cluster(
-            client, jobs, functools.partial(_run_in_worker, profile=profile, folder=folder, out=out, root=root),
-            lost=functools.partial(_record_lost, profile=profile, out=out, root=root), done=done,
-            gpu=lambda job: is_gpu_notebook(job.parameters, profile, cuda_here=cuda_here), gpu_limit=gpu_limit,
-            progress=progress,
-        )
+    with connect(workers=workers, scheduler=scheduler) as (client, gpu_limit, cuda_here), bar() as progress, \
+            Progress(progress) as live:
+        if live.on:  # the workers tell their notebooks' cells as events (`tell_driver`)
+            client.subscribe_topic(PROGRESS_TOPIC, live.event)
+        try:
+            return run_on_cluster(
+                client, jobs, functools.partial(_run_in_worker, profile=profile, folder=folder, out=out, root=root,
+                                                live=live.on),
+                lost=functools.partial(_record_lost, profile=profile, out=out, root=root),
+                done=lambda record: (live.done(record["name"]), done(record))[1],
+                gpu=lambda job: is_gpu_notebook(job.parameters, profile, cuda_here=cuda_here), gpu_limit=gpu_limit,
+                progress=progress,
+            )
+        finally:
+            if live.on:
+                client.unsubscribe_topic(PROGRESS_TOPIC)
