@@ -12,10 +12,7 @@ from workbench.calcgraph.zoo import HELD_OUT_BATCHES, ZOO, accuracy_table, measu
 
 SMALL, LARGE = HELD_OUT_BATCHES[:2], HELD_OUT_BATCHES[2:]
 # (case, batch): measured error and why, for a case that misses (xfail strict)
-MISSES: dict[tuple[str, int], str] = {
-    ("lstm", 3): "-2.1%: oneDNN's LSTM workspaces at batch 3 are 90,112 bytes, one 4 KiB page above the line "
-                 "through batches 2 and 4 (86,016), its scratch 2 KiB above; the default margin (2.8%) covers it",
-}
+MISSES: dict[tuple[str, int], str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +63,18 @@ def test_calibrated_plan_within_five_percent_of_the_allocator(graphs, name, batc
     assert batch_size not in graph.calibrated_batches  # held out
     real = measure_case(case, batch_size).peak_bytes
     error = (graph.required_bytes(batch_size) - real) / real
-    assert -0.02 <= error <= 0.05, f"{name} at batch {batch_size}: {error:+.2%} against the allocator"
+    # NOTE: never under by more than 2%; not over by more than 5% but for what the alignment envelope adds
+    # (`CompiledGraph.envelope_bytes`): at a batch that is not a power of two the plan takes the most that its runs
+    # at that octave's worst alignment showed. It is 0 where kernels take the same at every alignment (every case
+    # on an AMD Zen 4); on AMX (Intel) oneDNN's bf16 matmul pads odd batches, and an even batch may not pad.
+    line = (graph.required_bytes(batch_size, envelope=False) - real) / real
+    assert error >= -0.02 and line <= 0.05, (f"{name} at batch {batch_size}: {error:+.2%} against the allocator "
+                                             f"({line:+.2%} without the alignment envelope)")
 
 
 def test_accuracy_table_reports_both_plans_and_which_batches_are_held_out(one_thread_module):
     table = accuracy_table(["batchnorm 1d", "sgd momentum"], (1, 3, 8))
-    assert list(table.columns) == ["model", "batch_size", "predicted", "allocator", "reserved", "error",
+    assert list(table.columns) == ["model", "batch_size", "predicted", "allocator", "reserved", "error", "envelope",
                                    "uncalibrated_predicted", "uncalibrated_error", "margin", "held_out",
                                    "calibrated_at", "refused"]
     assert len(table) == 6

@@ -198,7 +198,7 @@ class Advice:
                   "recalibrated": False, "choice_after": row["config"]}
         if abs(error) > self.margin and self.device.type in ("cpu", "cuda") and not self._plans.no_allocator_events:
             graph = self._by_name[row["config"]].graph
-            graph.calibrate(sizes=(1, 2, 4, 8), check=(16,), refine=1)
+            graph.calibrate(sizes=(1, 2, 4, 8, 17), check=(16, 33), refine=1)  # 17, 33: see Calibration
             self._plans.forget_peaks()
             # the candidates that share this plan run the same program: recalibrated with it (its own real steps
             # replace the calibration carried over from its precision's plain program)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from workbench.calcgraph import CompiledGraph
-from workbench.calcgraph.calibrate import NoAllocatorEvents
+from workbench.calcgraph.calibrate import NoAllocatorEvents, unaligned_probe
 
 from .configs import Config, training_setup
 from .workload import Workload
@@ -174,6 +174,10 @@ class Plans:
         # and a model with BatchNorm refuses it after both): calibrated only for a user's batch of 1
         check = (min(16, batch_size),) if batch_size > 8 else ()
         sizes = (1, 2, 4) if batch_size == 1 else (2, 4, 8)
+        # a batch that is not a power of two is planned with what kernels take at such batches (issue 48: oneDNN's
+        # AMX matmul pads odd batches); one past the power of two below it is the run that bounds its octave
+        probe = unaligned_probe(batch_size)
+        sizes += (probe,) if probe is not None and probe not in sizes + check else ()
         try:
             calibrated = copy.copy(graph).calibrate(sizes=sizes, check=check, refine=1)
         except NoAllocatorEvents as error:  # see plan_training: said, and the plans stay uncalibrated

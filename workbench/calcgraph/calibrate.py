@@ -81,6 +81,46 @@ def _steps(trace: _Trace) -> tuple[int, int, list[str], tuple]:
     return first_alloc, first_call, ops, allocs
 
 
+def is_aligned(batch_size: int | np.ndarray) -> bool | np.ndarray:
+    """True for a power of two: the batches whose kernels run whole tiles (see `Calibration`)."""
+    b = np.asarray(batch_size, dtype=np.int64)
+    out = (b > 0) & ((b & (b - 1)) == 0)
+    return bool(out) if out.ndim == 0 else out
+
+
+def unaligned_probe(batch_size: int) -> int | None:
+    """The batch one past the power of two below `batch_size` (where a kernel's tiles pad most in its octave), None
+    for a power of two: the real run that bounds `batch_size`'s envelope (`Calibration`)."""
+    if is_aligned(batch_size):
+        return None
+    return 2 ** int(_octave(batch_size)) + 1
+
+
+def _piecewise(sizes: np.ndarray, values: np.ndarray, batch_size: int, steps: bool) -> np.ndarray:
+    """`values` (one row per size) at `batch_size`: linear between two neighbouring sizes and beyond the first and
+    last two; with `steps`, a column that steps between two sizes (its slope there more than twice or less than
+    half the slopes on both sides, or of the other sign) takes the larger of the two sizes' values there."""
+    if len(sizes) == 1:
+        return values[0]
+    i = int(np.clip(np.searchsorted(sizes, batch_size) - 1, 0, len(sizes) - 2))
+    s0, s1 = sizes[i], sizes[i + 1]
+    line = values[i] + (values[i + 1] - values[i]) * (batch_size - s0) / (s1 - s0)
+    if not steps or not s0 < batch_size < s1:
+        return line
+    slopes = np.diff(values, axis=0) / np.diff(sizes)[:, None]
+    here = slopes[i]
+    # a neighbouring interval's slope within a factor of 2 of this one's: the values follow a line here
+    agree = [np.abs(slopes[j] - here) <= 0.5 * np.maximum(np.abs(slopes[j]), np.abs(here))
+             for j in (i - 1, i + 1) if 0 <= j < len(slopes)]
+    follows = np.logical_or.reduce(agree) if agree else np.ones_like(here, dtype=bool)
+    return np.where(follows, line, np.maximum(values[i], values[i + 1]))
+
+
+def _octave(batch_size: int | np.ndarray) -> np.ndarray:
+    """k for a batch in (2**k, 2**(k + 1)]."""
+    return np.ceil(np.log2(np.asarray(batch_size, dtype=np.float64))).astype(np.int64) - 1
+
+
 @dataclass
 class Calibration:
     """The calibrated plan: each allocation's bytes and each op call's scratch at the real runs' batch `sizes`
@@ -90,11 +130,24 @@ class Calibration:
     twice or less than half the slopes on both sides (or of the other sign), the larger of the two sizes'
     values.
 
+    Where real runs were taken both at powers of two (aligned: >= 2 of them) and at other batches (unaligned), the
+    line runs through the aligned ones, and at any batch b that is not a power of two each allocation and call adds
+    the most that the unaligned runs of b's octave (2**k < b < 2**(k + 1)) showed beyond that line, or those of the
+    nearest octave below (else above) that has any: an envelope over every alignment seen. Run at one past a power
+    of two, the batch that pads most for every tile size up to that power, each run bounds its octave.
+
     # NOTE: piecewise rather than one line: oneDNN rounds its buffers (the LSTM workspace is 28 KiB
     # per example at batches 2-4 and 24 KiB from 16 on), so a line through two small batches
     # over-predicts large ones by 12%; a line through the two largest sizes extrapolates. Scratch can step:
     # oneDNN's bf16 matrix multiply takes none at batches 1-2, 17,536 bytes at 3-32 and 25,728 from 40 on,
     # so a line from 2 to 4 missed batch 3 by -22% of the step's model and a line from 32 to 64 missed 48.
+    # NOTE: the envelope, because scratch can depend on how the batch aligns with a kernel's tiles: oneDNN's bf16
+    # matrix multiply on AMX (Intel Sapphire Rapids, issue 48) took about 8 KB more at odd batches below 32 and
+    # 18 KB more at every batch from 33 to 63 than at 32 or 64, so a plan fitted at powers of two alone was 15-40%
+    # under at odd batches and `max_batch_size` overran its budget by up to 37%. On AMD Zen 4 the same kernel pads
+    # batches above 32 to a multiple of 32 rows (258 bytes a missing row: +8 KB at 33, +4 KB at 49, 0 at 64), so a
+    # line through the unaligned runs (17, 49) was -6% at 33: the excess is bounded per octave, not interpolated.
+    # Which other batches a kernel tiles whole is not known without running them: only powers of two take the line.
     """
 
     sizes: np.ndarray
@@ -106,29 +159,29 @@ class Calibration:
     # one (the kernel's own; the rest is the real runs' allocations the plan lacks or has alone, placed in order)
     resized: np.ndarray
 
-    def _at(self, values: np.ndarray, batch_size: int, *, steps: bool = False) -> np.ndarray:
-        if len(self.sizes) == 1:  # a plan of one batch size
-            return values[0]
-        i = int(np.clip(np.searchsorted(self.sizes, batch_size) - 1, 0, len(self.sizes) - 2))
-        s0, s1 = self.sizes[i], self.sizes[i + 1]
-        line = values[i] + (values[i + 1] - values[i]) * (batch_size - s0) / (s1 - s0)
-        if not steps or not s0 < batch_size < s1:
+    def _at(self, values: np.ndarray, batch_size: int, *, steps: bool = False, envelope: bool = True) -> np.ndarray:
+        aligned = is_aligned(self.sizes)
+        if aligned.sum() < 2 or aligned.all():  # one kind of batch measured: one line through all
+            return _piecewise(self.sizes, values, batch_size, steps)
+        at, off = self.sizes[aligned], self.sizes[~aligned]
+        line = _piecewise(at, values[aligned], batch_size, steps)
+        if not envelope or is_aligned(batch_size):
             return line
-        slopes = np.diff(values, axis=0) / np.diff(self.sizes)[:, None]
-        here = slopes[i]
-        # a neighbouring interval's slope within a factor of 2 of this one's: the values follow a line here
-        agree = [np.abs(slopes[j] - here) <= 0.5 * np.maximum(np.abs(slopes[j]), np.abs(here))
-                 for j in (i - 1, i + 1) if 0 <= j < len(slopes)]
-        follows = np.logical_or.reduce(agree) if agree else np.ones_like(here, dtype=bool)
-        return np.where(follows, line, np.maximum(values[i], values[i + 1]))
+        octaves, here = _octave(off), int(_octave(batch_size))
+        below = octaves[octaves <= here]
+        nearest = below.max() if len(below) else octaves.min()  # else the nearest octave above
+        excess = [values[~aligned][k] - _piecewise(at, values[aligned], int(s), steps)
+                  for k, s in enumerate(off) if octaves[k] == nearest]
+        return line + np.maximum(0, np.max(excess, axis=0))
 
-    def allocations(self, batch_size: int) -> np.ndarray:
-        """Bytes of each planned allocation at `batch_size`."""
-        return np.maximum(0, np.rint(self._at(self.bytes_at, batch_size))).astype(np.int64)
+    def allocations(self, batch_size: int, *, envelope: bool = True) -> np.ndarray:
+        """Bytes of each planned allocation at `batch_size` (`envelope=False`: on the aligned runs' line alone)."""
+        return np.maximum(0, np.rint(self._at(self.bytes_at, batch_size, envelope=envelope))).astype(np.int64)
 
-    def scratch(self, batch_size: int) -> np.ndarray:
-        """Scratch bytes of each planned op call at `batch_size`."""
-        return np.maximum(0, np.rint(self._at(self.scratch_at, batch_size, steps=True))).astype(np.int64)
+    def scratch(self, batch_size: int, *, envelope: bool = True) -> np.ndarray:
+        """Scratch bytes of each planned op call at `batch_size` (`envelope=False`: the aligned runs' line alone)."""
+        values = self._at(self.scratch_at, batch_size, steps=True, envelope=envelope)
+        return np.maximum(0, np.rint(values)).astype(np.int64)
 
 
 def _align(planned: Sequence[str], real: Sequence[str], *, window: int = 256, anchor: int = 4

@@ -35,7 +35,8 @@ __all__ = ["HELD_OUT_BATCHES", "ZOO", "ZooCase", "accuracy_table", "measure_case
 # check that misses), so that the table judges the calibrated plan where it predicts rather than where it
 # was fitted
 HELD_OUT_BATCHES = (3, 12, 40, 160)
-ACCURACY_COLUMNS = ["model", "batch_size", "predicted", "allocator", "reserved", "error", "uncalibrated_predicted",
+ACCURACY_COLUMNS = ["model", "batch_size", "predicted", "allocator", "reserved", "error", "envelope",
+                    "uncalibrated_predicted",
                     "uncalibrated_error", "margin", "held_out", "calibrated_at", "refused"]
 
 
@@ -232,6 +233,7 @@ def accuracy_table(
     predicted peak against `AllocatorMeter` over a real run of the same training program there.
 
     Rows: model, batch_size, predicted, allocator (bytes), error = (predicted - allocator) / allocator,
+    envelope (bytes of the prediction that cover alignments not run at this batch: `CompiledGraph.envelope_bytes`),
     uncalibrated_predicted and uncalibrated_error (the fake-tensor plan alone), margin (the default
     margin `max_batch_size` would use), held_out (calibration neither ran nor checked that batch: only
     there does the error judge a prediction) and calibrated_at (the batches it ran). A plan that is not
@@ -278,7 +280,8 @@ def _case_rows(name: str, case: ZooCase, batch_sizes: Sequence[int], calibrate: 
         predicted = graph.required_bytes(b)
         rows.append({"model": name, "batch_size": b, "predicted": predicted, "allocator": real,
                      "reserved": float("nan") if reserved is None else reserved,
-                     "error": (predicted - real) / real, "uncalibrated_predicted": plain,
+                     "error": (predicted - real) / real, "envelope": graph.envelope_bytes(b),
+                     "uncalibrated_predicted": plain,
                      "uncalibrated_error": (plain - real) / real, "margin": graph.default_margin,
                      "held_out": b not in seen, "calibrated_at": ", ".join(map(str, seen))})
     return rows

@@ -1,0 +1,47 @@
+"""The dichotomic search of CalcGraph's Algorithm 1 ("CalcGraph: taming the high costs of deep learning using
+models (2022)", Section 4.3): the largest batch (or number of models) whose predicted memory fits a budget."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["search_max"]
+
+
+def search_max(fits: Callable[[int], bool], first_guess: int, *, limit: int = 2**24) -> tuple[int, int]:
+    """Largest n >= 1 with `fits(n)` (monotone), by the dichotomic search of Algorithm 1.
+
+    Start from the linear guess, step up (doubling) while it fits and down (halving) while it
+    does not, then bisect until n fits and n + 1 does not. Returns (n, evaluations); n = 0 when
+    1 does not fit. # NOTE: the paper steps by +-1 from the linear guess; doubling and bisection
+    reach the same fixed point in O(log n) evaluations of the plan.
+    """
+    calls = 0
+
+    def test(n: int) -> bool:
+        nonlocal calls
+        calls += 1
+        return fits(n)
+
+    if not test(1):
+        return 0, calls
+    n = min(max(1, int(first_guess)), limit)
+    if test(n):
+        lo, hi = n, None
+        while hi is None and lo < limit:
+            nxt = min(lo * 2, limit)
+            if test(nxt):
+                lo = nxt
+            else:
+                hi = nxt
+        if hi is None:
+            return lo, calls
+    else:
+        hi, lo = n, 1
+        while lo * 2 < hi and not test(hi // 2):
+            hi //= 2
+        lo = max(1, hi // 2)
+    while hi - lo > 1:  # lo fits, hi does not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if test(mid) else (lo, mid)
+    return lo, calls
