@@ -5,7 +5,9 @@ stochastic rounding bf16+7, bf16+15, fp16+7; bf16+0 and fp16+0 with no plane), f
 truncated and stochastic master rounding, AdamW, Adam and SGD, on ordinary values, special values
 (zeros, subnormals, infinities, NaNs, the largest finite values, rounding ties) and random bit patterns,
 over one and two threads; and the fallback when the kernel cannot be built. The kernel is built once into
-torch's extension cache (first run: seconds; later sessions load it).
+torch's extension cache (first run: seconds; later sessions load it). Each build variant (``cpu_variants``: every
+ISA build, and a prefetch and division other than the default) is checked the same way against the eager step:
+its first build takes 20-60 s, once per machine (the cache keeps it).
 """
 
 import pytest
@@ -15,6 +17,7 @@ from kernel_cases import (BF16, FORMATS, KEY, MATHS, NO_PLANES, assert_same_bits
                           widened_apart)
 
 from workbench.optim import cpu_kernel
+from workbench.optim.cpu_variants import ENV_VARIANT, default_variant, parse_variant, unusable_reason
 from workbench.optim.formats import storage_bits
 from workbench.optim.kernel_args import GradSegments
 from workbench.optim.rng import shift_key
@@ -158,7 +161,9 @@ def test_updates_the_kernel_does_not_take_are_named():
 
 
 def _fresh_state(monkeypatch):
-    monkeypatch.setattr(cpu_kernel, "_STATE", {"tried": False, "ok": False, "error": None})
+    monkeypatch.setattr(cpu_kernel, "_STATE", {"tried": False, "ok": False, "error": None, "variant": None,
+                                               "source": None, "op": None})
+    monkeypatch.setattr(cpu_kernel, "_LOADED", {})
 
 
 def test_a_failed_build_warns_and_falls_back(monkeypatch, tmp_path):
@@ -215,29 +220,115 @@ def test_kernel_update_runs_the_kernel_when_it_can(kernel, one_thread):
     assert_same_bits([a[0], *a[1], *a[2]], [b[0], *b[1], *b[2]])
 
 
-def test_the_build_is_named_by_its_sources_and_a_stale_lock_is_taken_away(tmp_path, monkeypatch):
+def test_the_build_is_named_by_its_variant_and_sources_and_a_stale_lock_is_taken_away(tmp_path, monkeypatch):
     """Two checkouts with different kernels never share a build folder (each would rebuild the other's
-    library, and a process could load the other's schema); a lock left by a killed build is removed,
-    since torch waits on it forever, while a fresh lock (a build under way) is left alone."""
+    library, and a process could load the other's schema), nor do two variants; a lock left by a killed build
+    is removed, since torch waits on it forever, while a fresh lock (a build under way) is left alone."""
     import os
     import time
 
     from torch.utils import cpp_extension
 
-    from workbench.optim import cpu_kernel
-
-    name = cpu_kernel.extension_name("AVX512")
-    assert name.startswith("workbench_packed_step_avx512_") and len(name.rsplit("_", 1)[1]) == 10
-    assert name != cpu_kernel.extension_name("AVX2") and name == cpu_kernel.extension_name("AVX512")
+    name = cpu_kernel.extension_name("avx512")
+    assert name.startswith("workbench_packed_step_avx512_pf32nta_fma_") and len(name.rsplit("_", 1)[1]) == 10
+    assert name != cpu_kernel.extension_name("avx2") and name == cpu_kernel.extension_name("avx512")
+    assert name != cpu_kernel.extension_name("avx512-pf0") != cpu_kernel.extension_name("avx512-div")
+    assert cpu_kernel.extension_name() == cpu_kernel.extension_name(default_variant())
+    monkeypatch.delenv(ENV_VARIANT, raising=False)
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setattr(cpp_extension, "load", lambda **kw: None)
     monkeypatch.setattr(torch.library, "register_fake", lambda name: (lambda fn: fn))
+    monkeypatch.setattr(torch, "ops", type("Ops", (), {"__getattr__": lambda self, ns: _FakeNamespace()})())
     lock = tmp_path / cpu_kernel.extension_name() / "lock"
     lock.parent.mkdir()
     lock.touch()
+    _fresh_state(monkeypatch)
     cpu_kernel._build()
     assert lock.exists()  # fresh: another process may be compiling
     old = time.time() - cpu_kernel.STALE_LOCK_S - 60
     os.utime(lock, (old, old))
+    _fresh_state(monkeypatch)
     cpu_kernel._build()
     assert not lock.exists()
+
+
+class _FakeNamespace:
+    step = type("Step", (), {"default": None})
+
+
+# ------------------------------------------------------------------------------------------ build variants
+# every vector ISA build (the default is AVX512 with VBMI and BF16 where the CPU has them), and a prefetch and a
+# division other than the default (the prefetch hint changes no bits; pf0 drops the prefetch code entirely); the
+# generic build in a process whose ATen runs its scalar kernels (test_the_generic_build_...)
+VARIANTS = ["default", "avx512", "avx2", "default-pf0-div"]
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def variant_kernel(request):
+    """Each variant built (or loaded from torch's extension cache) once per session, and made the one the kernel
+    runs for the module's tests that take this fixture; the build selected before comes back afterwards."""
+    if not cpu_kernel.available():
+        pytest.skip(f"the C++ kernel could not be built here: {cpu_kernel._STATE['error']}")
+    variant = parse_variant(request.param)
+    if reason := unusable_reason(variant):
+        pytest.skip(reason)
+    before = cpu_kernel.use_variant(variant)
+    yield variant
+    cpu_kernel.use_variant(before)
+
+
+def test_each_build_variant_equals_the_eager_step(variant_kernel, one_thread):
+    assert cpu_kernel.variant() == variant_kernel.name
+    for fmt in FORMATS + NO_PLANES:
+        for state_dtype in (torch.float32, BF16):
+            for master_rounding in ("truncate", "stochastic"):
+                for math_fn, options in MATHS:
+                    _compare(4133, fmt, state_dtype, master_rounding, math_fn, options)
+                for math_fn, options in MATHS[:3]:
+                    _compare(2053, fmt, state_dtype, master_rounding, math_fn, options, steps=1, garbage=True,
+                             seed=1)
+
+
+def test_each_build_variant_splits_over_two_threads_as_the_eager_step(variant_kernel):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _compare(70001, (BF16, 8, False), torch.float32, "truncate", adam_math, {"decoupled": True}, steps=1)
+        _compare(70001, (BF16, 16, False), BF16, "stochastic", adam_math, {"decoupled": True}, steps=1)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_generic_build_equals_the_eager_step_of_atens_scalar_kernels():
+    """The generic build (the fallback of a CPU without AVX2) against the eager step where ATen runs its scalar
+    kernels as such a CPU's does: this file's option and bit-pattern tests in a process started with
+    ATEN_CPU_CAPABILITY=default, where the generic build is the default one (with bf16 moments ATen's scalar and
+    vector kernels round differently, so it cannot be compared in this process)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this process runs ATen's scalar kernels: the tests above checked the generic build")
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_VARIANT, "WORKBENCH_CPU_KERNEL")}
+    env.update(ATEN_CPU_CAPABILITY="default", **{ENV_VARIANT: "generic"})
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__)),
+                           "-k", "every_option or random_bit_patterns or two_threads_and_chunk"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "skipped" not in done.stdout.splitlines()[-1], done.stdout[-2000:]
+
+
+def test_a_forced_variant_is_the_one_built(monkeypatch):
+    monkeypatch.setenv(ENV_VARIANT, "avx2-pf0")
+    _fresh_state(monkeypatch)
+    built = []
+    monkeypatch.setattr(cpu_kernel, "load_variant", lambda v: built.append(v.name) or (lambda *a: None))
+    assert cpu_kernel.available() and built == ["avx2-pf0-fma"] and cpu_kernel.variant() == "avx2-pf0-fma"
+    assert cpu_kernel._STATE["source"] == "env"
+    monkeypatch.setenv(ENV_VARIANT, "avx512+nope")
+    _fresh_state(monkeypatch)
+    with pytest.raises(ValueError, match="avx512\\+nope"):
+        cpu_kernel.available()

@@ -9,12 +9,19 @@ formats (8 or 16 stored bits: bf16+8, bf16+16, fp16+8, and bf16+7 / bf16+15 / fp
 rounding; and bf16+0 / fp16+0, no stored bits), Adam(W) or SGD, fp32 or bf16 states, truncated or
 stochastic master rounding, in one vectorised loop (``at::vec::Vectorized``, AVX512 or AVX2) split over threads with
 ``at::parallel_for``, each stream prefetched ahead; on AVX512 CPUs that have them, byte permutes (VBMI)
-assemble and split the bf16 master values and vcvtneps2bf16 (BF16) stores bf16 moments (:func:`build_flags`).
+assemble and split the bf16 master values and vcvtneps2bf16 (BF16) stores bf16 moments.
 It gives the eager step's bits: the same operations in the same order, each rounded once, ATen's rules
 for which NaN an operation returns, and the random bits of ``rng.hash_noise`` computed per element from
-(key, index). Tested over ordinary values, special values and random bit patterns
-(``tests/optim/test_cpu_kernel.py``); the AVX512 build without VBMI and BF16, and the AVX2 and generic
-builds were checked the same way (``build_flags`` given no CPU flags, ``ATEN_CPU_CAPABILITY=avx2`` / ``default``).
+(key, index). Tested over ordinary values, special values and random bit patterns, for each build variant
+(``tests/optim/test_cpu_kernel.py``).
+
+Build variants (``workbench.optim.cpu_variants``): the ISA (AVX512 with or without the VBMI/BF16 extras, AVX2,
+generic), the prefetch distance and hint, the division form, each a set of preprocessor defines and its own build
+name. Which is fastest differs by CPU, so the one loaded is, in order: ``WORKBENCH_CPU_KERNEL_VARIANT`` (a variant
+name such as ``avx2`` or ``avx512+vbmi+bf16-pf0-div``), else the choice a tuning run measured on this CPU model
+and kept beside the builds (``python -m workbench.optim.tune_cpu_kernel``: every variant against torch's fused
+AdamW at 1 and 2 threads, a few minutes), else today's build (:func:`cpu_variants.default_variant`); the first
+use never tunes.
 
 It is compiled with ``torch.utils.cpp_extension.load`` on the first call of :func:`available` into
 torch's extension cache (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), where
@@ -25,8 +32,6 @@ returns False, and :func:`kernel_update` runs its fallback (the ``torch.compile`
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
 import time
 import warnings
@@ -36,12 +41,15 @@ from typing import Any
 
 import torch
 
+from workbench.optim import cpu_variants
+from workbench.optim.cpu_variants import (ENV_VARIANT, Variant, default_variant, load_choice, parse_variant,
+                                         unusable_reason)
 from workbench.optim.formats import storage_bits
 from workbench.optim.kernel_args import GradSegments, as_flat, flat_args_reason, planes_of
 from workbench.optim.update import adam_math, chunked_update, sgd_math
 
-__all__ = ["available", "build_flags", "extension_name", "kernel_update", "packed_update_cpu", "supports",
-           "unsupported_reason"]
+__all__ = ["available", "build_flags", "extension_name", "kernel_update", "load_variant", "packed_update_cpu",
+           "selected_variant", "supports", "unsupported_reason", "use_variant", "variant"]
 
 # NOTE: hand-written because the torch.compile'd step (inductor's C++ backend) measured 0.43-0.56x
 # of torch.optim.AdamW(fused=True) at 1 thread and 0.67-0.85x at 2 (issue 21; 0.15-0.45x in
@@ -51,51 +59,24 @@ __all__ = ["available", "build_flags", "extension_name", "kernel_update", "packe
 # per step in one loop, and the division by sqrt(1 - beta2**t) leaves the divider (see packed_vec.h).
 SOURCE = Path(__file__).resolve().parent / "csrc" / "packed_step.cpp"  # includes packed_vec.h, packed_io.h
 
-# NOTE: the vector width is chosen as ATen's own kernels choose theirs (torch's CPU capability), with
-# inductor's flags for that ISA. -ffp-contract=off: no fused multiply-add, so each multiply and add
-# rounds once, as the eager step's separate torch ops do.
-_ARCH_FLAGS = {
-    "AVX512": ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma", "-mf16c"],
-    "AVX2": ["-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
-}
-
-# (/proc/cpuinfo flag, compiler flag): AVX512 extensions the kernel uses where the CPU has them
-_AVX512_EXTRAS = (("avx512vbmi", "-mavx512vbmi"), ("avx512_bf16", "-mavx512bf16"))
-
-_STATE: dict[str, Any] = {"tried": False, "ok": False, "error": None}
+_STATE: dict[str, Any] = {"tried": False, "ok": False, "error": None, "variant": None, "source": None, "op": None}
+_LOADED: dict[str, Any] = {}  # variant name -> its step op, for each build loaded in this process
+_FAKES: set[str] = set()  # the op namespaces given a fake kernel (once per process: a second one is an error)
 # the options each algorithm's kernel reads; _OFF_ONLY ones are taken only when off
 _OPTIONS = {adam_math: {"decoupled"}, sgd_math: {"momentum", "nesterov", "first"}}
 _OFF_ONLY = {"maximize", "amsgrad"}
 
 
-def _capability() -> str:
-    cap = torch.backends.cpu.get_cpu_capability()
-    return cap if cap in _ARCH_FLAGS else "DEFAULT"
+def _variant_of(variant: Variant | str | None) -> Variant:
+    if variant is None:
+        return default_variant()
+    return variant if isinstance(variant, Variant) else parse_variant(variant)
 
 
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    flags = next((line.split(":", 1)[1] for line in text.splitlines() if line.startswith("flags")), "")
-    return frozenset(flags.split())
-
-
-def build_flags(capability: str | None = None, cpu_flags: frozenset[str] | None = None) -> list[str]:
-    """The C++ flags of the kernel for a CPU capability ("AVX512", "AVX2", else generic code); with AVX512,
-    ``-mavx512vbmi`` and ``-mavx512bf16`` where the CPU (``cpu_flags``, by default this machine's) has the byte
-    permutes and the bf16 conversion (csrc/packed_io.h and packed_vec.h use them)."""
-    cap = _capability() if capability is None else capability
-    flags = ["-O3", "-fopenmp", "-ffp-contract=off", *_ARCH_FLAGS.get(cap, [])]
-    # NOTE: the build runs on the machine that loads it, and the flags are part of the build's name
-    # (extension_name), so a build with these extensions is never loaded by a CPU without them.
-    have = _cpu_flags() if cpu_flags is None else cpu_flags
-    if cap == "AVX512":
-        flags += [flag for cpu, flag in _AVX512_EXTRAS if cpu in have]
-    return flags
+def build_flags(variant: Variant | str | None = None) -> list[str]:
+    """The C++ flags of a variant's build (by default :func:`cpu_variants.default_variant`, today's build: torch's
+    CPU capability, on AVX512 with ``-mavx512vbmi`` and ``-mavx512bf16`` where the CPU has them)."""
+    return cpu_variants.build_flags(_variant_of(variant))
 
 
 # NOTE: a build killed midway leaves torch's `lock` file in the build folder, and torch then waits on it
@@ -103,32 +84,76 @@ def build_flags(capability: str | None = None, cpu_flags: frozenset[str] | None 
 STALE_LOCK_S = 600.0
 
 
-def extension_name(capability: str | None = None) -> str:
-    """The build's name in torch's extension cache: the CPU capability and a digest of the sources and
-    flags, so two checkouts with different kernels never share (and keep rebuilding) one build folder."""
-    cap = _capability() if capability is None else capability
-    digest = hashlib.sha256()
-    for path in sorted(SOURCE.parent.glob("packed_*")):  # packed_step.cpp and the header it includes
-        digest.update(path.read_bytes())
-    digest.update(" ".join(build_flags(cap)).encode())
-    return f"workbench_packed_step_{cap.lower()}_{digest.hexdigest()[:10]}"
+def extension_name(variant: Variant | str | None = None) -> str:
+    """The build's name in torch's extension cache and its op namespace: the variant (by default today's) and a
+    digest of the sources and flags, so two checkouts with different kernels never share one build folder."""
+    return cpu_variants.extension_name(_variant_of(variant))
 
 
-def _build() -> None:
-    """Compile (or find in torch's extension cache) and load the kernel's shared library."""
+def selected_variant() -> tuple[Variant, str]:
+    """The variant :func:`available` builds, and why: ``WORKBENCH_CPU_KERNEL_VARIANT`` (``"env"``), else the
+    choice a tuning run kept for this CPU and these sources (``"measured"``), else ``"default"``. Raises
+    ValueError for a variable naming no variant or one this CPU cannot run."""
+    text = os.environ.get(ENV_VARIANT, "").strip()
+    if text:
+        variant = parse_variant(text)
+        if reason := unusable_reason(variant):
+            raise ValueError(f"{ENV_VARIANT}={text!r}: {reason}; e.g. {default_variant().name}")
+        return variant, "env"
+    record = load_choice()
+    if record is not None:
+        variant = parse_variant(record["chosen"])
+        if unusable_reason(variant) is None:
+            return variant, "measured"
+    return default_variant(), "default"
+
+
+def load_variant(variant: Variant | str) -> Callable:
+    """Compile (or find in torch's extension cache) and load a variant's build; returns its step op. Several
+    variants load side by side (each registers its ops under its own build name)."""
     from torch.utils import cpp_extension
 
-    cap = _capability()
-    name = extension_name(cap)
+    variant = _variant_of(variant)
+    if variant.name in _LOADED:
+        return _LOADED[variant.name]
+    if reason := unusable_reason(variant):
+        raise ValueError(reason)
+    name = extension_name(variant)
     lock = Path(cpp_extension._get_build_directory(name, False)) / "lock"
     if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
         lock.unlink(missing_ok=True)
     cpp_extension.load(
-        name=name, sources=[str(SOURCE)], extra_cflags=build_flags(cap),
+        name=name, sources=[str(SOURCE)], extra_cflags=build_flags(variant),
         extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False,
     )
     # under fake tensors (CalcGraph's plan of a step) the in-place update allocates nothing
-    torch.library.register_fake("workbench_packed_cpu::step")(_allocates_nothing)
+    if name not in _FAKES:
+        torch.library.register_fake(f"{name}::step")(_allocates_nothing)
+        _FAKES.add(name)
+    _LOADED[variant.name] = getattr(torch.ops, name).step.default
+    return _LOADED[variant.name]
+
+
+def _build() -> None:
+    """Load the selected variant (:func:`selected_variant`) and make it the one the step runs."""
+    variant, source = selected_variant()
+    _STATE["variant"], _STATE["source"] = variant.name, source
+    _STATE["op"] = load_variant(variant)
+
+
+def use_variant(variant: Variant | str) -> str | None:
+    """Make ``variant`` (built or loaded first) the build every later kernel call runs, in this process; returns
+    the name of the one it replaces. For measuring variants against each other (``tune_cpu_kernel``)."""
+    op = load_variant(variant)
+    before = _STATE["variant"]
+    _STATE.update(tried=True, ok=True, error=None, op=op, variant=_variant_of(variant).name,
+                  source=_STATE["source"] or "use_variant")
+    return before
+
+
+def variant() -> str | None:
+    """The name of the build the kernel runs (None before :func:`available` loaded one, or when none loaded)."""
+    return _STATE["variant"] if _STATE["ok"] else None
 
 
 def _allocates_nothing(*args: Any) -> None:
@@ -138,12 +163,15 @@ def _allocates_nothing(*args: Any) -> None:
 def available() -> bool:
     """True when the kernel is built and loaded; builds it on the first call (seconds, then cached).
 
-    False with a warning (once) when the build fails, e.g. without a C++ compiler; False without one
-    when ``WORKBENCH_CPU_KERNEL=0`` is set.
+    The build is :func:`selected_variant`'s: ``WORKBENCH_CPU_KERNEL_VARIANT``, else the variant a tuning run
+    (``python -m workbench.optim.tune_cpu_kernel``) chose on this CPU, else today's default. False with a
+    warning (once) when the build fails, e.g. without a C++ compiler; False without one when
+    ``WORKBENCH_CPU_KERNEL=0`` is set. A variable naming no variant raises ValueError.
     """
     if os.environ.get("WORKBENCH_CPU_KERNEL", "1") == "0":
         return False
     if not _STATE["tried"]:
+        selected_variant()  # a bad WORKBENCH_CPU_KERNEL_VARIANT is an error, not a silent fallback
         _STATE["tried"] = True
         try:
             _build()
@@ -243,7 +271,7 @@ def _launch(half, grad, extra, states, coef, key, offset: int, kernel_args: tupl
     if key is None and needs_key:
         raise ValueError("stochastic rounding needs a random key")
     grads, offsets = (grad.grads, grad.offsets) if isinstance(grad, GradSegments) else ((grad,), (0,))
-    torch.ops.workbench_packed_cpu.step.default(half, grads, offsets, planes_of(extra, bits), states, coef,
+    _STATE["op"](half, grads, offsets, planes_of(extra, bits), states, coef,
                                                 0 if key is None else int(key), int(offset), *flags)
 
 

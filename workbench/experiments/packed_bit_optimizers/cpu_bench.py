@@ -28,7 +28,6 @@ import argparse
 import functools
 import math
 import os
-import platform
 import statistics
 from collections.abc import Callable, Iterable
 
@@ -36,7 +35,7 @@ import pandas as pd
 import torch
 
 from workbench.measure import time_interleaved
-from workbench.optim import PackedAdamW, cpu_kernel
+from workbench.optim import PackedAdamW, cpu_kernel, cpu_variants
 from workbench.optim.formats import storage_bits
 from workbench.optim.update import adam_math, compiled_update
 
@@ -169,8 +168,9 @@ def _throughput(numel, formats, repeats, compiled, n_tensors, seed, progress) ->
     df["repeats"] = repeats
     df["load_before"] = round(load_before[0], 2)
     df["load_after"] = round(load_after[0], 2)
-    df["cpu"] = platform.processor() or platform.machine()
+    df["cpu"] = cpu_variants.cpu_model()
     df["capability"] = torch.backends.cpu.get_cpu_capability()
+    df["kernel_variant"] = cpu_kernel.variant()
     df["torch"] = torch.__version__
     return df
 
@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     cols = ["threads", "numel", "method", "bytes_per_param", "median_ms", "ratio", "ratio_lo", "ratio_hi",
             "GB_per_s", "bandwidth_fraction", "load_before", "load_after"]
     with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_colwidth", 40):
-        print(f"torch {torch.__version__}, {df['capability'].iloc[0]}, kernel available: {cpu_kernel.available()}")
+        print(f"torch {torch.__version__}, {df['cpu'].iloc[0]}, {df['capability'].iloc[0]}, kernel build: "
+              f"{cpu_kernel.variant() if cpu_kernel.available() else 'not available'}")
         print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if args.csv:
         df.to_csv(args.csv, index=False)

@@ -15,7 +15,10 @@ Re-run the CPU table of issue 34 (4M parameters in 8 tensors, 1 thread) on a qui
     python -m workbench.experiments.packed_bit_optimizers.speed --sizes 4194304 --threads 1 --repeats 15 \
         --no-backward
 
-and the GPU one (1e8 parameters in 64 tensors) with ``--device cuda --sizes 100000000 --tensors 64``.
+and the GPU one (1e8 parameters in 64 tensors) with ``--device cuda --sizes 100000000 --tensors 64``. On a CPU,
+``--variants`` first measures every build variant of the hand-written kernel against torch at ``--threads`` on the
+first size and keeps the fastest for this CPU (``workbench.optim.tune_cpu_kernel``; minutes the first time, for
+the builds), so the table and later processes run it; the table's ``kernel_variant`` column names the build run.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from workbench.measure import calls_for, time_callable, time_interleaved
-from workbench.optim import PackedAdamW, step_in_backward
+from workbench.optim import PackedAdamW, cpu_kernel, cpu_variants, step_in_backward
 
 from .bench import find_row, parse_format
 from .cpu_bench import bytes_per_param
@@ -275,6 +278,8 @@ def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progre
     df["repeats"] = repeats
     df["calls_per_sample"] = calls
     df["load_before"], df["load_after"] = round(load_before, 2), round(os.getloadavg()[0], 2)
+    df["cpu"] = cpu_variants.cpu_model() if device.type == "cpu" else str(device)
+    df["kernel_variant"] = cpu_kernel.variant() if device.type == "cpu" else None
     return df
 
 
@@ -398,8 +403,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--width", type=int, default=1024, help="MLP width of the step-in-backward timing")
     ap.add_argument("--batch", type=int, default=32, help="batch of the step-in-backward timing")
     ap.add_argument("--csv", help="also write the tables to this path (and .backward.csv beside it)")
+    ap.add_argument("--variants", action="store_true", help="CPU: first measure every build variant of the kernel "
+                    "and keep the fastest (workbench.optim.tune_cpu_kernel)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
+    if args.variants and device.type == "cpu":
+        from workbench.optim import tune_cpu_kernel
+
+        tune_cpu_kernel.print_table(*tune_cpu_kernel.tune(threads=args.threads, numel=args.sizes[0],
+                                                          n_tensors=args.tensors, progress=True))
     df = throughput_table(sizes=args.sizes, threads=args.threads, repeats=args.repeats, peers=args.peers,
                           configs=args.configs or DEFAULT_CONFIGS,
                           n_tensors=args.tensors, device=device, compiled_too=args.compiled_too)
@@ -408,7 +420,8 @@ def main(argv: list[str] | None = None) -> None:
             "load_before", "load_after"]
     fmt = lambda v: f"{v:.4g}"  # noqa: E731
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 48):
-        print(f"torch {torch.__version__}, device {device}, in-place update bandwidth (GB/s) by threads:",
+        print(f"torch {torch.__version__}, device {device} ({df['cpu'].iloc[0]}; CPU kernel build "
+              f"{df['kernel_variant'].iloc[0]}), in-place update bandwidth (GB/s) by threads:",
               df.groupby("threads")["memory_bandwidth"].first().div(1e9).round(2).to_dict())
         print(df[cols].to_string(index=False, float_format=fmt))
         if args.csv:

@@ -33,16 +33,38 @@ namespace {
 using namespace workbench_packed;
 
 // ------------------------------------------------------------------------------- the step
-// NOTE: each stream is prefetched this many blocks ahead (2 KB of fp32 moments): the loop's arithmetic takes
-// about as long as its memory traffic, and the hardware prefetcher alone left the two overlapping less; on
-// the 2-core EPYC (Zen 4) at 4M values in 8 segments, 1 thread, at load 3.9, kernel alone against the same
-// kernel without: 16 blocks ahead 1.03x (bf16+8) and 1.15x (bf16+16), 32 blocks 1.045x and 1.13x.
-constexpr int64_t kPrefetchBlocks = 32;
+// NOTE: the build's variant (workbench/optim/cpu_variants.py) sets these defines; every variant gives the same
+// bits, only its speed differs by CPU. Each stream is prefetched WB_PREFETCH_BLOCKS blocks ahead (0: no software
+// prefetch; 32 blocks are 2 KB of fp32 moments) with the hint WB_PREFETCH_HINT (0: prefetchnta, 1: prefetcht0,
+// 2: prefetchw, which needs -mprfchw); WB_DIVIDE_PLAIN 1 divides by sqrt(1 - beta2**t) with the divider instead
+// of packed_vec.h's multiply-and-correct (which takes FMA and, on AVX512, fpclass uops: port 5 on Intel). On the
+// 2-core EPYC (Zen 4), 4M values in 8 segments, 1 thread, load 3.9, kernel alone against the same kernel without
+// software prefetch: 16 blocks ahead 1.03x (bf16+8) and 1.15x (bf16+16), 32 blocks 1.045x and 1.13x.
+#ifndef WB_PREFETCH_BLOCKS
+#define WB_PREFETCH_BLOCKS 32
+#endif
+#ifndef WB_PREFETCH_HINT
+#define WB_PREFETCH_HINT 0
+#endif
+#ifndef WB_DIVIDE_PLAIN
+#define WB_DIVIDE_PLAIN 0
+#endif
+constexpr int64_t kPrefetchBlocks = WB_PREFETCH_BLOCKS;
+static_assert(kPrefetchBlocks >= 0, "WB_PREFETCH_BLOCKS: 0 (off) or a positive block count");
 
 // a hint to bring the line `Bytes` past p into the cache (no fault whatever the address: computed as an integer)
 template <int64_t Bytes>
 inline void prefetch_ahead(const void* p) {
-  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + Bytes), 1, 0);
+  if constexpr (Bytes > 0) {
+    const void* at = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + Bytes);
+#if WB_PREFETCH_HINT == 2
+    __builtin_prefetch(at, 1, 3);  // prefetchw: the line fetched for writing
+#elif WB_PREFETCH_HINT == 1
+    __builtin_prefetch(at, 0, 3);  // prefetcht0
+#else
+    __builtin_prefetch(at, 0, 0);  // prefetchnta
+#endif
+  }
 }
 
 enum Math : int64_t { kAdamW = 0, kAdam = 1, kSgd = 2 };
@@ -228,7 +250,7 @@ struct Kernel {
     for (int j = 0; j < 9; j++) c[j] = fvec(s.c[j]);
     const float c5f = s.c[5];
     const DivideByConstant c5{fvec(c5f), fvec(1.0f / c5f)};
-    const bool exact = std::isnormal(c5f) && c5f > 0.0f && c5f <= 1.0f;
+    const bool exact = !WB_DIVIDE_PLAIN && std::isnormal(c5f) && c5f > 0.0f && c5f <= 1.0f;
     const int64_t blocks = (n + kLanes - 1) / kLanes;
     // NOTE: at least 32768 values per task (ATen's grain size): a small group runs on one thread.
     at::parallel_for(0, blocks, 32768 / kLanes, [&](int64_t b0, int64_t b1) {
@@ -338,7 +360,15 @@ int64_t lanes() { return kLanes; }
 
 }  // namespace
 
-TORCH_LIBRARY(workbench_packed_cpu, m) {
+// NOTE: the op namespace is the build's name (cpp_extension defines TORCH_EXTENSION_NAME), so several variants
+// load side by side in one process (the tuning run, the tests); the indirection expands the macro first.
+#ifndef TORCH_EXTENSION_NAME
+#define TORCH_EXTENSION_NAME workbench_packed_cpu
+#endif
+#define WB_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+#define WB_LIBRARY_IMPL(ns, k, m) TORCH_LIBRARY_IMPL(ns, k, m)
+
+WB_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.def(
       "step(Tensor(a!) half, Tensor[] grads, int[] seg_offsets, Tensor(b!)[] planes, Tensor(c!)[] states, "
       "Tensor coef, int key, "
@@ -347,4 +377,4 @@ TORCH_LIBRARY(workbench_packed_cpu, m) {
   m.def("lanes() -> int", &lanes);
 }
 
-TORCH_LIBRARY_IMPL(workbench_packed_cpu, CPU, m) { m.impl("step", &packed_step); }
+WB_LIBRARY_IMPL(TORCH_EXTENSION_NAME, CPU, m) { m.impl("step", &packed_step); }
