@@ -34,7 +34,7 @@ def graphs(one_thread_module):
             case = ZOO[name]
             sample = case.sample if case.sample is not None else case.shape
             cache[name] = plan_training(case.build, sample, optimizer=case.optimizer, loss=case.loss,
-                                        input_dtype=case.input_dtype, calibrate=case.sample is None)
+                                        input_dtype=case.input_dtype)
         return cache[name]
 
     return get

@@ -47,7 +47,7 @@ def plan_training(
     `input_dtype`, else the sample tensor's, else float32. An integer or boolean sample tensor is the
     batch itself (its rows, repeated in turn to any batch size): token ids and the lengths computed from
     them steer memory, e.g. `pack_padded_sequence`, whose plan is then exact at each batch size it is
-    asked for and traced there (not affine in the batch size, not calibrated). Other inputs are random
+    asked for and traced there (not affine in the batch size, calibrated at batch 1 alone). Other inputs are random
     (floats) or zeros. # NOTE: traced at batches 2, 3 and 4 by default (BatchNorm refuses a batch of one
     in training); batch 1 is traced on its own where its program differs (`CompiledGraph._batch_one`).
     `calibrate` (True, False or None: on CPU and CUDA where the plan is affine in the batch size) adds what real
@@ -106,11 +106,11 @@ def plan_training(
     graph.persistent_grads = persistent_grads
     asked = calibrate is not None
     if calibrate is None:
-        calibrate = graph.affine  # on either device check_device allows
+        calibrate = True  # on either device check_device allows
         if not graph.affine:
             warnings.warn(f"{graph.description}: the program's allocations are not affine in the batch size "
-                          f"(see `nonaffine`): each batch size is traced on its own and the plan is not "
-                          f"calibrated (kernel scratch is not covered)", stacklevel=2)
+                          f"(see `nonaffine`): each batch size is traced on its own and the plan is calibrated "
+                          f"at batch 1 alone (kernel scratch elsewhere is not covered)", stacklevel=2)
     if not calibrate:
         return graph
     try:

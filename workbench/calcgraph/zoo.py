@@ -204,7 +204,7 @@ ZOO: dict[str, ZooCase] = {
     "mha self-attention": ZooCase(_SelfAttention, (12, 16)),
     "tied decoder": ZooCase(_TiedDecoder, (16,), input_dtype=torch.long, loss=_next_token_loss),
     "packed bilstm": ZooCase(_PackedTagger, (20,), input_dtype=torch.long, sample=_padded_tokens(),
-                             note="lengths from the batch: planned per batch size, not calibrated"),
+                             note="lengths from the batch: planned per batch size, calibrated at batch 1 alone"),
 }
 
 
@@ -237,7 +237,7 @@ def accuracy_table(
     uncalibrated_predicted and uncalibrated_error (the fake-tensor plan alone), margin (the default
     margin `max_batch_size` would use), held_out (calibration neither ran nor checked that batch: only
     there does the error judge a prediction) and calibrated_at (the batches it ran). A plan that is not
-    affine in the batch size (packed sequences) is traced at each batch and not calibrated. `cases`: names
+    affine in the batch size (packed sequences) is traced at each batch and calibrated at batch 1 alone. `cases`: names
     in `ZOO`, a mapping of `ZooCase`, or all of ZOO. A batch the real step refuses (BatchNorm1d at 1) has
     allocator and error NaN. On CUDA the allocator is `max_memory_allocated` relative to the step's start, and
     `reserved` the caching allocator's `max_memory_reserved` (absolute); NaN on CPU. A case the planner refuses
@@ -266,7 +266,7 @@ def _case_rows(name: str, case: ZooCase, batch_sizes: Sequence[int], calibrate: 
                device: torch.device) -> list[dict]:
     graph = plan_case(case, device)
     raw = {int(b): graph.required_bytes(int(b)) for b in batch_sizes}
-    if calibrate and graph.affine:
+    if calibrate:  # a plan not affine in the batch size: at batch 1 alone
         graph.calibrate()
     elif device.type == "cuda":  # cuBLAS's workspaces come with the first step and live on (as calibrating)
         measure_case(case, min(batch_sizes), device)
