@@ -231,6 +231,30 @@ def test_fp16_plus_8_against_plain_fp16_like_with_like(vs_fp16, verdict):
     assert row["verdict"] == verdict and row["measured"] == pytest.approx(vs_fp16)
 
 
+def _twins(df):
+    """Records as a CPU where fp16 is slow runs them: each fp16 format's bf16 twin (`ran_as`)."""
+    twin = {"amp": "amp bf16", "fp16": "bf16", "fp16+8": "bf16+8"}
+    return df.assign(ran_as=[twin.get(f, f) for f in df["format"]])
+
+
+def test_memory_rows_name_the_bf16_twins_that_ran_and_are_still_judged():
+    """Issue 48: a twin has fp16's bytes, so the memory rows keep their verdicts and say what ran."""
+    rows = _judge({"memory_resnet18": _twins(_resnet(vs_fp32=0.2001, vs_fp16=0.0)), "memory": _twins(_memory())})
+    fp32 = _unit(rows, "20 to 25% lower peak memory", TENSOR)
+    assert fp32["verdict"] == NOT_COMPARABLE  # the gates read the twins as they read fp16
+    assert "ran bf16 twins with fp16's bytes (fp32" not in fp32["scale"]
+    for text in ("fp16+8 as bf16+8", "fp16 as bf16", "amp as amp bf16", "MiB less than fp16's"):
+        assert text in fp32["scale"]
+    amp = _unit(rows, "fp16+8 uses 16.5% less memory than AMP", TENSOR)
+    assert amp["verdict"] == "reproduced" and "ran bf16 twins with fp16's bytes (amp as amp bf16, fp16+8 as " \
+        "bf16+8)" in amp["scale"]
+    fig2 = _row(rows, "54% lower peak memory")
+    assert fig2["verdict"] == "reproduced" and "amp as amp bf16, fp16+8 as bf16+8" in fig2["scale"]
+    # fp16 ran (CUDA, a fast CPU, older records without the column): nothing to say
+    for df in (_resnet(), _resnet().assign(ran_as=lambda d: d["format"])):
+        assert "twin" not in _unit(_judge({"memory_resnet18": df}), "fp16+8 uses 16.5% less", TENSOR)["scale"]
+
+
 def test_table3_in_the_devices_used_memory_on_cuda_only():
     starts = ("20 to 25% lower peak memory", "fp16+8 uses 16.5% less memory than AMP", "fp16+8 needs no more memory")
     cpu = _judge({"memory_resnet18": _resnet()})

@@ -22,9 +22,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from workbench.dtype_probe import Fp16Probe
 from workbench.measure import MemoryMeter, state_bytes
 from workbench.optim import PackedAdamW, PackedSGD, step_in_backward
 from workbench.optim.formats import storage_bits
+
+from .dtypes import plan_formats
 
 __all__ = [
     "Format", "FORMATS", "parse_format", "make_model", "make_optimizer", "packed_option_available",
@@ -282,12 +285,19 @@ def measure_peak(
 def step_timeline(
     model_fn: Callable[[], nn.Module], batches: list[tuple[torch.Tensor, torch.Tensor]], *,
     formats: Iterable[tuple[str, bool]] = (("amp", False), ("fp16+8", True)), optimizer: str = "sgd",
-    device: torch.device | str = "cpu",
+    device: torch.device | str = "cpu", fp16_on_slow_cpu: str = "fp16", fp16_probe: Fp16Probe | None = None,
 ) -> pd.DataFrame:
     """Fig 2's timeline panels: live memory over the steps by category, one block per
-    (format, step in backward) pair; columns as :func:`measure_peak`'s timeline."""
-    frames = [measure_peak(model_fn, parse_format(name), batches, in_backward=sib, optimizer=optimizer,
-                           device=device, return_timeline=True)[1] for name, sib in formats]
+    (format, step in backward) pair; columns as :func:`measure_peak`'s timeline, and ``ran_as`` (the
+    format run: the bf16 twin as in :func:`memory_by_format`)."""
+    pairs = list(formats)
+    plan = plan_formats([parse_format(name) for name, _ in pairs], device=device,
+                        fp16_on_slow_cpu=fp16_on_slow_cpu, fp16_probe=fp16_probe)
+    frames = []
+    for (asked, ran, _), (_, sib) in zip(plan, pairs, strict=True):
+        frame = measure_peak(model_fn, ran, batches, in_backward=sib, optimizer=optimizer, device=device,
+                             return_timeline=True)[1]
+        frames.append(frame.assign(format=asked.name, ran_as=ran.name))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -308,16 +318,21 @@ def memory_by_format(
     model_fn: Callable[[], nn.Module], batches: list[tuple[torch.Tensor, torch.Tensor]], *,
     formats: Iterable[str | Format] = tuple(f.name for f in FORMATS), optimizer: str = "sgd",
     in_backward: Iterable[bool] = (False, True), lr: float = 0.01, device: torch.device | str = "cpu",
-    progress: bool = True,
+    progress: bool = True, fp16_on_slow_cpu: str = "fp16", fp16_probe: Fp16Probe | None = None,
 ) -> pd.DataFrame:
     """Fig 2 / Table 3: peak memory per format, with and/or without the step inside backward.
 
     Adds ``ratio_vs_amp``: peak / peak of AMP (without step in backward) when AMP is listed.
+    ``fp16_on_slow_cpu="bf16"`` runs a format's bf16 twin (same bytes: `dtypes.bf16_twin`) where
+    ``fp16_probe`` (None: `workbench.dtype_probe.probe_fp16` of ``device``) finds fp16 slow; "fp16" runs
+    what is asked. ``format`` names the format asked for, ``ran_as`` the one run, ``dtype_note`` why.
     """
     fmts = [f if isinstance(f, Format) else parse_format(f) for f in formats]
-    runs = [(f, sib) for f in fmts for sib in in_backward]
-    rows = [measure_peak(model_fn, f, batches, in_backward=sib, optimizer=optimizer, lr=lr, device=device)
-            for f, sib in tqdm(runs, desc="memory", disable=not progress)]
+    plan = plan_formats(fmts, device=device, fp16_on_slow_cpu=fp16_on_slow_cpu, fp16_probe=fp16_probe)
+    runs = [(p, sib) for p in plan for sib in in_backward]
+    rows = [{**measure_peak(model_fn, ran, batches, in_backward=sib, optimizer=optimizer, lr=lr, device=device),
+             "format": asked.name, "ran_as": ran.name, "dtype_note": note}
+            for (asked, ran, note), sib in tqdm(runs, desc="memory", disable=not progress)]
     df = pd.DataFrame(rows)
     amp = df[(df["format"] == "amp") & ~df["step_in_backward"]]["peak_bytes"]
     df["ratio_vs_amp"] = df["peak_bytes"] / amp.iloc[0] if len(amp) else float("nan")

@@ -24,6 +24,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from workbench.dtype_probe import Fp16Probe
+
 from .bench import Format, memory_by_format
 
 __all__ = ["DEVICE_COLUMNS", "device_memory_by_format", "used_memory"]
@@ -63,10 +65,13 @@ def used_memory(device: torch.device | str) -> Iterator[dict]:
 def device_memory_by_format(
     model_fn: Callable[[], nn.Module], batches: list[tuple[torch.Tensor, torch.Tensor]], *,
     formats: Iterable[str | Format], optimizer: str = "sgd", in_backward: Iterable[bool] = (False, True),
-    lr: float = 0.01, device: torch.device | str = "cpu", progress: bool = True,
+    lr: float = 0.01, device: torch.device | str = "cpu", progress: bool = True, fp16_on_slow_cpu: str = "fp16",
+    fp16_probe: Fp16Probe | None = None,
 ) -> pd.DataFrame:
     """`memory_by_format` (the tensor peak, with its phase and categories) with `DEVICE_COLUMNS` beside each
-    row: every (format, step in backward) run in its own `used_memory` block, the cache emptied between."""
+    row: every (format, step in backward) run in its own `used_memory` block, the cache emptied between.
+    ``fp16_on_slow_cpu`` and ``fp16_probe`` as `memory_by_format` (the bf16 twin where fp16 is slow on a CPU;
+    ``ran_as``, ``dtype_note``)."""
     from tqdm.auto import tqdm
 
     runs = [(f, sib) for f in formats for sib in in_backward]
@@ -74,7 +79,8 @@ def device_memory_by_format(
     for fmt, sib in tqdm(runs, desc="memory", disable=not progress):
         with used_memory(device) as reading:
             df = memory_by_format(model_fn, batches, formats=[fmt], optimizer=optimizer, in_backward=[sib],
-                                  lr=lr, device=device, progress=False)
+                                  lr=lr, device=device, progress=False, fp16_on_slow_cpu=fp16_on_slow_cpu,
+                                  fp16_probe=fp16_probe)
         frames.append(df.assign(**reading))
     df = pd.concat(frames, ignore_index=True)
     amp = df[(df["format"] == "amp") & ~df["step_in_backward"]]["peak_bytes"]

@@ -30,6 +30,12 @@ _CATEGORIES = (("parameters", "parameters"), ("optimizer_state", "optimizer stat
                ("gradients", "gradients"), ("activations_temporaries", "activations + temporaries"))
 
 
+def _ran(df: pd.DataFrame, fmt: str) -> str:
+    """``fmt``, with the format that ran in its place where a bf16 twin did (``ran_as``: fp16 slow here)."""
+    ran = df.loc[df["format"] == fmt, "ran_as"].iloc[0] if "ran_as" in df else fmt
+    return f"{fmt}\n(ran {ran})" if isinstance(ran, str) and ran != fmt else fmt
+
+
 def plot_memory(df: pd.DataFrame, *, note: str = "") -> Figure:
     """Fig 2: measured peak bytes per parameter by format, +- step in backward, analytic beside."""
     fig, ax = plt.subplots(figsize=(10, 4))
@@ -45,7 +51,7 @@ def plot_memory(df: pd.DataFrame, *, note: str = "") -> Figure:
     if len(amp):
         ax.axhline(float(amp["peak_bytes_per_param"].iloc[0]), color="C3", ls=":", lw=1,
                    label="AMP measured peak (the real baseline)")
-    ax.set_xticks(x, formats, rotation=20)
+    ax.set_xticks(x, [_ran(df, f) for f in formats], rotation=20)
     ax.set_ylabel("peak memory (bytes per parameter)")
     params = int(df["params"].iloc[0])
     ax.set_title(f"Peak tensor memory of {df['steps'].iloc[0]} training steps, {params / 1e6:.1f}M params")
@@ -73,7 +79,7 @@ def plot_timeline(df: pd.DataFrame, *, note: str = "") -> Figure:
                         va="bottom", fontsize=7, color="#333")
         peak = int(sub["total"].idxmax())
         ax.plot([peak], [sub["total"].iloc[peak] / 2**20], "kv", ms=6)
-        ax.set_title(f"{fmt}{', step in backward' if sib else ''}: peak in {sub['phase'].iloc[peak]} "
+        ax.set_title(f"{_ran(sub, fmt)}{', step in backward' if sib else ''}: peak in {sub['phase'].iloc[peak]} "
                      f"{sub['step'].iloc[peak]}", fontsize=9)
         ax.set_xlabel("allocation / free event (f = forward, b = backward, s = optimizer step)")
         ax.set_ylabel("live tensor memory (MiB)")

@@ -19,11 +19,12 @@ from workbench.report import Ledger, Measured, Records, finite, record_frame
 from workbench.timing import HOST_BOUND, host_bound
 
 from .bench import find_row
+from .dtypes import TWIN_STEP_BYTES
 from .steps import rounds_ratio
 
 __all__ = ["CEILING_RULE", "HARD_REGIME", "LIKE_RULE", "NOT_COMPARABLE", "TABLE2_REL", "TABLE2_SAVING", "apply_gates",
            "below_ceiling", "fused_name", "half_precision_alone", "round_ratio", "step_shares", "table2",
-           "table2_shares", "table3_memory", "vs_amp"]
+           "table2_shares", "table3_memory", "twins_said", "vs_amp"]
 
 #: The verdict of a row whose run cannot show the claim (its ceiling, or a like-with-like baseline, rules it out)
 NOT_COMPARABLE = "not comparable"
@@ -31,6 +32,20 @@ HARD_REGIME = "synthetic (harder)"  # the accuracy regime whose model the traini
 
 
 # ------------------------------------------------------------------------------ Table 3 memory, both units
+
+
+def twins_said(*rows) -> str:
+    """'; ran bf16 twins ...' naming each row whose ``ran_as`` differs from its ``format`` (`dtypes.plan_formats`:
+    fp16 slow on this CPU), else ''. A twin has fp16's bytes, so a memory claim is still judged from it; where a
+    packed twin ran, the text gives how much less its step's temporaries can hold (`TWIN_STEP_BYTES`)."""
+    twins = [r for r in rows if r is not None and isinstance(r.get("ran_as"), str) and r["ran_as"] != r["format"]]
+    if not twins:
+        return ""
+    swaps = ", ".join(dict.fromkeys(f"{r['format']} as {r['ran_as']}" for r in twins))
+    packed = any("+" in r["format"] for r in twins)
+    return (f"; ran bf16 twins with fp16's bytes ({swaps}): fp16 is slow on this CPU (dtype_note)"
+            + (f"; a packed twin's step holds up to {TWIN_STEP_BYTES / 2**20:.2f} MiB less than fp16's" if packed
+               else ""))
 
 
 _UNITS = {"tensor": ("peak_bytes", "tensor peak"), "device": ("device_peak_bytes", "device's used memory")}
@@ -49,16 +64,17 @@ def table3_memory(baseline: str, unit: str = "tensor") -> Callable[[Records, Map
         if base is None or ours is None or (baseline == "fp32" and fp16 is None):
             return None
         size = params.get("t3_size")
+        amp, ordinary = (find_row(df, format=f, step_in_backward=False) for f in ("amp", "fp16+8"))
+        named = (base, ours, ordinary) + ((fp16, amp) if baseline == "fp32" else ())
         scale = (f"ResNet-18 width x{params.get('t3_width')} ({base['params'] / 1e6:.2f}M params), batch "
-                 f"{params.get('t3_batch')} x 3 x {size}^2, {params.get('optimizer', 'sgd')}, state included; {what}")
+                 f"{params.get('t3_batch')} x 3 x {size}^2, {params.get('optimizer', 'sgd')}, state included"
+                 f"{twins_said(*named)}; {what}")
         if column not in df or finite(ours[column]) is None or finite(base[column]) is None:
             return Measured(None, scale=scale + ": read on CUDA only (torch.cuda.mem_get_info), none on this device")
-        ordinary = find_row(df, format="fp16+8", step_in_backward=False)
         scale += f"; peak in {ours['peak_phase']} ({baseline}: {base['peak_phase']})"
         if ordinary is not None:
             scale += f"; without the step in backward: {1 - ordinary[column] / base[column]:.1%}"
         if baseline == "fp32":
-            amp = find_row(df, format="amp", step_in_backward=False)
             scale += f"; same run vs fp32: plain fp16 {1 - fp16[column] / base[column]:.1%}" + (
                 "" if amp is None else f", AMP {1 - amp[column] / base[column]:.1%}")
         if unit == "device":
