@@ -178,10 +178,18 @@ def test_a_tuning_run_measures_twice_chooses_and_keeps_its_choice(monkeypatch, t
         return pd.DataFrame(rows).assign(cpu=cpu_variants.cpu_model())
 
     monkeypatch.setattr(tune_cpu_kernel, "measure_variants", fake_measure)
+    broken = first[1]  # a build that fails is left out with a warning, the others measured
+
+    def load(v):
+        if v == broken:
+            raise RuntimeError("no such flag")
+
+    monkeypatch.setattr(cpu_kernel, "load_variant", load)
     used = []
     monkeypatch.setattr(cpu_kernel, "use_variant", lambda v: used.append(v))
-    df, record = tune_cpu_kernel.tune(threads=(1, 2), repeats=5)
-    assert [r[1] for r in rounds] == [1, 2, 1, 2] and rounds[0][0] == [v.name for v in first]
+    with pytest.warns(RuntimeWarning, match="left out"):
+        df, record = tune_cpu_kernel.tune(threads=(1, 2), repeats=5)
+    assert [r[1] for r in rounds] == [1, 2, 1, 2] and rounds[0][0] == [v.name for v in first if v != broken]
     assert rounds[2][0][:2] == [base.name, fast.name] and rounds[2][2] == 10  # finalists, twice the repeats
     assert record["chosen"] == fast.name and used == [fast.name]
     assert set(df["stage"]) == {1, 2} and len(record["records"]) == len(df)

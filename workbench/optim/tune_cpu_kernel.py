@@ -31,6 +31,7 @@ import datetime
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 
 import pandas as pd
@@ -164,6 +165,7 @@ def tune(
         cpu_variants.candidates(base)
 
     def measure(vs: list[Variant], stage: int, reps: int) -> pd.DataFrame:
+        vs = [v for v in vs if _builds(v)]
         frames = [measure_variants(vs, threads=t, numel=numel, n_tensors=n_tensors, repeats=reps, progress=progress)
                   for t in threads]
         return pd.concat(frames, ignore_index=True).assign(stage=stage)
@@ -190,6 +192,18 @@ def tune(
     cpu_kernel.use_variant(chosen)
     cpu_kernel._STATE["source"] = "measured"
     return df, record
+
+
+def _builds(variant: Variant) -> bool:
+    """Whether ``variant`` builds and loads here; a build that fails (a compiler without one of its flags) is
+    left out of the measurement with a warning rather than ending the run."""
+    try:
+        cpu_kernel.load_variant(variant)
+    except Exception as e:  # noqa: BLE001 - any build failure: measure the others
+        warnings.warn(f"tune_cpu_kernel: {variant.name} left out, its build failed: {type(e).__name__}: "
+                      f"{str(e)[:300]}", RuntimeWarning, stacklevel=2)
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> None:
