@@ -4,6 +4,7 @@ and Greedy-VBS (Figs 7 and 8), executing it, and how well the prediction holds."
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 import workbench.experiments.variable_batch_size as exp
 from workbench import vbs
@@ -41,8 +42,16 @@ def test_plans_by_budget_and_by_ratio():
     floor = int(sweep.floor_units.iloc[0])
     p = exp.sweep_plan(sweep, network="net", method="vbs", budget_units=floor, request=4)
     assert p.method == "vbs" and p.memory == floor
-    q = exp.plan_at_ratio(sweep, network="net", method="fbs", ratio=1.9, request=4)
-    assert q.method == "fbs" and q.memory == 2 * floor
+    q = exp.plan_at_ratio(sweep, network="net", method="fbs", ratio=1.9, request=4, kept=False)
+    assert q.method == "fbs" and q.memory == 2 * floor and q.request == "pieces"
+    # by default the plan for a request the caller keeps (what vbs.run(model, plan, x) executes), at the
+    # nearest budget where it fits: its request's 4 x 48 KiB are not freed as the samples are consumed
+    kept = exp.plan_at_ratio(sweep, network="net", method="vbs", ratio=1.0, request=4)
+    assert kept.request == "kept" and kept.memory == 2 * floor and kept.peak <= kept.memory
+    row = sweep[(sweep.method == "vbs") & (sweep.budget_units == floor)]
+    assert row.kept_plan_json.isna().all()  # it does not fit the paper's floor
+    with pytest.raises(ValueError, match="no feasible vbs plan for a request the caller keeps"):
+        exp.sweep_plan(sweep, network="net", method="vbs", budget_units=floor, request=4, kept=True)
     with pytest.raises(ValueError, match="no feasible"):
         exp.sweep_plan(sweep, network="net", method="vbs", budget_units=floor + 1, request=4)
     with pytest.raises(ValueError, match="no sweep rows"):
@@ -60,6 +69,11 @@ def test_execute_sweep_and_agreement():
     # measured with the request handed over and included: within each plan's prediction and budget
     assert (ok.executed_peak_bytes <= ok.peak_bytes).all() and ok.within_budget.all() and not ok.refused.any()
     assert executed[~executed.feasible].executed_s.isna().all()
+    # the plan the notebook runs with vbs.run on a tensor it keeps: within its prediction, checked
+    plan = exp.plan_at_ratio(sweep, network="mobilenet_v1", method="vbs", ratio=1.33, request=3)
+    result = vbs.run(models["mobilenet_v1"], plan, torch.randn(3, 3, 32, 32))
+    assert plan.request == "kept" and result.checked and result.memory_ratio <= 1
+    assert result.peak_bytes <= result.predicted_call_bytes <= plan.memory * plan.unit_bytes
     agree = exp.agreement(executed, statistic="min").set_index("method")
     assert set(agree.index) == {m for m in exp.METHODS if executed[executed.method == m].feasible.any()}
     assert agree.loc["fbs", "time_ratio_vs_fbs_median"] == pytest.approx(1.0)

@@ -73,7 +73,9 @@ def test_executor_on_measured_tables(nets):
     model = nets["branched"]()
     tables = vbs.measure_layers(model, torch.randn(3, 8, 8), 4, repeats=1, warmup=0).coarsen(64)
     x = torch.randn(4, 3, 8, 8)
-    p = vbs.plan(tables, memory=vbs.fbs_peak(tables, batch=4, size=2), batch=4)
+    # a tensor the caller keeps: its plan counts the request whole (the paper's frees each sample)
+    memory = vbs.fbs_peak(tables, batch=4, size=2) + int(tables.inp[0, 3])
+    p = vbs.plan(tables, memory=memory, batch=4, request="kept")
     result = vbs.run(model, p, x)
     with torch.no_grad():
         torch.testing.assert_close(result.outputs, model(x))
@@ -84,12 +86,13 @@ def test_executor_on_measured_tables(nets):
 def test_plans_execute_on_the_branched_models(factory):
     model = factory(5, width=0.125).eval()
     tables = vbs.measure_layers(model, torch.randn(3, 32, 32), [1, 4], repeats=1, warmup=0).coarsen(1024)
-    p = vbs.dp(tables, memory=vbs.fbs_peak(tables, batch=4, size=2), batch=4)
+    memory = vbs.fbs_peak(tables, batch=4, size=2) + int(tables.inp[0, 3])
+    p = vbs.dp(tables, memory=memory, batch=4, request="kept")
     x = torch.randn(4, 3, 32, 32)
     result = vbs.run(model, p, x, measure_memory=False)
     with torch.no_grad():
         torch.testing.assert_close(result.outputs, model(x))
-    assert p.time_per_sample <= vbs.fbs(tables, memory=p.memory, batch=4).time_per_sample
+    assert p.time_per_sample <= vbs.fbs(tables, memory=p.memory, batch=4, request="kept").time_per_sample
 
 
 def test_executor_rejects_a_plan_for_another_model(nets):
@@ -158,8 +161,12 @@ def test_a_stage_that_mixes_samples_is_refused_by_name():
     assert not unchecked.checked
     with torch.no_grad():
         assert not torch.allclose(unchecked.outputs, model(x))
-    whole = vbs.run(model, vbs.fixed_batch_plan(synthetic_tables(model, 5, 0), batch=5, size=5), x, check_memory=False)
-    assert whole.checked
+    # the check compares every sample with the model's forward on it alone (within the plan's memory,
+    # where a forward of the whole request is not): even a plan of whole-request phases is refused,
+    # since VBS needs outputs that do not depend on the rest of the batch
+    whole = vbs.fixed_batch_plan(synthetic_tables(model, 5, 0), batch=5, size=5)
+    with pytest.raises(vbs.ExecutionMismatch, match=r"stage 1 '1' gives other outputs for one sample alone"):
+        vbs.run(model, whole, x, check_memory=False, measure_memory=False)
 
 
 def test_a_trace_that_no_longer_matches_the_forward_is_refused():
@@ -179,20 +186,20 @@ def test_a_stage_that_departs_from_the_forward_is_named(nets):
         ex(torch.randn(5, 3, 8, 8))
 
 
-def test_the_check_costs_one_forward_on_the_first_batch_only(nets):
+def test_the_check_costs_one_forward_of_each_sample_on_the_first_batch_only(nets):
     model = nets["resnet18"]()
     calls = []
-    model.register_forward_hook(lambda *a: calls.append(1))
+    model.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
     x = torch.randn(5, 3, 8, 8)
     ex = vbs.Executor(model, _phased(model), check_memory=False)
     first = ex(x)
-    assert len(calls) == 1 and ex.checked
+    assert calls == [1] * 5 and ex.checked
     torch.testing.assert_close(ex(x), first)
-    assert len(calls) == 1
+    assert len(calls) == 5
     vbs.run(model, _phased(model), x, check_memory=False)
-    assert len(calls) == 2
+    assert len(calls) == 10
     vbs.run(model, _phased(model), x, check=False, check_memory=False)
-    assert len(calls) == 2
+    assert len(calls) == 10
 
 
 def test_inputs_changed_in_place_are_checked_against_the_original():

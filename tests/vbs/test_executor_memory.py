@@ -1,6 +1,7 @@
-"""workbench.vbs.executor: every sample in one place, and the measured peak (request included)
-within the plan's predicted peak, by the allocator's own count (`AllocatorMeter`: c10's events on
-CPU, `max_memory_allocated` on CUDA), which shares nothing with the plan's accounting."""
+"""workbench.vbs.executor: every sample in one place, and the measured peak (request included, as
+the plan counts it: `measure_peak`) within the plan's predicted peak, by the allocator's own count
+(`AllocatorMeter`: c10's events on CPU, `max_memory_allocated` on CUDA), which shares nothing with
+the plan's accounting. The whole `vbs.run` call: tests/vbs/test_run_plan.py."""
 
 import json
 from collections import deque
@@ -34,25 +35,31 @@ def notebook_net(name: str) -> nn.Module:
 
 
 def _plans(model: nn.Module, x: torch.Tensor, ratios: tuple[float, ...],
-           tables: vbs.LayerProfile | None = None) -> list[vbs.Plan]:
+           tables: vbs.LayerProfile | None = None, request: str = "pieces") -> list[vbs.Plan]:
     """The DP's, FBS's and Greedy-VBS's plans at `ratios` x the smallest budget, in the notebook's
-    unit (the DP's smallest budget in about 24 units), from `tables` or tables measured here."""
+    unit (the DP's smallest budget in about 24 units), from `tables` or tables measured here, for
+    the request handed over as `request` says."""
     batch = x.shape[0]
     if tables is None:
         tables = vbs.measure_layers(model, x[0], batch, repeats=1, warmup=1, min_run_time=0.0, device=x.device)
     unit = vbs.unit_for(vbs.fbs_peak(tables, batch=batch, size=1), 24)
     coarse = tables.coarsen(unit)
-    floor = vbs.smallest_budget(coarse, batch=batch, method="dp")
+    floor = vbs.smallest_budget(coarse, batch=batch, method="dp", request=request)
     plans = []
     for ratio in ratios:
         memory = int(ratio * floor)
-        plans.append(vbs.dp(coarse, memory=memory, batch=batch))
+        plans.append(vbs.dp(coarse, memory=memory, batch=batch, request=request))
         for make in (vbs.fbs, vbs.greedy_vbs):
             try:
-                plans.append(make(coarse, memory=memory, batch=batch))
+                plans.append(make(coarse, memory=memory, batch=batch, request=request))
             except ValueError:
                 continue
     return plans
+
+
+def _handed_over(x: torch.Tensor, p: vbs.Plan):
+    """The request as `p` counts it: one tensor per sample (each its own storage), or `x` kept."""
+    return [x[k:k + 1].clone() for k in range(x.shape[0])] if p.request == "pieces" else x
 
 
 def _check_within(model: nn.Module, x: torch.Tensor, plans: list[vbs.Plan]) -> list[float]:
@@ -61,8 +68,8 @@ def _check_within(model: nn.Module, x: torch.Tensor, plans: list[vbs.Plan]) -> l
         want = model(x)
     rtol, atol = vbs.tolerances(want)  # TF32 on CUDA: phases of other batch sizes round otherwise
     for p in plans:
-        ex = vbs.Executor(model, p)
-        torch.testing.assert_close(ex(x), want, rtol=rtol, atol=atol)
+        ex = vbs.Executor(model, p, check=False)  # the check's own memory: tests/vbs/test_run_plan.py
+        torch.testing.assert_close(ex(_handed_over(x, p)), want, rtol=rtol, atol=atol)
         peak = vbs.measure_peak(ex, x)
         assert peak <= p.peak_bytes <= p.memory * p.unit_bytes, (p, peak)
         ratios.append(peak / p.peak_bytes)
@@ -107,11 +114,12 @@ def _merging_plan(tables: vbs.LayerProfile) -> vbs.Plan:
 
 # NOTE: about 3-9 s each on a loaded 2-core CPU (GoogLeNet's ~60 layers are profiled at every batch
 # size with the allocator's events); these are the networks the notebook executes plans on.
-@pytest.mark.parametrize("name", ["googlenet", "resnet50", "squeezenet1_0", "mobilenet_v1"])
-def test_notebook_networks_stay_within_their_predictions(name):
+@pytest.mark.parametrize("name, request_", [(n, "pieces") for n in ("googlenet", "resnet50", "squeezenet1_0",
+                                                                     "mobilenet_v1")] + [("googlenet", "kept")])
+def test_notebook_networks_stay_within_their_predictions(name, request_):
     torch.manual_seed(0)
     model, x = notebook_net(name), torch.randn(3, 3, 32, 32)
-    _check_within(model, x, _plans(model, x, (1.0, 1.67)))
+    _check_within(model, x, _plans(model, x, (1.0, 1.67), request=request_))
 
 
 @requires_cuda
@@ -130,12 +138,16 @@ def test_a_plan_that_cannot_hold_its_prediction_is_refused(repro):
     plans = _plans(model, x, (1.0, 1.1, 1.67, 2.67), tables)
     bigger = torch.randn(8, 3, 48, 48)
     with pytest.raises(vbs.UnexecutablePlan, match=r"inputs of shape \(1, 3, 48, 48\) needs [\d,]+ bytes.*Not run"):
-        vbs.Executor(model, plans[0])(bigger)  # made for 32x32 inputs
+        vbs.Executor(model, plans[0])(_handed_over(bigger, plans[0]))  # made for 32x32 inputs
     assert vbs.run(model, plans[0], bigger, check_memory=False, measure_memory=False).checked
     # a plan saved without its copies' memory (the DP's accounting alone) is refused where they need more
     bare = vbs.Plan.from_json(json.dumps(_without_executed(json.loads(_merging_plan(tables).to_json()))))
     with pytest.raises(vbs.UnexecutablePlan, match="saved without its copies accounted"):
-        vbs.Executor(model, bare)(x)
+        vbs.Executor(model, bare)(_handed_over(x, bare))
+    # the paper's plan, counting the request as freed sample by sample, on a tensor the caller keeps
+    with pytest.raises(vbs.UnexecutablePlan, match=r"counts its request as handed over sample by sample.*"
+                                                   r"request='kept'"):
+        vbs.Executor(model, plans[0], check=False)(x)
 
 
 def _without_executed(d):
@@ -161,10 +173,13 @@ def test_the_request_handed_over_is_emptied_and_freed(repro):
     model, x, tables = repro
     ex = vbs.Executor(model, _plans(model, x, (1.33,), tables)[0])
     samples = [x[k:k + 1].clone() for k in range(8)]
-    torch.testing.assert_close(ex(samples), ex(x))
-    assert samples == []
+    with torch.no_grad():
+        torch.testing.assert_close(ex(samples), model(x))
+    assert samples == [] and ex.checked
     with pytest.raises(ValueError, match="a list of 8 tensors of batch 1 each, got 2"):
         ex([x[:2], x[2:]])
+    with pytest.raises(ValueError, match="sample 0 of the request is a view of a larger tensor"):
+        ex(list(x.split(1)))  # freeing a view frees nothing: the request would stay whole
     with pytest.raises(TypeError, match="a tensor or a list of tensors"):
         ex((x,))
 
@@ -189,11 +204,11 @@ def test_a_group_whose_relu_is_not_in_place_is_refused():
     x = torch.randn(4, 3, 16, 16)
     tables = vbs.measure_layers(net(True), x[0], 4, repeats=1, warmup=1, min_run_time=0.0)
     p = vbs.fixed_batch_plan(tables, batch=4, size=4)
-    ex = vbs.Executor(net(True), p)
-    ex(x)
+    ex = vbs.Executor(net(True), p, check=False)
+    ex(_handed_over(x, p))
     assert vbs.measure_peak(ex, x) <= p.peak_bytes
     with pytest.raises(vbs.UnexecutablePlan, match="above the plan's predicted peak"):
-        vbs.Executor(net(False), p)(x)
+        vbs.Executor(net(False), p)(_handed_over(x, p))
     unchecked = vbs.Executor(net(False), p, check_memory=False)
     unchecked(x)
     assert vbs.measure_peak(unchecked, x) > p.peak_bytes  # the refusal was right

@@ -51,12 +51,14 @@ def test_taking_part_of_a_chunk_frees_the_rest_by_copying_it():
     assert max(s.reserved + s.used for s in steps) == 10
 
 
-def test_a_request_the_caller_keeps_is_not_counted_and_never_copied():
+def test_a_request_the_caller_keeps_is_held_whole_and_never_copied():
+    """The same steps with the request kept: its 2 units stay allocated to the end (the first step
+    reads a view, so 2 + 0 + 4; the second 2 + 4 + 4) and nothing of it is copied or freed."""
     t = _chain(inp=[1, 4], out=[4, 1], ws=[0, 0])
     steps = [_step(t, 0, 1, reserved=1), _step(t, 0, 1, reserved=4), _step(t, 1, 2)]
     p, peak = account(vbs.Plan("vbs", 20, 2, 1, t.names, steps), table_sizes(t), request="kept")
-    assert [s.executed for s in p.steps] == [4, 8, 16]
-    with pytest.raises(ValueError, match="request must be 'pieces' or 'kept'"):
+    assert [s.executed for s in p.steps] == [6, 10, 18] and peak == 18
+    with pytest.raises(ValueError, match=r"request must be one of \['pieces', 'kept'\]"):
         Flow(table_sizes(t), 2, request="mine")
 
 

@@ -77,6 +77,8 @@ def _set_step(key, value, k=0):
     (lambda d: d["steps"].pop(), r"layer 4 \('l4'\) runs \d+ samples in its steps, the request has 4"),
     (lambda d: d["steps"][2]["branches"][0].pop(0), r"steps\[2\] branch 0 step 0 'layer' must be in 0..0 \(a branch"),
     (lambda d: d["steps"][2]["branches"][0][1].update(batch=2), r"steps\[2\] branch 0: layer 1 runs 2 samples"),
+    (_set("request", "mine"), r"plan 'request' must be one of \['pieces', 'kept'\], got 'mine'"),
+    (_set("check", -1), r"plan 'check' must be an int >= 0, got -1"),
 ])
 def test_plan_from_json_names_the_bad_field_and_value(random_branched, change, match):
     tables = random_branched(np.random.default_rng(3), 4)
@@ -84,6 +86,18 @@ def test_plan_from_json_names_the_bad_field_and_value(random_branched, change, m
     p = vbs.fbs(tables, memory=10**6, batch=4)
     with pytest.raises(ValueError, match=match):
         vbs.Plan.from_json(_edit(p, change))
+
+
+def test_plan_json_keeps_how_the_request_is_handed_over(random_branched):
+    tables = random_branched(np.random.default_rng(3), 4)
+    p = vbs.dp(tables, memory=vbs.fbs_peak(tables, batch=4, size=2) + 12, batch=4, request="kept")
+    again = vbs.Plan.from_json(p.to_json())
+    assert again.request == "kept" and again.check == p.check > 0 and again.steps == p.steps
+    assert "request kept" in repr(again)
+    # a plan saved before these were written: the paper's hand-over, its check's memory unknown
+    saved = vbs.fbs(tables, memory=10**6, batch=4)
+    old = vbs.Plan.from_json(_edit(saved, lambda d: [d.pop("request"), d.pop("check")]))
+    assert old.request == "pieces" and old.check == 0
 
 
 def test_plan_from_json_refuses_text_that_is_not_a_plan():

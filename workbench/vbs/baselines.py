@@ -21,8 +21,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from .flow import Flow, account, table_sizes
+from .flow import Flow, account, check_units, table_sizes
 from .layers import LayerProfile
+from .request import planned
 from .schedule import Plan, Step, check_request, uniform_step
 
 __all__ = ["fbs", "greedy_vbs", "fbs_peak", "fixed_batch_plan"]
@@ -43,7 +44,8 @@ def fixed_batch_plan(layers: LayerProfile, *, batch: int, size: int, memory: int
         steps.extend(uniform_step(layers, i, q, reserved) for i in range(n))
         finished += int(layers.out[last, q - 1])
         done += q
-    plan, _ = account(Plan("fbs", 0, int(batch), layers.unit_bytes, list(layers.names), steps), table_sizes(layers))
+    bare = Plan("fbs", 0, int(batch), layers.unit_bytes, list(layers.names), steps, check=check_units(layers))
+    plan, _ = account(bare, table_sizes(layers))
     plan.memory = int(memory) if memory is not None else plan.peak
     return plan
 
@@ -53,9 +55,14 @@ def fbs_peak(layers: LayerProfile, *, batch: int, size: int) -> int:
     return fixed_batch_plan(layers, batch=batch, size=size).peak
 
 
-def fbs(layers: LayerProfile, *, memory: int, batch: int) -> Plan:
-    """Fixed batch size: the largest batch size whose schedule fits in `memory` units."""
+def fbs(layers: LayerProfile, *, memory: int, batch: int, request: str = "pieces") -> Plan:
+    """Fixed batch size: the largest batch size whose schedule fits in `memory` units, for the
+    request handed over sample by sample ("pieces") or kept by the caller ("kept", `vbs.request`)."""
     check_request(layers, memory, batch)
+    return planned(lambda t, m: _fbs(t, m, batch), layers, memory, batch, request)
+
+
+def _fbs(layers: LayerProfile, memory: int, batch: int) -> Plan:
     for size in range(batch, 0, -1):
         p = fixed_batch_plan(layers, batch=batch, size=size, memory=memory)
         if p.peak <= memory:
@@ -78,9 +85,14 @@ def _greedy_layer(layers: LayerProfile, i: int, g: int, batch: int) -> list[Step
     return steps
 
 
-def greedy_vbs(layers: LayerProfile, *, memory: int, batch: int) -> Plan:
-    """Greedy-VBS: layer by layer over all `batch` samples, each with its largest feasible batch."""
+def greedy_vbs(layers: LayerProfile, *, memory: int, batch: int, request: str = "pieces") -> Plan:
+    """Greedy-VBS: layer by layer over all `batch` samples, each with its largest feasible batch;
+    `request` as in `fbs`."""
     check_request(layers, memory, batch)
+    return planned(lambda t, m: _greedy(t, m, batch), layers, memory, batch, request)
+
+
+def _greedy(layers: LayerProfile, memory: int, batch: int) -> Plan:
     steps: list[Step] = []
     flow = Flow(table_sizes(layers), batch)
     last = layers.n_layers - 1
@@ -99,4 +111,5 @@ def greedy_vbs(layers: LayerProfile, *, memory: int, batch: int) -> Plan:
                              f"inputs and outputs for all {batch} samples and fits at no batch size (the "
                              f"executor's copies counted)")
     steps[-1] = replace(steps[-1], executed=max(steps[-1].executed, flow.finish(layers.n_layers)))
-    return Plan("greedy", int(memory), int(batch), layers.unit_bytes, list(layers.names), steps)
+    return Plan("greedy", int(memory), int(batch), layers.unit_bytes, list(layers.names), steps,
+                check=check_units(layers))

@@ -46,8 +46,9 @@ import numpy as np
 
 from .baselines import fbs, fixed_batch_plan, greedy_vbs
 from .floor import METHOD_NAMES, baseline_floor, least_memory_plan, need, padded, reserves
-from .flow import account, table_sizes
+from .flow import account, check_units, table_sizes
 from .layers import LayerProfile
+from .request import checked_request, held, lift, without_request
 from .schedule import Plan, Step, check_request
 
 __all__ = ["Planner", "dp", "plan", "smallest_budget", "MAX_TABLE_CELLS", "DEFAULT_RESOLUTION"]
@@ -137,10 +138,15 @@ class Planner:
     `plan(memory=m, batch=b)` then reads the DP's plan for any m <= memory and b <= B without
     solving again, and `curve(batch)` gives the DP's time per sample at every budget (Fig 7's VBS
     line). These are the DP alone, optimal among nested schedules (see the module docstring).
+    `request="kept"` plans for a request the caller keeps (`workbench.vbs.request`): the tables
+    without it, every budget less it.
     """
 
-    def __init__(self, layers: LayerProfile, *, memory: int) -> None:
+    def __init__(self, layers: LayerProfile, *, memory: int, request: str = "pieces") -> None:
         check_request(layers, memory, 1)
+        self.request, self.tables = checked_request(request), layers
+        if self.request == "kept":
+            layers = without_request(layers)
         n, B, M = layers.n_layers, layers.max_batch, int(memory)
         cells = n * (n + 1) // 2 * (B + 1) * (M + 1)
         if cells > MAX_TABLE_CELLS:
@@ -178,13 +184,18 @@ class Planner:
         """The DP's seconds per sample for budgets 0..memory in its own accounting (inf where
         infeasible), before the executor's copies (see `plan`)."""
         self._check_batch(batch)
-        return self.main.opt[self.main.n - 1][0, batch].copy()
+        curve = self.main.opt[self.main.n - 1][0, batch]
+        h = min(self._held(batch), curve.size)  # a kept request: the same times, each budget higher by it
+        return np.concatenate([np.full(h, np.inf), curve[:curve.size - h]])
+
+    def _held(self, batch: int) -> int:
+        return held(self.tables, batch) if self.request == "kept" else 0
 
     def smallest_feasible(self, batch: int) -> int | None:
         """The least budget in 0..memory in which `plan` finds a plan (as executed), or None."""
         finite = np.flatnonzero(np.isfinite(self.curve(batch)))
         for m in range(int(finite[0]) if finite.size else self.memory + 1, self.memory + 1):
-            if self._executable(m, batch) is not None:
+            if self.executable(m, batch) is not None:
                 return m
         return None
 
@@ -198,11 +209,17 @@ class Planner:
         m = self.memory if memory is None else memory
         if not isinstance(m, (int, np.integer)) or not 0 <= m <= self.memory:
             raise ValueError(f"memory must be an int in 0..{self.memory} for this Planner, got {m!r}")
-        found = self._executable(int(m), int(batch))
+        found = self.executable(int(m), int(batch))
         if found is None:
-            raise ValueError(_infeasible(self.layers, int(m), batch, "the DP",
-                                         smallest_budget(self.layers, batch=batch, method="dp")))
+            raise ValueError(_infeasible(self.tables, int(m), batch, "the DP", smallest_budget(
+                self.tables, batch=batch, method="dp", request=self.request), self.request))
         return found
+
+    def executable(self, memory: int, batch: int) -> Plan | None:
+        """The plan `plan` returns for `memory` units, or None where none fits."""
+        h = self._held(batch)
+        found = self._executable(memory - h, batch) if memory >= h else None
+        return lift(found, self.tables, memory) if found is not None and self.request == "kept" else found
 
     def _executable(self, memory: int, batch: int) -> Plan | None:
         """The fastest nested schedule found that executes within `memory`: the DP's plan at the
@@ -215,7 +232,8 @@ class Planner:
         found = [p for p in self._nested[batch] if p.peak <= memory]
         while budget >= 0 and np.isfinite(self.main.value(batch, budget)):
             steps = self._opt(self.main, None, 0, self.main.n - 1, batch, budget, budget)
-            p, _ = account(Plan("vbs", memory, batch, self.layers.unit_bytes, list(self.layers.names), steps), sizes)
+            p, _ = account(Plan("vbs", memory, batch, self.layers.unit_bytes, list(self.layers.names), steps,
+                                check=check_units(self.layers)), sizes)
             peak = p.peak  # the DP's accounting or the executor's, the higher
             if peak <= memory:
                 found.insert(0, p)
@@ -256,16 +274,19 @@ class Planner:
         return Step(k, b, total - m, group, seconds, branches)
 
 
-def _infeasible(layers: LayerProfile, memory: int, batch: int, what: str, smallest: int) -> str:
+def _infeasible(layers: LayerProfile, memory: int, batch: int, what: str, smallest: int,
+                request: str = "pieces") -> str:
+    kept = " kept by the caller" if request == "kept" else ""
     return (f"memory={memory} units ({memory * layers.unit_bytes} bytes) is infeasible for {what} with a "
-            f"request of {batch}; the smallest feasible budget is {smallest} units ({smallest * layers.unit_bytes} "
-            f"bytes)")
+            f"request of {batch}{kept}; the smallest feasible budget is {smallest} units "
+            f"({smallest * layers.unit_bytes} bytes)")
 
 
-def smallest_budget(layers: LayerProfile, *, batch: int, method: str = "any") -> int:
+def smallest_budget(layers: LayerProfile, *, batch: int, method: str = "any", request: str = "pieces") -> int:
     """The smallest memory (in `layers`' units) in which `method` serves a request of `batch`, as
     executed: "dp" (the DP, `dp`), "fbs", "greedy" (`greedy_vbs`) or "any" (the least of the
-    three, the smallest budget `plan` accepts).
+    three, the smallest budget `plan` accepts); for a request the caller keeps (`request="kept"`),
+    the same for the tables without it, plus the request.
 
     Every budget from it up is served. FBS's and Greedy-VBS's are exact (`baseline_floor`). The
     DP's is bounded without the memory axis (the least-memory nested schedule or FBS's, as
@@ -274,6 +295,8 @@ def smallest_budget(layers: LayerProfile, *, batch: int, method: str = "any") ->
     check_request(layers, None, batch)
     if method not in METHOD_NAMES:
         raise ValueError(f"method must be one of {METHOD_NAMES}, got {method!r}")
+    if checked_request(request) == "kept":
+        return smallest_budget(without_request(layers), batch=batch, method=method) + held(layers, batch)
     found = {}
     if method in ("fbs", "dp", "any"):  # FBS's schedules are nested ones: the DP's too
         found["fbs"] = baseline_floor(layers, batch=batch, method="fbs")
@@ -288,11 +311,12 @@ def smallest_budget(layers: LayerProfile, *, batch: int, method: str = "any") ->
     return found[method] if method != "any" else min(found.values())
 
 
-def dp(layers: LayerProfile, *, memory: int, batch: int) -> Plan:
+def dp(layers: LayerProfile, *, memory: int, batch: int, request: str = "pieces") -> Plan:
     """The paper's DP alone (method "vbs"): the fastest nested schedule for `batch` samples in
-    `memory` units, exact in `layers`' unit (`plan` picks a coarser one for large budgets).
-    Raises ValueError naming the DP's smallest feasible budget when none fits."""
-    return Planner(layers, memory=memory).plan(memory=memory, batch=batch)
+    `memory` units, exact in `layers`' unit (`plan` picks a coarser one for large budgets), for the
+    request handed over ("pieces") or kept by the caller ("kept"). Raises ValueError naming the
+    DP's smallest feasible budget when none fits."""
+    return Planner(layers, memory=memory, request=request).plan(memory=memory, batch=batch)
 
 
 def _factor(layers: LayerProfile, memory: int, resolution: int | None) -> int:
@@ -306,7 +330,8 @@ def _factor(layers: LayerProfile, memory: int, resolution: int | None) -> int:
     return max(1, -(-int(memory) // int(resolution)))
 
 
-def plan(layers: LayerProfile, *, memory: int, batch: int, resolution: int | None = None) -> Plan:
+def plan(layers: LayerProfile, *, memory: int, batch: int, resolution: int | None = None,
+         request: str = "pieces") -> Plan:
     """The fastest feasible plan for `batch` samples in `memory` units (of `layers.unit_bytes`
     bytes): the best predicted time per sample of the DP (`dp`), FBS (`fbs`) and Greedy-VBS
     (`greedy_vbs`); `Plan.method` says which one ("vbs", "fbs" or "greedy"; on a tie the DP,
@@ -324,25 +349,30 @@ def plan(layers: LayerProfile, *, memory: int, batch: int, resolution: int | Non
     The DP is optimal only among the paper's nested schedules; Greedy-VBS's layer-by-layer
     schedules lie outside them and are sometimes faster. Raises ValueError naming the smallest
     budget in which any of the three fits (`smallest_budget(..., method="any")`) when none does.
+
+    `request` is how the request will be handed over: "pieces" (sample by sample, each freed once
+    consumed: the paper's accounting, `Executor` with a list of samples) or "kept" (a tensor the
+    caller keeps for the whole call, as `vbs.run(model, plan, x)` does).
     """
     check_request(layers, memory, batch)
+    checked_request(request)
     k = _factor(layers, memory, resolution)
     coarse = layers.coarsen(layers.unit_bytes * k) if k > 1 else layers
     candidates = []
-    found = Planner(coarse, memory=memory // k)._executable(memory // k, batch)
+    found = Planner(coarse, memory=memory // k, request=request).executable(memory // k, batch)
     if found is not None:
         candidates.append(found)
     elif k > 1:  # the rounded tables leave the DP no room: the least-memory schedule, unrounded
         try:
-            candidates.append(least_memory_plan(layers, batch=batch, memory=memory))
+            candidates.append(least_memory_plan(layers, batch=batch, memory=memory, request=request))
         except ValueError:
             pass
     for method in (fbs, greedy_vbs):
         try:
-            candidates.append(method(layers, memory=memory, batch=batch))
+            candidates.append(method(layers, memory=memory, batch=batch, request=request))
         except ValueError:
             continue
     if not candidates:
         raise ValueError(_infeasible(layers, memory, batch, "plan() (the DP, FBS and Greedy-VBS)",
-                                     smallest_budget(layers, batch=batch, method="any")))
+                                     smallest_budget(layers, batch=batch, method="any", request=request), request))
     return min(candidates, key=lambda p: p.time_per_sample)  # the first of equals: DP, FBS, greedy

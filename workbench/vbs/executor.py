@@ -10,45 +10,46 @@ Every sample is in one place between steps, as in the DP's accounting: queues ho
 tensor per finished phase); a phase that needs samples from several chunks concatenates them and
 drops the sources before the layer runs; one that needs the first samples of a larger chunk reads
 a view, and right after the layer the rest is copied out and the chunk dropped, so no consumed
-sample stays allocated. The request is handed over as one tensor per sample (`execute` with a
-list, which it empties) and each sample is freed once consumed, as OPT[1, n, b, mem] counts it;
-a tensor the caller keeps is read through views instead. What the copies cost is in the plan's
-prediction (`workbench.vbs.flow`): before running, the executor follows the plan with the real
-tensors' sizes and refuses it (`UnexecutablePlan`) if it would need more than the plan predicts,
-e.g. a plan made for smaller inputs, or one saved before its copies were accounted.
+sample stays allocated. The request comes either as one tensor per sample (a list, which the
+executor empties, freeing each sample once consumed: OPT[1, n, b, mem], `Plan.request` "pieces")
+or as one tensor the caller keeps, read through views and held whole until the call returns
+("kept"). What the copies and the request cost is in the plan's prediction (`workbench.vbs.flow`).
 
-Never silently wrong: the first call checks the executed outputs against the model's own forward
-on that batch (`assert_close` with the dtype's tolerances, `tolerances`) and raises
-`ExecutionMismatch` naming the stage that differs: a decomposition that does not follow the
-forward, or a layer whose output for a sample depends on the other samples of its phase. The
-check costs one extra forward pass of the first batch; it is skipped only with `check=False`.
+Within the prediction, or not at all. Before anything is allocated, `prepare` reads every layer's
+per-sample shape from one pass of fake tensors (`FakeTensorMode`: shapes without memory), follows
+the plan with those sizes and the request as it is handed over, and refuses (`UnexecutablePlan`,
+naming the bytes) if the execution would exceed the plan's predicted peak (a plan made for other
+inputs, one saved before its copies were accounted, a plan for a request handed over run on a
+tensor the caller keeps), or if the first-batch check (`workbench.vbs.check`: one sample through
+the model at a time, `Plan.check`, the outputs compared row by row, beside the request and the
+outputs) would exceed the budget the plan was made for. `check_memory=False` skips the refusal.
 
 A special layer (branch group) pre-allocates its output for the step's samples; each branch
 runs its own phases on views of the group's input and copies (concatenation) or adds (residual
 sum) its finished outputs into that buffer, then the group's `post` module runs on it in place.
-The per-sample shapes come from one single-sample pass done before any measurement.
-
-`run` returns the outputs with the wall time of one execution and the peak memory of another,
-request included (`AllocatorMeter`: the allocator's own count, which shares nothing with the
-plan's accounting).
+`run` and `measure_peak` (`workbench.vbs.run_plan`) time an execution and read its peak from the
+allocator.
 """
 
 from __future__ import annotations
 
-import time
+import logging
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode, UnsupportedOperatorException,
+)
 
-from ..measure import AllocatorMeter
+from .check import COMPARE_TEMPORARIES, ExecutionMismatch, diagnose, mismatch
 from .flow import account, byte_sizes
 from .graph import Stage, decompose
 from .schedule import Plan, Step
-from .tracing import node_values
 
-__all__ = ["ExecutionMismatch", "Executor", "RunResult", "UnexecutablePlan", "measure_peak", "run", "tolerances"]
+__all__ = ["Executor", "UnexecutablePlan"]
+
+_NOT_FAKEABLE = (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException)
 
 
 def _take(queue: deque, b: int) -> tuple[torch.Tensor, bool]:
@@ -74,12 +75,12 @@ def _compact(queue: deque) -> None:
     queue[0] = queue[0].clone()
 
 
-def _per_sample(t: torch.Tensor) -> int:
-    return t[:1].numel() * t.element_size()
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _request(inputs, batch: int):
-    """The request as one tensor, or as the list of its samples (each of batch 1), checked."""
+    """The request as one tensor, or as the list of its samples (each of batch 1, each its own storage)."""
     if isinstance(inputs, torch.Tensor):
         if inputs.dim() < 1 or inputs.shape[0] != batch:
             raise ValueError(f"plan is for a request of {batch} samples, got {inputs.shape[0] if inputs.dim() else 0}")
@@ -90,7 +91,17 @@ def _request(inputs, batch: int):
     if len(inputs) != batch or any(t.dim() < 1 or t.shape[0] != 1 for t in inputs):
         raise ValueError(f"plan is for a request of {batch} samples: a list of {batch} tensors of batch 1 each, "
                          f"got {len(inputs)} of batches {[t.shape[0] if t.dim() else 0 for t in inputs][:6]}")
+    for k, t in enumerate(inputs):
+        if t.untyped_storage().nbytes() > _nbytes(t):
+            raise ValueError(f"sample {k} of the request is a view of a larger tensor "
+                             f"({t.untyped_storage().nbytes():,} bytes): freeing it frees nothing. Hand over "
+                             f"samples of their own (x[k:k + 1].clone(), then drop x), or pass the tensor itself "
+                             f"(a request the caller keeps)")
     return list(inputs)
+
+
+def _hand_over(inputs) -> str:
+    return "pieces" if isinstance(inputs, list) else "kept"
 
 
 def _write(dst: torch.Tensor, src: torch.Tensor, merge: str) -> None:
@@ -98,31 +109,6 @@ def _write(dst: torch.Tensor, src: torch.Tensor, merge: str) -> None:
         dst.add_(src)
     else:
         dst.copy_(src)
-
-
-# torch.testing.assert_close's default (rtol, atol) per dtype
-_TOLERANCES = {torch.float64: (1e-7, 1e-7), torch.float32: (1.3e-6, 1e-5), torch.float16: (1e-3, 1e-5),
-               torch.bfloat16: (1.6e-2, 1e-5)}
-
-
-def tolerances(reference: torch.Tensor) -> tuple[float, float]:
-    """(rtol, atol) of the first-batch check for outputs like `reference`.
-
-    rtol is `torch.testing.assert_close`'s default for the dtype; float32 on CUDA with TF32 allowed
-    (cuDNN's default) computes with float16's 10-bit mantissa and gets float16's rtol. atol is the
-    dtype's default, raised to rtol x the largest |reference|: phases run the layers at other batch
-    sizes, whose kernels sum in other orders, and that rounding scales with the output, not 1e-5.
-    """
-    rtol, atol = _TOLERANCES.get(reference.dtype, (0.0, 0.0))
-    if reference.device.type == "cuda" and reference.dtype == torch.float32 and (
-            torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32):
-        rtol = max(rtol, _TOLERANCES[torch.float16][0])
-    scale = float(reference.detach().abs().max()) if reference.numel() and reference.is_floating_point() else 0.0
-    return rtol, max(atol, rtol * scale)
-
-
-class ExecutionMismatch(RuntimeError):
-    """An executed plan did not reproduce `model(x)`; the message names the stage that differs."""
 
 
 class UnexecutablePlan(ValueError):
@@ -133,18 +119,17 @@ class Executor:
     """Runs `plan` on `model` (eval mode, no grad): `Executor(model, plan)(inputs) -> outputs`.
 
     `inputs` is the request: a list of its samples, one tensor of batch 1 each, which the executor
-    takes over (it empties the list and frees every sample once consumed: the memory the plan
-    predicts), or one tensor the caller keeps (read through views; its memory is the caller's).
-    Before the first run the plan is followed with the real tensors' sizes (`workbench.vbs.flow`)
-    and refused with `UnexecutablePlan` if it would need more than its predicted peak;
-    `check_memory=False` skips that (to run schedules made from other tables, e.g. in tests).
+    takes over (it empties the list and frees every sample once consumed), or one tensor the caller
+    keeps (read through views, held whole). Before its first run for either hand-over, `prepare`
+    follows the plan with the real per-sample sizes (fake tensors: nothing allocated) and refuses
+    with `UnexecutablePlan` if the execution would need more than the plan's predicted peak, or the
+    first-batch check more than the plan's budget; `check_memory=False` skips that (to run schedules
+    made from other tables, e.g. in tests).
 
-    The first call checks its outputs against the model's own forward (`model(inputs)`) and raises
-    `ExecutionMismatch`, naming the stage that differs, instead of returning wrong outputs. It
-    costs one extra forward pass of the whole request and a copy of the inputs, on the first call
-    only (later calls reuse the checked stages); `check=False` skips it. `rtol`/`atol` default to
-    `tolerances` (the dtype's `torch.testing` tolerances, see there). `execute` runs the plan
-    without the outputs check.
+    The first call checks every sample's outputs against the model's own forward on that sample
+    (`workbench.vbs.check`) and raises `ExecutionMismatch`, naming the stage that differs, instead of
+    returning wrong outputs; `check=False` skips it. `rtol`/`atol` default to `tolerances` of each
+    sample's reference. `execute` runs the plan without the check.
     """
 
     def __init__(self, model: nn.Module, plan: Plan, *, check: bool = True, rtol: float | None = None,
@@ -163,35 +148,67 @@ class Executor:
         self.check, self.rtol, self.atol, self.check_memory = bool(check), rtol, atol, bool(check_memory)
         self.checked = False
         self._shapes: dict[int, list[tuple[int, ...]]] | None = None
-        self.executed_peak: int | None = None  # bytes the executor will allocate, request included
+        self._sizes: tuple | None = None  # (main, inner, posts): per-sample bytes, branch bytes, copying posts
+        self.writes_input = False  # the model writes into its input (in place): references need a copy first
+        self._ready: set[str] = set()
+        self.executed_peak: int | None = None  # bytes the last prepared execution allocates, request included
+        self.predicted_peak: int | None = None  # the same with the first-batch check, where it runs
 
+    # -- shapes and memory, before anything is allocated ---------------------------------------
     @torch.no_grad()
-    def prepare(self, sample: torch.Tensor) -> None:
-        """Per-sample shapes of every branch (one single-sample pass), then the memory check."""
-        shapes: dict[int, list[tuple[int, ...]]] = {}
-        main, inner, posts = [_per_sample(sample)], {}, set()
-        x = sample[:1]
+    def prepare(self, inputs: torch.Tensor | list[torch.Tensor]) -> None:
+        """Per-sample shapes (a pass of fake tensors) and the memory check for this hand-over of
+        the request: `UnexecutablePlan` where the plan cannot hold its prediction."""
+        request = _request(inputs, self.plan.batch)
+        sample = request if isinstance(request, torch.Tensor) else request[0]
+        if self._sizes is None:
+            self._shape_pass(sample)
+        phases = self.phases(_hand_over(inputs))
+        self.executed_peak, self.predicted_peak = phases["execution"], max(phases.values())
+        if self.check_memory:
+            self._refuse(phases, _hand_over(inputs), tuple(sample.shape[1:]))
+        self._ready.add(_hand_over(inputs))
+
+    def _shape_pass(self, sample: torch.Tensor) -> None:
+        shape = (1, *sample.shape[1:])
+        quiet = logging.getLogger("torch._subclasses.fake_tensor")
+        level, quiet.level = quiet.level, logging.CRITICAL  # a shape error is reported below, not logged
         try:
-            self._shape_pass(x, shapes, main, inner, posts)
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                x = torch.empty(shape, dtype=sample.dtype, device=sample.device)
+                version = x._version
+                self._sizes = self._walk(x)
+                self.writes_input = x._version != version
+        except _NOT_FAKEABLE:  # an op fake tensors cannot run: one real sample, counted as the check's
+            self._real_pass(sample, shape)
         except RuntimeError as exc:  # torch's shape errors, named here with the inputs' shape
             raise ValueError(f"the model refused inputs of shape {tuple(sample.shape)} (one sample: "
-                             f"{tuple(x.shape)}): {exc}") from exc
-        self._shapes = shapes
-        unit = self.plan.unit_bytes
-        _, peak = account(self.plan, byte_sizes(main, inner, unit), posts=frozenset(posts))
-        self.executed_peak = peak * unit
-        if self.check_memory and peak > self.plan.peak:
-            raise UnexecutablePlan(
-                f"workbench.vbs: executing this {self.plan.method} plan on inputs of shape (1, "
-                f"{', '.join(map(str, sample.shape[1:]))}) needs {peak * unit:,} bytes (request included, the "
-                f"executor's copies counted), above the plan's predicted peak of {self.plan.peak_bytes:,} bytes: "
-                f"plan again with vbs.plan or vbs.dp on tables of these inputs (a plan made for other inputs, or "
-                f"saved without its copies accounted, cannot hold its prediction). Not run.")
+                             f"{shape}): {exc}") from exc
+        finally:
+            quiet.level = level
 
-    def _shape_pass(self, x: torch.Tensor, shapes: dict[int, list[tuple[int, ...]]], main: list[int],
-                    inner: dict[int, list[list[int]]], posts: set[int]) -> None:
+    def _real_pass(self, sample: torch.Tensor, shape: tuple[int, ...]) -> None:
+        need = _nbytes(sample[:1]) * self.plan.batch + self.plan.check * self.plan.unit_bytes
+        if self.check_memory and (not self.plan.check or need > self.plan.peak_bytes):
+            raise UnexecutablePlan(
+                f"workbench.vbs: the model's shapes cannot be read with fake tensors (an op depends on the values), "
+                f"and one real sample through it needs {need:,} bytes beside the request"
+                + ("" if self.plan.check else " (unknown: the plan does not carry Plan.check)")
+                + f", above the plan's predicted peak of {self.plan.peak_bytes:,} bytes. Not run.")
+        x = sample[:1].clone()
+        version = x._version
+        try:
+            self._sizes = self._walk(x)
+        except RuntimeError as exc:
+            raise ValueError(f"the model refused inputs of shape {tuple(sample.shape)} (one sample: "
+                             f"{shape}): {exc}") from exc
+        self.writes_input = x._version != version
+
+    def _walk(self, x: torch.Tensor) -> tuple[list[int], dict[int, list[list[int]]], frozenset[int]]:
         """Per-sample shapes and bytes of every stage and branch layer, and the branch groups whose
         `post` writes a new tensor instead of working in place on the group's output."""
+        shapes: dict[int, list[tuple[int, ...]]] = {}
+        main, inner, posts = [_nbytes(x)], {}, set()
         for i, stage in enumerate(self.stages):
             if stage.is_branch:
                 shapes[i], inner[i] = [], []
@@ -199,7 +216,7 @@ class Executor:
                     y, sizes = x, []
                     for _, layer in branch:
                         y = layer(y)
-                        sizes.append(_per_sample(y))
+                        sizes.append(_nbytes(y))
                     shapes[i].append(tuple(y.shape[1:]))
                     inner[i].append(sizes)
                 rest = {s[1:] if stage.merge == "cat" else s for s in shapes[i]}
@@ -209,12 +226,72 @@ class Executor:
                 if stage.post is not None:
                     merged = shapes[i][0] if stage.merge == "add" else (sum(s[0] for s in shapes[i]), *rest.pop())
                     probe = x.new_zeros((1, *merged))
-                    if stage.post(probe).untyped_storage().data_ptr() != probe.untyped_storage().data_ptr():
+                    if not torch._C._is_alias_of(stage.post(probe), probe):
                         posts.add(i)
             x = stage(x)
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"stage {stage.name!r} returns {type(x).__name__}, not a tensor")
-            main.append(_per_sample(x))
+            main.append(_nbytes(x))
+        self._shapes = shapes
+        return main, inner, frozenset(posts)
+
+    def _references_first(self, hand_over: str) -> bool:
+        """Whether the check computes every reference before the plan runs (and holds them)."""
+        return hand_over == "pieces" or self.writes_input
+
+    def phases(self, hand_over: str) -> dict[str, int]:
+        """Bytes at the highest point of each part of a call with the request handed over as
+        `hand_over` ("pieces" or "kept"), the request included: "execution", and where the first
+        call's check runs, "references" (computed first, then held while the plan runs) and
+        "comparison"."""
+        main, inner, posts = self._sizes
+        unit, b = self.plan.unit_bytes, self.plan.batch
+        _, peak = account(self.plan, byte_sizes(main, inner, unit), request=hand_over, posts=posts)
+        execution, request, row = peak * unit, main[0] * b, main[-1]
+        if not self.check or self.checked:
+            return {"execution": execution}
+        one, temps = self.plan.check * unit, COMPARE_TEMPORARIES * row  # one sample through the model
+        held = request if hand_over == "kept" else 0  # after the plan ran
+        if self._references_first(hand_over):  # all of the request waits, the references pile up
+            return {"execution": execution, "references": request + (b - 1) * row + one,
+                    "execution beside the references": execution + b * row, "comparison": held + 2 * b * row + temps}
+        return {"execution": execution, "comparison": held + b * row + max(one, row + temps)}
+
+    def _refuse(self, phases: dict[str, int], hand_over: str, shape: tuple[int, ...]) -> None:
+        limit, plan = self.plan.peak_bytes, self.plan
+        if phases["execution"] > limit and hand_over != plan.request:
+            raise UnexecutablePlan(
+                f"workbench.vbs: this {plan.method} plan counts its request as {_HAND_OVERS[plan.request]}, and was "
+                f"given {_HAND_OVERS[hand_over]}: executed so, it needs {phases['execution']:,} bytes (the request and "
+                f"the executor's copies counted), above the plan's predicted peak of {limit:,} bytes. Plan for the "
+                f"request as you hand it over (vbs.plan(..., request={hand_over!r})), or hand it over as the plan "
+                f"counts it. Not run.")
+        if phases["execution"] > limit:
+            raise UnexecutablePlan(
+                f"workbench.vbs: executing this {plan.method} plan on inputs of shape "
+                f"(1, {', '.join(map(str, shape))}) needs {phases['execution']:,} bytes (request included, the "
+                f"executor's copies counted), above the plan's predicted peak of {limit:,} bytes: plan again with "
+                f"vbs.plan or vbs.dp on tables of these inputs (a plan made for other inputs, or saved without its "
+                f"copies accounted, cannot hold its prediction). Not run.")
+        if self.check and not self.checked and not plan.check:
+            raise UnexecutablePlan(
+                "workbench.vbs: the first-batch check needs one sample through the model beside the request, which "
+                "this plan does not count (Plan.check is 0: a plan made by hand or saved before it was counted): "
+                "plan again, or run with check=False. Not run.")
+        budget = max(plan.memory * plan.unit_bytes, limit)  # a plan made by hand may name no budget
+        over = {k: v for k, v in phases.items() if k != "execution" and v > budget}
+        if over:
+            parts = ", ".join(f"{k} {v:,} bytes" for k, v in over.items())
+            raise UnexecutablePlan(
+                f"workbench.vbs: the first-batch check (every sample's outputs against model(sample), one sample at "
+                f"a time, beside the request and the outputs) needs {parts}, above the budget the plan was made for "
+                f"({budget:,} bytes; the plan itself {limit:,}): run with check=False (the plan alone fits), or plan "
+                f"with that much memory. Not run.")
+
+    # -- running ------------------------------------------------------------------------------
+    def run_step(self, i: int, step: Step, x: torch.Tensor) -> torch.Tensor:
+        """Stage `i` on `x`, a step's samples (a branch group runs its branches' phases)."""
+        return self._group(i, step, x) if self.stages[i].is_branch else self.stages[i].module(x)
 
     def _group(self, i: int, step: Step, x: torch.Tensor) -> torch.Tensor:
         stage, shapes = self.stages[i], self._shapes[i]
@@ -251,21 +328,22 @@ class Executor:
 
     @torch.no_grad()
     def __call__(self, inputs: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
-        """The plan's outputs for `inputs`; the first call is checked against `model(inputs)`."""
+        """The plan's outputs for `inputs`; the first call is checked against the model, sample by sample."""
         if not self.check or self.checked:
             return self.execute(inputs)
-        request = _request(inputs, self.plan.batch)
-        pristine = (request if isinstance(request, torch.Tensor) else torch.cat(request)).clone()
-        outputs = self.execute(inputs)  # the plan's layers may work in place on their inputs
-        self.verify(pristine, outputs)
+        if _hand_over(inputs) not in self._ready:
+            self.prepare(inputs)
+        references = self.references(inputs)
+        outputs = self.execute(inputs)
+        self.verify(outputs, references, inputs if isinstance(inputs, torch.Tensor) else None)
         return outputs
 
     @torch.no_grad()
     def execute(self, inputs: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
         """Run the plan's phases on `inputs` (no outputs check); a list of samples is emptied."""
         request = _request(inputs, self.plan.batch)
-        if self._shapes is None:
-            self.prepare(request if isinstance(request, torch.Tensor) else request[0])
+        if _hand_over(inputs) not in self._ready:
+            self.prepare(inputs)
         owned = isinstance(inputs, list)
         queues = [deque(request if owned else [request])] + [deque() for _ in self.stages]
         if owned:
@@ -273,8 +351,7 @@ class Executor:
         del request
         for step in self.plan.steps:
             x, split = _take(queues[step.layer], step.batch)
-            stage = self.stages[step.layer]
-            y = self._group(step.layer, step, x) if stage.is_branch else stage.module(x)
+            y = self.run_step(step.layer, step, x)
             del x
             if split and (owned or step.layer > 0):
                 _compact(queues[step.layer])
@@ -285,125 +362,38 @@ class Executor:
             raise RuntimeError("plan did not carry every sample through every layer")
         return out[0] if len(out) == 1 else torch.cat(out)
 
-    # -- the first-batch check ---------------------------------------------------------------
-    def _mismatch(self, actual: torch.Tensor, expected: torch.Tensor) -> str:
-        """'' when `actual` matches `expected` within the tolerances, else assert_close's report."""
-        rtol, atol = tolerances(expected)
-        rtol, atol = self.rtol if self.rtol is not None else rtol, self.atol if self.atol is not None else atol
-        try:
-            torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
-        except AssertionError as err:
-            return " ".join(str(err).split())
-        return ""
+    # -- the first-batch check (workbench.vbs.check) -------------------------------------------
+    @torch.no_grad()
+    def references(self, inputs: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """`model(sample)` for every sample, computed before the plan runs where the check needs
+        that (a request handed over, which the plan consumes, or a model that writes into its
+        input); None where `verify` computes each one after the plan, from the kept request."""
+        if not self._references_first(_hand_over(inputs)):
+            return None
+        samples = inputs if isinstance(inputs, list) else [inputs[k:k + 1] for k in range(inputs.shape[0])]
+        return [self.model(s.clone() if self.writes_input else s) for s in samples]
 
     @torch.no_grad()
-    def verify(self, inputs: torch.Tensor, outputs: torch.Tensor) -> None:
-        """Compare `outputs` (the plan's, for `inputs`) with `model(inputs)`: ExecutionMismatch,
-        naming the stage that differs, if they do not match. Costs one forward of the model."""
-        want = self.model(inputs.clone())
-        detail = self._mismatch(outputs, want)
-        if detail:
-            where = self._diagnose(inputs, want)
-            raise ExecutionMismatch(
-                f"workbench.vbs: executing the plan on {type(self.model).__name__} does not reproduce model(x) "
-                f"on the first batch: {where}. No outputs are returned. ({detail})")
+    def verify(self, outputs: torch.Tensor, references: list[torch.Tensor] | None,
+               inputs: torch.Tensor | None) -> None:
+        """Compare `outputs` (the plan's) with every sample's reference (`references`, or
+        `model(sample)` of the kept request `inputs`, one at a time): ExecutionMismatch, naming the
+        stage that differs, if any sample does not match. Frees each reference once compared."""
+        for k in range(self.plan.batch):
+            if references is not None:
+                want, references[k] = references[k], None
+            else:
+                want = self.model(inputs[k:k + 1])
+            detail = mismatch(outputs[k:k + 1], want, self.rtol, self.atol)
+            del want
+            if detail:
+                where = (diagnose(self, inputs, self.rtol, self.atol) if inputs is not None else
+                         "the request was handed over and consumed: run it as one tensor to find the stage")
+                raise ExecutionMismatch(
+                    f"workbench.vbs: executing the plan on {type(self.model).__name__} does not reproduce model(x) "
+                    f"for sample {k} of the first batch: {where}. No outputs are returned. ({detail})")
         self.checked = True
 
-    @torch.no_grad()
-    def _diagnose(self, x: torch.Tensor, want: torch.Tensor) -> str:
-        """Which stage differs: from the forward (decomposition), or from itself in phases."""
-        acts = [x]
-        for stage in self.stages:
-            acts.append(stage(acts[-1].clone()))
-        if self._mismatch(acts[-1], want):
-            model = type(self.model).__name__
-            if self.traced is None:
-                return f"{model}'s forward gives different results on the same batch (is it deterministic?)"
-            traced, ref = node_values(self.traced, x.clone(), [s.node for s in self.stages])
-            if self._mismatch(traced, want):
-                return (f"torch.fx's trace of {model} does not compute what its forward computes now (Python "
-                        f"values the forward reads, such as attributes or globals, were fixed when it was traced, "
-                        f"or the forward is not deterministic)")
-            for i, stage in enumerate(self.stages):
-                if stage.node in ref and self._mismatch(acts[i + 1], ref[stage.node]):
-                    return f"stage {i} {stage.name!r} does not reproduce its part of {model}'s forward"
-            return f"the stages of {model}, run on the whole batch, do not reproduce its forward"
-        for i, stage in enumerate(self.stages):
-            steps = [s for s in self.plan.steps if s.layer == i]
-            parts, row = [], 0
-            for s in steps:
-                chunk = acts[i][row:row + s.batch].clone()
-                row += s.batch
-                parts.append(self._group(i, s, chunk) if stage.is_branch else stage.module(chunk))
-            if self._mismatch(torch.cat(parts), acts[i + 1]):
-                return (f"stage {i} {stage.name!r} gives other outputs in phases of {[s.batch for s in steps]} "
-                        f"samples than on the whole batch of {self.plan.batch} (an output depends on other "
-                        f"samples of its phase, or a layer keeps state between calls)")
-        return "no stage differs on its own; their phases together do (a layer keeps state between calls?)"
 
-
-@dataclass
-class RunResult:
-    """Outputs of one executed plan, its wall time and its measured peak memory."""
-
-    outputs: torch.Tensor
-    seconds: float
-    peak_bytes: int
-    input_bytes: int
-    predicted_seconds: float
-    predicted_peak_bytes: int
-    checked: bool = False  # outputs were compared with model(inputs)
-
-    @property
-    def time_ratio(self) -> float:
-        """Executed / predicted time (above 1: per-phase overhead the profile does not see)."""
-        return self.seconds / self.predicted_seconds if self.predicted_seconds > 0 else float("nan")
-
-    @property
-    def memory_ratio(self) -> float:
-        """Measured peak (the request included) / the plan's predicted peak: at most 1."""
-        return self.peak_bytes / self.predicted_peak_bytes if self.predicted_peak_bytes else float("nan")
-
-
-def measure_peak(executor: Executor, inputs: torch.Tensor) -> int:
-    """Peak bytes the device's allocator hands out (`AllocatorMeter`) while the request `inputs`
-    is handed over to `executor` as one copy per sample and executed: the request is counted as
-    OPT[1, n, b, mem] counts it, each sample until it is consumed. Comparable with
-    `executor.plan.peak_bytes`."""
-    with torch.no_grad(), AllocatorMeter(inputs.device) as meter:
-        samples = [inputs[k:k + 1].clone() for k in range(inputs.shape[0])]
-        executor.execute(samples)
-    return meter.peak_bytes
-
-
-def run(model: nn.Module, plan: Plan, inputs: torch.Tensor, *, measure_memory: bool = True,
-        check: bool = True, rtol: float | None = None, atol: float | None = None,
-        check_memory: bool = True) -> RunResult:
-    """Execute `plan` on `model` for `inputs`; outputs equal `model(inputs)`.
-
-    `seconds` is one timed execution (after the shape pass); `peak_bytes` is the allocator's peak
-    during a second execution to which the request is handed over sample by sample (`measure_peak`),
-    the request included. Both are for the device `inputs` live on. A plan that cannot run within
-    its predicted peak is refused (`UnexecutablePlan`) unless `check_memory=False`.
-
-    With `check` (the default) the timed execution's outputs are compared with `model(inputs)`
-    (`Executor.verify`: one extra forward pass and a copy of the inputs, outside the timing and the
-    memory measurement); a mismatch raises `ExecutionMismatch` naming the stage. `check=False`
-    skips it.
-    """
-    ex = Executor(model, plan, check=check, rtol=rtol, atol=atol, check_memory=check_memory)
-    ex.prepare(inputs)
-    pristine = inputs.clone() if check else None
-    device = inputs.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
-    sync()
-    start = time.perf_counter()
-    outputs = ex.execute(inputs)
-    sync()
-    seconds = time.perf_counter() - start
-    if pristine is not None:
-        ex.verify(pristine, outputs)
-        del pristine
-    peak = measure_peak(ex, inputs) if measure_memory else 0
-    nbytes = inputs.numel() * inputs.element_size()
-    return RunResult(outputs, seconds, peak, nbytes, plan.time_per_sample * plan.batch, plan.peak_bytes, ex.checked)
+_HAND_OVERS = {"pieces": "handed over sample by sample (a list, each sample freed once consumed)",
+               "kept": "one tensor the caller keeps (held whole for the whole call)"}

@@ -24,11 +24,14 @@ lower bound). `workbench.vbs.dynamic_program.smallest_budget` builds on these.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .baselines import _greedy_layer, fbs_peak, greedy_vbs
-from .flow import account, table_sizes
+from .flow import account, check_units, table_sizes
 from .layers import LayerProfile
+from .request import checked_request, lift, planned, without_request
 from .schedule import Plan, Step, check_request
 
 __all__ = ["baseline_floor", "least_memory_plan", "METHOD_NAMES"]
@@ -120,8 +123,8 @@ class _LeastMemory:
     def plan(self, batch: int) -> Plan:
         """The least-memory schedule, accounted for execution; `memory` is its executed peak."""
         steps = self._opt(self.main, None, 0, self.main.n - 1, batch, 0)
-        p, _ = account(Plan("vbs", 0, int(batch), self.layers.unit_bytes, list(self.layers.names), steps),
-                       table_sizes(self.layers))
+        p, _ = account(Plan("vbs", 0, int(batch), self.layers.unit_bytes, list(self.layers.names), steps,
+                            check=check_units(self.layers)), table_sizes(self.layers))
         p.memory = p.peak
         return p
 
@@ -187,11 +190,22 @@ def baseline_floor(layers: LayerProfile, *, batch: int, method: str) -> int:
     raise ValueError(f"method must be 'fbs' or 'greedy', got {method!r}")
 
 
-def least_memory_plan(layers: LayerProfile, *, batch: int, memory: int | None = None) -> Plan:
+def least_memory_plan(layers: LayerProfile, *, batch: int, memory: int | None = None,
+                      request: str = "pieces") -> Plan:
     """The nested schedule (method "vbs") of least memory in the DP's accounting (among equally
-    small peaks, the largest first phases), accounted for execution. Raises ValueError if `memory`
-    is given and below its executed peak. `Plan.memory` is `memory`, else that peak."""
+    small peaks, the largest first phases), accounted for execution, for the request handed over
+    ("pieces") or kept by the caller ("kept"). Raises ValueError if `memory` is given and below its
+    executed peak. `Plan.memory` is `memory`, else that peak."""
     check_request(layers, memory, batch)
+    if memory is not None:
+        return planned(lambda t, m: _least(t, batch, m), layers, memory, batch, request)
+    if checked_request(request) == "pieces":
+        return _least(layers, batch, None)
+    p = lift(_least(without_request(layers), batch, None), layers, 0)
+    return replace(p, memory=p.peak)
+
+
+def _least(layers: LayerProfile, batch: int, memory: int | None) -> Plan:
     p = _LeastMemory(layers).plan(batch)
     if memory is not None and memory < p.peak:
         raise ValueError(f"memory={memory} units is below the executed peak of the least-memory nested schedule, "

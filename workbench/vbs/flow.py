@@ -32,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from .layers import LayerProfile
-from .schedule import Plan, Step
+from .schedule import REQUESTS, Plan, Step
 
-__all__ = ["Flow", "Sizes", "account", "table_sizes", "byte_sizes"]
+__all__ = ["Flow", "Sizes", "account", "table_sizes", "byte_sizes", "check_units"]
 
 # (chain, boundary, samples) -> memory of that many samples waiting at the boundary (the input of the
 # chain's layer `boundary`; one past its last layer: the chain's output). chain is None for the main
@@ -71,18 +71,18 @@ class Flow:
 
     `request` is how the request's samples are handed over: "pieces" (one tensor per sample, each
     freed when consumed: what the DP's in(1, b - b1) counts) or "kept" (one tensor the caller keeps:
-    read as views, never freed or copied, and not counted here). `posts` are the branch groups whose
-    `post` (the ReLU after a residual sum) writes a new tensor rather than working in place: the
-    tables do not see that copy, so a plan made from them is refused by the executor there.
+    read as views, never copied, and counted whole until the call returns). `posts` are the branch
+    groups whose `post` (the ReLU after a residual sum) writes a new tensor rather than working in
+    place: the tables do not see that copy, so a plan made from them is refused by the executor there.
     """
 
     def __init__(self, sizes: Sizes, batch: int, *, request: str = "pieces", posts: frozenset[int] = frozenset()
                  ) -> None:
-        if request not in ("pieces", "kept"):
-            raise ValueError(f"request must be 'pieces' or 'kept', got {request!r}")
+        if request not in REQUESTS:
+            raise ValueError(f"request must be one of {list(REQUESTS)}, got {request!r}")
         self.size, self.pieces, self.posts = sizes, request == "pieces", posts
         self.queues: dict[tuple, deque[int]] = {(None, 0): deque([batch])}
-        self.live = sizes(None, 0, batch) if self.pieces else 0
+        self.live = sizes(None, 0, batch)  # the request, whichever way it is handed over
         self.peak = self.live
 
     def copy(self) -> Flow:
@@ -193,3 +193,17 @@ def account(plan: Plan, sizes: Sizes, *, request: str = "pieces", posts: frozens
     gather = flow.finish(len(plan.names))  # after the last step: counted as part of it
     steps[-1] = replace(steps[-1], executed=max(steps[-1].executed, gather))
     return replace(plan, steps=steps), flow.peak
+
+
+def check_units(layers: LayerProfile) -> int:
+    """Memory of one sample through the model (`Plan.check`): the largest in + ws + out at batch 1,
+    the first layer's input included; for a branch group its input and output, every branch's output
+    (the model's own forward holds them all until it merges them, where the executor writes each into
+    the group's output) and the hungriest branch layer."""
+    need = layers.inp[:, 0] + layers.ws[:, 0] + layers.out[:, 0]
+    for s, parts in layers.branches.items():
+        held = sum(int(p.out[-1, 0]) for p in parts if p.n_layers)
+        inner = max((int((p.inp[k, 0] if k else 0) + p.ws[k, 0] + p.out[k, 0]) for p in parts
+                     for k in range(p.n_layers)), default=0)
+        need[s] = int(layers.inp[s, 0] + layers.out[s, 0]) + held + inner
+    return int(need.max())

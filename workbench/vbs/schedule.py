@@ -11,6 +11,12 @@ The accounting is the DP's (recurrences (1)-(3)): a step at layer L_i with batch
 in(i, q) + ws(i, q) + out(i, q); pending inputs and finished outputs are `reserved`; a special
 layer (branch group) holds its group input and output while its branches run, each branch step
 counted on top of them (`uniform_step` builds one such step for the baselines).
+
+The request. The paper's OPT[1, n, b, mem] reserves in(1, b - b1) for the request's pending
+samples: a request handed over sample by sample, each freed once consumed (`Plan.request` =
+"pieces"). A request the caller keeps (one tensor, alive for the whole call) holds in(1, b) at every
+step, the first layer reading views of it ("kept", `workbench.vbs.request`). Either way a step's
+`used` is in + ws + out, the first layer's input included.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ import pandas as pd
 
 from .layers import LayerProfile
 
-__all__ = ["METHODS", "Step", "Plan", "uniform_step", "check_request"]
+__all__ = ["METHODS", "REQUESTS", "Step", "Plan", "uniform_step", "check_request"]
 
 METHODS = ("vbs", "fbs", "greedy")  # the planners that make plans: the DP and the two baselines
+REQUESTS = ("pieces", "kept")  # how a plan's request is handed over: sample by sample, or kept by the caller
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,12 @@ class Plan:
 
     `method` names the planner that made it: "vbs" (the paper's DP), "fbs" or "greedy".
     `steps` run in order; each takes the first `batch` samples waiting at its layer and appends
-    its outputs to the next layer's queue. Save with `to_json`, reuse with `Plan.from_json`.
+    its outputs to the next layer's queue. `request` is how the plan counts its request: "pieces"
+    (handed over sample by sample, each freed once consumed: the paper's accounting) or "kept" (a
+    tensor the caller keeps for the whole call). `check` is the memory of one sample through the
+    model in the same unit (in + ws + out of its hungriest layer at batch 1, every branch output of
+    a group held as the model's own forward holds them): what the executor's first-batch check
+    adds; 0 where unknown. Save with `to_json`, reuse with `Plan.from_json`.
     """
 
     method: str
@@ -80,6 +92,8 @@ class Plan:
     unit_bytes: int
     names: list[str]
     steps: list[Step]
+    request: str = "pieces"
+    check: int = 0
 
     @property
     def time_per_sample(self) -> float:
@@ -124,13 +138,14 @@ class Plan:
     def to_json(self) -> str:
         return json.dumps({"method": self.method, "memory": self.memory, "batch": self.batch,
                            "unit_bytes": self.unit_bytes, "names": self.names,
-                           "steps": [s.to_dict() for s in self.steps]})
+                           "steps": [s.to_dict() for s in self.steps], "request": self.request, "check": self.check})
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
         """The plan `to_json` wrote; ValueError naming the field and value of anything else.
 
-        Checked: every key present (and no other), `method` a planner's name, `memory` >= 0,
+        Checked: every key present (and no other; `request` and `check` may be absent, in a plan
+        saved before they were: "pieces" and 0), `method` a planner's name, `memory` >= 0,
         `unit_bytes` and `batch` >= 1, every step at a layer of the model with a batch in 1..`batch`,
         and every layer (and branch layer) given all the samples of its request exactly once.
         """
@@ -138,7 +153,8 @@ class Plan:
             d = json.loads(text)
         except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
             raise ValueError(f"Plan.from_json needs the text Plan.to_json writes: {exc}") from None
-        _keys(d, ("method", "memory", "batch", "unit_bytes", "names", "steps"), "plan")
+        _keys(d, ("method", "memory", "batch", "unit_bytes", "names", "steps")
+              + tuple(k for k in ("request", "check") if isinstance(d, dict) and k in d), "plan")
         if d["method"] not in METHODS:
             raise ValueError(f"plan 'method' must be one of {list(METHODS)}, got {d['method']!r}")
         memory, batch = _count(d["memory"], "plan 'memory'", 0), _count(d["batch"], "plan 'batch'", 1)
@@ -150,10 +166,15 @@ class Plan:
             raise ValueError(f"plan 'steps' must be a non-empty list, got {str(d['steps'])[:80]}")
         steps = [_step(s, f"steps[{k}]", len(names), batch) for k, s in enumerate(d["steps"])]
         _conserved(steps, range(len(names)), batch, "plan", names)
-        return cls(d["method"], memory, batch, unit_bytes, list(names), steps)
+        request = d.get("request", "pieces")
+        if request not in REQUESTS:
+            raise ValueError(f"plan 'request' must be one of {list(REQUESTS)}, got {request!r}")
+        return cls(d["method"], memory, batch, unit_bytes, list(names), steps, request,
+                   _count(d.get("check", 0), "plan 'check'", 0))
 
     def __repr__(self) -> str:
-        return (f"Plan({self.method}, batch={self.batch}, memory={self.memory} units, peak={self.peak}, "
+        kept = ", request kept" if self.request == "kept" else ""
+        return (f"Plan({self.method}, batch={self.batch}{kept}, memory={self.memory} units, peak={self.peak}, "
                 f"{self.time_per_sample:.4g} s/sample, {len(self.steps)} steps)")
 
 

@@ -16,6 +16,11 @@ Memory. Every plan's predicted peak is what the executor allocates, the request 
 (`workbench.vbs.flow`); executed, each plan's peak is read from the allocator while the request
 is handed over sample by sample (`vbs.measure_peak`), and `within_budget` says whether it stayed
 within the budget. A plan the executor refuses (`vbs.UnexecutablePlan`) is not run (`refused`).
+
+The request. The sweep's plans count it as the paper does (`Plan.request` "pieces": each sample
+freed once consumed). Beside each, `kept_plan_json` holds the same method's plan at the same
+budget for a request the caller keeps (`request="kept"`: what `vbs.run(model, plan, x)` executes
+within its prediction), None where that does not fit; `plan_at_ratio` returns it by default.
 """
 
 from __future__ import annotations
@@ -48,6 +53,17 @@ def _grid(tables: vbs.LayerProfile, *, floor_batch: int, ratios, units_at_floor:
     return coarse, floor, budgets
 
 
+def _planned(method: str, planners: dict[str, vbs.Planner], coarse: vbs.LayerProfile, budget: int, batch: int,
+             request: str) -> vbs.Plan | None:
+    try:
+        if method == "vbs":
+            return planners[request].plan(memory=budget, batch=batch)
+        make = vbs.fbs if method == "fbs" else vbs.greedy_vbs
+        return make(coarse, memory=budget, batch=batch, request=request)
+    except ValueError:
+        return None
+
+
 def budget_sweep(
     tables: dict[str, vbs.LayerProfile], *, requests=(12,), ratios=(1.0, 1.33, 1.67, 2.0, 2.33, 2.67),
     units_at_floor: int = 24, floor_batch: int | None = None, progress: bool = False,
@@ -55,49 +71,62 @@ def budget_sweep(
     """Predicted per-image time of the DP ("vbs"), FBS and Greedy-VBS per network, request and budget.
 
     Budgets are `ratios` x the floor of the largest request (or `floor_batch`), see the module
-    docstring. One DP per network and request serves every budget (`Planner`). Infeasible
-    baselines are rows with `feasible` False. `plan_json` holds the plan for `execute_sweep`.
+    docstring. One DP per network and request serves every budget (`Planner`), one more the plans
+    for a request the caller keeps (`kept_plan_json`, None where infeasible). Infeasible baselines
+    are rows with `feasible` False. `plan_json` holds the plan for `execute_sweep`.
     """
     rows = []
     for name, t in tqdm(tables.items(), desc="planning", disable=not progress):
         coarse, floor, budgets = _grid(t, floor_batch=floor_batch or max(requests), ratios=ratios,
                                        units_at_floor=units_at_floor)
         for request in requests:
-            planner = vbs.Planner(coarse, memory=max(budgets))
+            planners = {r: vbs.Planner(coarse, memory=max(budgets), request=r) for r in vbs.REQUESTS}
             for budget in budgets:
                 base = {"network": name, "request": request, "budget_units": budget, "unit_bytes": coarse.unit_bytes,
                         "budget_bytes": budget * coarse.unit_bytes, "floor_units": floor, "ratio": budget / floor,
                         "paper_mb": PAPER_FLOOR_MB * budget / floor}
                 for method in METHODS:
-                    try:
-                        p = (planner.plan(memory=budget, batch=request) if method == "vbs" else
-                             vbs.fbs(coarse, memory=budget, batch=request) if method == "fbs" else
-                             vbs.greedy_vbs(coarse, memory=budget, batch=request))
-                    except ValueError:
+                    p = _planned(method, planners, coarse, budget, request, "pieces")
+                    if p is None:
                         rows.append({**base, "method": method, "feasible": False, "time_per_image_s": np.nan})
                         continue
+                    kept = _planned(method, planners, coarse, budget, request, "kept")
                     rows.append({**base, "method": method, "feasible": True, "time_per_image_s": p.time_per_sample,
                                  "peak_bytes": p.peak_bytes, "max_batch": p.max_batch_used, "steps": len(p.steps),
-                                 "plan_json": p.to_json()})
+                                 "plan_json": p.to_json(), "kept_plan_json": kept.to_json() if kept else None})
     return pd.DataFrame(rows)
 
 
-def sweep_plan(sweep: pd.DataFrame, *, network: str, method: str, budget_units: int, request: int) -> vbs.Plan:
-    """The plan of one row of `budget_sweep`."""
+def sweep_plan(sweep: pd.DataFrame, *, network: str, method: str, budget_units: int, request: int,
+               kept: bool = False) -> vbs.Plan:
+    """The plan of one row of `budget_sweep` (`kept`: its plan for a request the caller keeps)."""
     row = sweep[(sweep.network == network) & (sweep.method == method) & (sweep.budget_units == budget_units)
                 & (sweep.request == request) & sweep.feasible]
+    if kept and not row.empty:
+        row = row[row.kept_plan_json.notna()]
     if row.empty:
-        raise ValueError(f"no feasible {method} plan for {network}, request {request}, budget {budget_units} units")
-    return vbs.Plan.from_json(row.plan_json.iloc[0])
+        what = " for a request the caller keeps" if kept else ""
+        raise ValueError(f"no feasible {method} plan{what} for {network}, request {request}, budget {budget_units} "
+                         f"units")
+    return vbs.Plan.from_json(row.kept_plan_json.iloc[0] if kept else row.plan_json.iloc[0])
 
 
-def plan_at_ratio(sweep: pd.DataFrame, *, network: str, method: str, ratio: float, request: int) -> vbs.Plan:
-    """The plan of `method` at the swept budget nearest `ratio` x floor (e.g. 1.33: the paper's 20 MB)."""
+def plan_at_ratio(sweep: pd.DataFrame, *, network: str, method: str, ratio: float, request: int,
+                  kept: bool = True) -> vbs.Plan:
+    """The plan of `method` at the swept budget nearest `ratio` x floor (e.g. 1.33: the paper's 20 MB).
+
+    By default the plan for a request the caller keeps, which `vbs.run(model, plan, x)` executes
+    within its prediction, at the nearest budget where there is one (it needs the request's bytes
+    that the paper's accounting frees as the samples are consumed); `kept=False`: the paper's plan
+    (the request handed over sample by sample), which `execute_sweep` runs and Fig 9 shows."""
     rows = sweep[(sweep.network == network) & (sweep.request == request)]
     if rows.empty:
         raise ValueError(f"no sweep rows for {network}, request {request}")
+    if kept:
+        fits = rows[(rows.method == method) & rows.feasible & rows.kept_plan_json.notna()]
+        rows = fits if not fits.empty else rows
     budget = int(rows.budget_units.loc[(rows.ratio - ratio).abs().idxmin()])
-    return sweep_plan(sweep, network=network, method=method, budget_units=budget, request=request)
+    return sweep_plan(sweep, network=network, method=method, budget_units=budget, request=request, kept=kept)
 
 
 def execute_sweep(
@@ -108,13 +137,15 @@ def execute_sweep(
     interleaved rounds (median, min, max per image) and each distinct plan's peak is measured once
     (`vbs.measure_peak`: the allocator's count, the request handed over and included), with
     `within_budget` beside it. Adds executed columns to the feasible rows of `sweep` and checks
-    outputs against the model; a plan the executor refuses is marked `refused` and not run.
+    outputs against the model; a plan the executor refuses is marked `refused` and not run. The
+    timed rounds (and the first, checked one) read the request as one tensor, whatever hand-over
+    the plan counts: their memory is not what is measured.
 
     At least `repeats` rounds run per budget, more (up to 10 x `repeats`) while they have taken
     less than `min_run_time` seconds (0, the default: exactly `repeats`): at toy sizes one round
     takes milliseconds, and a single round disturbed by other processes would otherwise be the
     whole measurement; 0.2 s is torch.utils.benchmark's `blocked_autorange` default."""
-    out = sweep.copy()
+    out = sweep.drop(columns=["kept_plan_json"], errors="ignore")  # plans this does not execute
     for col in ("executed_s", "executed_min_s", "executed_max_s", "executed_peak_bytes", "max_abs_diff"):
         out[col] = np.nan
     out["rounds"], out["within_budget"], out["refused"] = None, None, False
@@ -129,13 +160,13 @@ def execute_sweep(
             want = model(x)
         runners = {}
         for i in index:
-            ex = vbs.Executor(model, vbs.Plan.from_json(out.at[i, "plan_json"]))
-            try:
-                ex.prepare(x)
+            plan = vbs.Plan.from_json(out.at[i, "plan_json"])
+            try:  # the execution as measured: the request handed over as the plan counts it
+                vbs.Executor(model, plan, check=False).prepare(_handed_over(x, plan))
             except vbs.UnexecutablePlan:
                 out.at[i, "refused"] = True
                 continue
-            runners[i] = ex
+            runners[i] = ex = vbs.Executor(model, plan, check_memory=False)
             out.at[i, "max_abs_diff"] = float((ex(x) - want).abs().max())
         # NOTE: the correctness run above was each runner's warm-up
         calls = {i: (lambda ex=ex, x=x: ex(x)) for i, ex in runners.items()}
@@ -155,6 +186,10 @@ def execute_sweep(
             out.at[i, "within_budget"] = bool(peaks[key] <= out.at[i, "budget_bytes"])
             out.at[i, "rounds"] = [float(v) for v in t]
     return out
+
+
+def _handed_over(x: torch.Tensor, plan: vbs.Plan) -> torch.Tensor | list[torch.Tensor]:
+    return [x[k:k + 1].clone() for k in range(x.shape[0])] if plan.request == "pieces" else x
 
 
 def agreement(executed: pd.DataFrame, *, statistic: str = "median") -> pd.DataFrame:

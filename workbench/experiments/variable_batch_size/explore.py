@@ -32,7 +32,7 @@ def explore_budget(
         raise ValueError(f"network must be one of {list(layers)}, got {network!r}")
     one = budget_sweep({network: layers[network]}, requests=[request], ratios=[ratio],
                        units_at_floor=units_at_floor, floor_batch=request)
-    plan = plan_at_ratio(one, network=network, method="vbs", ratio=ratio, request=request)
+    plan = plan_at_ratio(one, network=network, method="vbs", ratio=ratio, request=request, kept=False)
     fig = plot_layer_batches(plan.to_frame(), title=f"{network}: batch sizes at {ratio} x floor, request {request}",
                              verdicts=verdicts)
     # NOTE: ipywidgets' interact shows every figure still open in pyplot after the callback returns;

@@ -123,8 +123,8 @@ def table_iii(sweep: pd.DataFrame, *, network: str, ratio: float, request: int) 
     """Table III at the swept budget nearest `ratio` x floor, with the paper's values beside each
     layer it lists (as fractions of its 20 MB). Empty where FBS cannot serve the request."""
     try:
-        p = plan_at_ratio(sweep, network=network, method="vbs", ratio=ratio, request=request)
-        f = plan_at_ratio(sweep, network=network, method="fbs", ratio=ratio, request=request)
+        p = plan_at_ratio(sweep, network=network, method="vbs", ratio=ratio, request=request, kept=False)
+        f = plan_at_ratio(sweep, network=network, method="fbs", ratio=ratio, request=request, kept=False)
     except ValueError:
         return pd.DataFrame()
     frame = unused_memory(p, f)
@@ -140,9 +140,10 @@ def layer_batches(sweep: pd.DataFrame, tables: vbs.LayerProfile, *, network: str
     """Fig 9: the DP's phases per main-path layer at the swept budget nearest `ratio` x floor, with
     each layer's memory need per sample (in + ws + out at batch 1, the DP's accounting) and the
     batch size FBS runs at the same budget (NaN where it cannot serve the request)."""
-    p = plan_at_ratio(sweep, network=network, method="vbs", ratio=ratio, request=request)
+    p = plan_at_ratio(sweep, network=network, method="vbs", ratio=ratio, request=request, kept=False)
     try:
-        fbs_batch = plan_at_ratio(sweep, network=network, method="fbs", ratio=ratio, request=request).max_batch_used
+        fbs_batch = plan_at_ratio(sweep, network=network, method="fbs", ratio=ratio, request=request,
+                                  kept=False).max_batch_used
     except ValueError:
         fbs_batch = np.nan
     floor = sweep[(sweep.network == network) & (sweep.request == request)].floor_units.iloc[0]
