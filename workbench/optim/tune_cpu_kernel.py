@@ -40,18 +40,22 @@ import torch
 from workbench.optim import cpu_kernel, cpu_variants
 from workbench.optim.cpu_variants import Variant, parse_variant
 
-__all__ = ["FORMATS", "measure_variants", "tune", "main"]
+__all__ = ["FORMATS", "main", "measure_variants", "training_step", "tune"]
 
 # (label, extra bits, moment dtype)
 FORMATS = (("bf16+8", 8, torch.float32), ("bf16+16", 16, torch.float32), ("bf16+8 bf16 moments", 8, torch.bfloat16))
 SAMPLE_S = 0.01  # the least time of one timed sample (steps in a row): ~1 step of 4M parameters
 
 
-def _training_step(make: Callable, sizes: Sequence[int], dtype: torch.dtype) -> tuple[object, Callable[[], None]]:
-    """An optimizer over new parameters and its step as a training loop runs it: each step the parameters get
-    gradient tensors they did not hold the step before (two sets made beforehand, alternating)."""
-    params = [torch.zeros(n, dtype=dtype, requires_grad=True) for n in sizes]
-    pool = [[(torch.randn(n) * 1e-3).to(dtype) for n in sizes] for _ in range(2)]
+def training_step(make: Callable[[list[torch.Tensor]], torch.optim.Optimizer], sizes: Sequence[int],
+                  dtype: torch.dtype, device: torch.device | str = "cpu",
+                  ) -> tuple[torch.optim.Optimizer, Callable[[], None]]:
+    """An optimizer over new parameters of ``sizes``, and its step as a training loop runs it: before each
+    ``step()`` every parameter gets a gradient tensor it did not hold the step before (what backward leaves
+    after ``zero_grad(set_to_none=True)``, torch's default), from two sets made beforehand so that no
+    gradient is computed or allocated inside the timed step."""
+    params = [torch.zeros(n, device=device, dtype=dtype, requires_grad=True) for n in sizes]
+    pool = [[(torch.randn(n, device=device) * 1e-3).to(dtype) for n in sizes] for _ in range(2)]
     opt, turn = make(params), [0]
 
     def step() -> None:
@@ -97,10 +101,10 @@ def measure_variants(
         load_before = os.getloadavg()[0]
         torch.manual_seed(0)
         sizes = [numel // n_tensors + (numel % n_tensors if i == 0 else 0) for i in range(n_tensors)]
-        _, torch_step = _training_step(lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True), sizes, torch.float32)
+        _, torch_step = training_step(lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True), sizes, torch.float32)
         steps = {}
         for label, k, sdt in formats:
-            opt, step = _training_step(lambda ps, k=k, sdt=sdt: PackedAdamW(ps, lr=1e-3, extra_bits=k, fused=True,
+            opt, step = training_step(lambda ps, k=k, sdt=sdt: PackedAdamW(ps, lr=1e-3, extra_bits=k, fused=True,
                                                                            state_dtype=sdt), sizes, torch.bfloat16)
             if opt.step_backend() != "cpu_kernel":
                 raise RuntimeError(f"{label}: PackedAdamW runs {opt.step_backend()!r}, not the CPU kernel")

@@ -7,7 +7,7 @@ packed optimizers) and Fig 3 (op throughput as a share of memory bandwidth). Ker
 
 One table row per (threads, size, method): ``torch.optim.AdamW(fused=True).step()`` on fp32 parameters
 (28 bytes moved per parameter), and for each packed format ``PackedAdamW(..., fused=True).step()`` as users
-call it (``step``: both on a training-loop step, new gradient tensors each step, ``speed.training_step``),
+call it (``step``: both on a training-loop step, new gradient tensors each step, ``tune_cpu_kernel.training_step``),
 the C++ kernel alone on flat buffers (``kernel``) and the ``torch.compile``d flat step
 (``workbench.optim.update.compiled_update``, what ``fused=True, compile=True`` runs) on the same flat
 buffers; the parameters in ``n_tensors`` tensors. All methods are timed interleaved round by round
@@ -38,6 +38,7 @@ from workbench.measure import time_interleaved
 from workbench.optim import PackedAdamW, cpu_kernel, cpu_variants
 from workbench.optim.formats import storage_bits
 from workbench.optim.update import adam_math, compiled_update
+from workbench.optim.tune_cpu_kernel import training_step
 
 __all__ = ["DEFAULT_FORMATS", "bytes_per_param", "kernel_table", "kernel_throughput", "main"]
 
@@ -104,7 +105,6 @@ def kernel_throughput(
 
 
 def _throughput(numel, formats, repeats, compiled, n_tensors, seed, progress) -> pd.DataFrame:
-    from .speed import training_step  # speed imports bytes_per_param from here
 
     load_before = os.getloadavg()
     torch.manual_seed(seed)

@@ -40,12 +40,13 @@ from tqdm.auto import tqdm
 
 from workbench.measure import calls_for, time_callable, time_interleaved
 from workbench.optim import PackedAdamW, cpu_kernel, cpu_variants, step_in_backward
+from workbench.optim.tune_cpu_kernel import training_step
 
 from .bench import find_row, parse_format
 from .cpu_bench import bytes_per_param
 
 __all__ = ["memory_bandwidth", "step_throughput", "steps_in_a_row", "throughput_share_ratio", "throughput_table",
-           "training_step", "backward_step_ratio", "main"]
+           "backward_step_ratio", "main"]
 
 # NOTE: 128 MiB, far beyond any CPU's last-level cache, so the update measures DRAM bandwidth (an
 # 8 MB buffer stays in cache and rated torch's 16M-parameter step above the ceiling).
@@ -113,25 +114,6 @@ def _config(cfg) -> tuple:
     if not fmt.packed:
         raise ValueError(f"throughput config {cfg!r}: needs a packed format such as 'bf16+8'")
     return fmt, options
-
-
-def training_step(make: Callable[[list[torch.Tensor]], torch.optim.Optimizer], sizes: list[int], dtype: torch.dtype,
-                  device: torch.device) -> tuple[torch.optim.Optimizer, Callable[[], None]]:
-    """An optimizer over new parameters of ``sizes``, and its step as a training loop runs it: before each
-    ``step()`` every parameter gets a gradient tensor it did not hold the step before (what backward leaves
-    after ``zero_grad(set_to_none=True)``, torch's default), from two sets made beforehand so that no
-    gradient is computed or allocated inside the timed step."""
-    params = [torch.zeros(n, device=device, dtype=dtype, requires_grad=True) for n in sizes]
-    pool = [[(torch.randn(n, device=device) * 1e-3).to(dtype) for n in sizes] for _ in range(2)]
-    opt, turn = make(params), [0]
-
-    def step() -> None:
-        for p, g in zip(params, pool[turn[0]], strict=True):
-            p.grad = g
-        turn[0] ^= 1
-        opt.step()
-
-    return opt, step
 
 
 def steps_in_a_row(fn: Callable[[], object], steps: int, blocks: int, device: torch.device) -> list[float]:
