@@ -70,3 +70,17 @@ def test_the_largest_batch_search_traces_batch_one_only_where_the_users_batch_do
     advice.rebudget(fp32 * 0.9)  # nothing fits at batch 6: the searches go down, through batch 1
     assert not advice.table["fits"].any() and (advice.table["max_batch"] < 6).all()
     assert all(hasattr(graph, "_one") for graph in advice._plans._graphs.values())
+
+
+def test_a_batch_that_is_not_a_power_of_two_is_calibrated_one_past_a_power_of_two():
+    """Issue 48: kernels can take more at a batch that does not fill their tiles (oneDNN's AMX matmul at odd batches).
+    The calibration runs one past the power of two below the user's batch (the batch that pads most in its
+    octave), or the next octave's where that is the batch itself. (A batch above 8 is also checked at itself,
+    min(16, batch): issue 44's in-sample check, not this probe.)"""
+    work = Workload.of(mlp, torch.randn(6, 24), torch.randint(0, 5, (6,)), None, "adamw", 1e-3, torch.device("cpu"))
+    for batch_size, probe in ((4, None), (3, 5), (12, 9), (17, 33)):
+        plans = Plans(work, [Config()])
+        plans.calibrate(Config(), batch_size)
+        ran = plans.plan(Config()).graph.calibrated_batches
+        held = probe != batch_size and probe in ran if probe else all(b & (b - 1) == 0 for b in ran)
+        assert held, (batch_size, ran)

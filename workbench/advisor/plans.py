@@ -175,8 +175,10 @@ class Plans:
         check = (min(16, batch_size),) if batch_size > 8 else ()
         sizes = (1, 2, 4) if batch_size == 1 else (2, 4, 8)
         # a batch that is not a power of two is planned with what kernels take at such batches (issue 48: oneDNN's
-        # AMX matmul pads odd batches); one past the power of two below it is the run that bounds its octave
+        # AMX matmul pads odd batches); one past the power of two below it is the run that bounds its octave, or
+        # where that is the batch itself (held out from calibration), the next octave's
         probe = unaligned_probe(batch_size)
+        probe = 2 * batch_size - 1 if probe == batch_size else probe
         sizes += (probe,) if probe is not None and probe not in sizes + check else ()
         try:
             calibrated = copy.copy(graph).calibrate(sizes=sizes, check=check, refine=1)
