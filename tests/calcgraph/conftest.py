@@ -6,12 +6,36 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.calcgraph import make_optimizer, plan_training
+from workbench.calcgraph import make_optimizer, plan_training, training_program
+from workbench.measure import AllocatorMeter
 from workbench.models import MLP
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "large_batch: a zoo case at a large batch (deselect with -m 'not large_batch')")
+
+
+@pytest.fixture(scope="module")
+def one_thread_module():
+    """One intra-op thread for plans, calibration and measurement alike (the allocator's scratch depends on
+    the thread count, and tiny kernels run faster on a shared machine without spinning threads)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _allocator_peak(build, shape, batch_size, **options) -> int:
+    with AllocatorMeter("cpu") as meter:
+        training_program(build, shape, batch_size, **options)
+    return meter.peak_bytes
+
+
+@pytest.fixture
+def allocator_peak():
+    """(build, shape, batch_size, **training_program options) -> the allocator's peak (`AllocatorMeter`) over a
+    real run of `training_program`: the measure a plan is judged against, sharing no counting rule with it."""
+    return _allocator_peak
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from workbench.calcgraph import CompiledGraph, plan_training, training_program
-from workbench.measure import AllocatorMeter
 
 # odd, one past a power of two, neither. 33 (one past a power of two, where a kernel's tiles pad most) is where
 # calibration runs and 65 where it checks: the rest are held out
@@ -71,31 +70,16 @@ def amp_cnn() -> nn.Module:
                          nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
 
 
-def peak(build, shape, batch_size, **options) -> int:
-    with AllocatorMeter("cpu") as meter:
-        training_program(build, shape, batch_size, **options)
-    return meter.peak_bytes
-
-
 @pytest.fixture(scope="module")
-def one_thread():
-    """One thread for plan and measure alike: scratch depends on the thread count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiled(one_thread):
+def tiled(one_thread_module):
     return plan_training(Tiled, (32,))
 
 
-def test_scratch_the_fake_kernel_cannot_see_is_planned_at_every_alignment(tiled):
+def test_scratch_the_fake_kernel_cannot_see_is_planned_at_every_alignment(tiled, allocator_peak):
     aligned_only = plan_training(Tiled, (32,), calibrate=False).calibrate(sizes=(1, 2, 4, 8, 32), check=(16, 64))
     for b in BATCHES:
         assert (b in tiled.calibrated_batches) == (b in CALIBRATED)
-        real = peak(Tiled, (32,), b)
+        real = allocator_peak(Tiled, (32,), b)
         error = (tiled.required_bytes(b) - real) / real
         assert -0.02 <= error <= 0.05, f"batch {b}: {error:+.2%} against the allocator"
         assert aligned_only.required_bytes(b) < 0.9 * real  # the defect: calibrated at powers of two alone
@@ -103,13 +87,13 @@ def test_scratch_the_fake_kernel_cannot_see_is_planned_at_every_alignment(tiled)
     assert tiled.envelope_bytes(64) == 0 and tiled.required_bytes(64) == tiled.required_bytes(64, envelope=False)
 
 
-def test_the_largest_batch_for_a_budget_never_overruns_it(tiled):
+def test_the_largest_batch_for_a_budget_never_overruns_it(tiled, allocator_peak):
     """At margin 0 the plan alone must hold the budget; the default margin (from every check) only lowers it."""
     for b in BATCHES:
-        budget = peak(Tiled, (32,), b)  # a budget that batch b really fits
+        budget = allocator_peak(Tiled, (32,), b)  # a budget that batch b really fits
         answer = tiled.max_batch_size(budget, margin=0.0)
         assert answer >= b or tiled.required_bytes(b) > budget  # the envelope may cost a batch, never a miss
-        assert peak(Tiled, (32,), answer) <= budget, (b, answer)
+        assert allocator_peak(Tiled, (32,), answer) <= budget, (b, answer)
         if tiled.required_bytes(1) <= budget * (1 - tiled.default_margin):
             assert tiled.max_batch_size(budget) <= answer
 
@@ -122,7 +106,7 @@ def test_the_margin_counts_every_round_of_checks(tiled):
     assert {17, 33} <= set(tiled.calibration.sizes)  # one past a power of two: the batches that pad most
 
 
-def test_batch_one_that_needs_more_than_batch_two_leaves_the_search_to_start_at_two(one_thread):
+def test_batch_one_that_needs_more_than_batch_two_leaves_the_search_to_start_at_two(one_thread_module):
     graph = plan_training(Tiled, (32,), calibrate=False)
     one, two = graph.required_bytes(1), graph.required_bytes(2)
     graph.required_bytes = lambda b, **_: one + 10**6 if b == 1 else graph.__class__.required_bytes(graph, b)
@@ -134,7 +118,7 @@ def test_batch_one_that_needs_more_than_batch_two_leaves_the_search_to_start_at_
 
 
 @pytest.mark.parametrize("case", ["bf16 mlp", "amp cnn"])
-def test_bf16_and_amp_models_are_planned_at_every_alignment(one_thread, case):
+def test_bf16_and_amp_models_are_planned_at_every_alignment(one_thread_module, case, allocator_peak):
     if case == "bf16 mlp":
         build, shape, options = bf16_mlp, (32,), {"input_dtype": torch.bfloat16}
     else:
@@ -146,6 +130,6 @@ def test_bf16_and_amp_models_are_planned_at_every_alignment(one_thread, case):
     graph = CompiledGraph(program, device="cpu", trace_sizes=(2, 3, 4)).calibrate()
     for b in BATCHES:
         assert (b in graph.calibrated_batches) == (b in CALIBRATED)
-        real = peak(build, shape, b, **options)
+        real = allocator_peak(build, shape, b, **options)
         error = (graph.required_bytes(b) - real) / real
         assert -0.02 <= error <= 0.05, f"{case} at batch {b}: {error:+.2%} against the allocator"

@@ -29,18 +29,12 @@ def bn_cnn() -> nn.Module:
 LSTM_SHAPE, CNN_SHAPE = (12, 16), (3, 16, 16)
 
 
-def allocator_peak(build, shape, batch_size) -> int:
-    with AllocatorMeter("cpu") as meter:
-        training_program(build, shape, batch_size)
-    return meter.peak_bytes
-
-
 @pytest.fixture(scope="module")
 def lstm():
     return plan_training(LSTMNet, LSTM_SHAPE, calibrate=False), plan_training(LSTMNet, LSTM_SHAPE)
 
 
-def test_fake_tensors_miss_the_lstm_workspace_and_calibration_finds_it(lstm):
+def test_fake_tensors_miss_the_lstm_workspace_and_calibration_finds_it(lstm, allocator_peak):
     plain, calibrated = lstm
     for b in (3, 12, 48):
         real = allocator_peak(LSTMNet, LSTM_SHAPE, b)
@@ -73,7 +67,7 @@ def test_a_variant_of_the_program_takes_its_calibration_call_by_call(lstm):
         CompiledGraph(variant, device="cpu", trace_sizes=(2, 4)).calibrated_like(calibrated)
 
 
-def test_lstm_max_batch_fits_the_budget_under_the_allocator(lstm):
+def test_lstm_max_batch_fits_the_budget_under_the_allocator(lstm, allocator_peak):
     _, graph = lstm
     budget = float(2**20)
     assert graph.default_margin >= 0.02
@@ -100,7 +94,7 @@ def test_calibrated_bytes_are_their_own_zone_and_steps_are_reported(lstm):
     assert steps["steady_state"] >= steps["first_step"]  # Adam's state is allocated in the first step
 
 
-def test_batchnorm_scratch_is_calibrated():
+def test_batchnorm_scratch_is_calibrated(allocator_peak):
     plain = plan_training(bn_cnn, CNN_SHAPE, calibrate=False)
     graph = plan_training(bn_cnn, CNN_SHAPE)
     for b in (1, 8, 48):

@@ -16,16 +16,6 @@ MISSES: dict[tuple[str, int], str] = {}
 
 
 @pytest.fixture(scope="module")
-def one_thread_module():
-    """One intra-op thread for plans, calibration and measurement alike (the allocator's scratch depends on
-    the thread count, and tiny kernels run faster on a shared machine without spinning threads)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
 def graphs(one_thread_module):
     cache = {}
 
