@@ -171,7 +171,10 @@ def test_no_sample_is_held_twice_between_steps():
 
 def test_the_request_handed_over_is_emptied_and_freed(repro):
     model, x, tables = repro
-    ex = vbs.Executor(model, _plans(model, x, (1.33,), tables)[0])
+    # the DP's plan is the fastest by measured times, and where it fills its budget to the unit the
+    # check's references do not fit beside it, which `prepare` refuses by design (test_run_plan.py):
+    # here the check runs to show it empties the request, its memory aside
+    ex = vbs.Executor(model, _plans(model, x, (1.33,), tables)[0], check_memory=False)
     samples = [x[k:k + 1].clone() for k in range(8)]
     with torch.no_grad():
         torch.testing.assert_close(ex(samples), model(x))
