@@ -16,16 +16,16 @@ from __future__ import annotations
 import numbers
 from copy import deepcopy
 from itertools import chain
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from workbench.optim.distributed import load_layout
 from workbench.optim.options import PackedOptions
 
-if TYPE_CHECKING:
-    from workbench.optim.packed import PackedOptimizer
-
+# NOTE: the optimizer arguments are typed as torch.optim.Optimizer, where the packed optimizers are meant
+# (workbench.optim.packed.PackedOptimizer): packed imports this module to load its state, and a module it
+# imports does not import it back, not even for a type hint (tests/test_layout.py, the no-circle rule).
 __all__ = ["LATER_KEYS", "check_state_dict", "load_checked", "saved_seed"]
 
 # NOTE: keys added after state dicts were first saved, with the value an older state dict means
@@ -66,7 +66,7 @@ def _check_param_state(name: str, pid: Any, p: torch.Tensor, saved: Any, expecte
                              f"got {_describe(value)}")
 
 
-def check_state_dict(optimizer: PackedOptimizer, state_dict: Any) -> None:
+def check_state_dict(optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
     """Raise ValueError where ``state_dict`` cannot be loaded into ``optimizer`` as it is.
 
     Checks, in order: the two top-level entries; the number of param groups; each saved group has
@@ -122,7 +122,7 @@ def check_state_dict(optimizer: PackedOptimizer, state_dict: Any) -> None:
                          "get_optimizer_state_dict(model, optimizer) and set_optimizer_state_dict (keys are names)")
 
 
-def saved_seed(optimizer: PackedOptimizer, state_dict: dict[str, Any]) -> int | None:
+def saved_seed(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> int | None:
     """The stochastic-rounding seed a state dict carries (None for one saved before seeds were): its top-level
     ``sr_seed``, or every param group's (``torch.distributed.checkpoint``'s ``get_optimizer_state_dict`` keeps
     only "state" and "param_groups", so ``state_dict()`` writes the seed into each group as well).
@@ -145,7 +145,7 @@ def saved_seed(optimizer: PackedOptimizer, state_dict: dict[str, Any]) -> int | 
     return values.pop() if values else None
 
 
-def load_checked(optimizer: PackedOptimizer, state_dict: Any) -> None:
+def load_checked(optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
     """Check ``state_dict`` (:func:`check_state_dict`), then load it into ``optimizer``.
 
     # NOTE: torch's loader casts every state tensor to the parameter's dtype (fp16 here), which would
