@@ -16,8 +16,9 @@ from .ledger import (
 )
 from .results import (
     KERNEL_NAME, PAPERS, PROFILES, RESERVED, Paper, UsageError, capture_parameters, notebook_repository,
-    paper_citation, save_results,
+    paper_citation,
 )
+from .save import save_results
 from .parameters import Declared, notebook_parameters
 from .runner import available_notebooks, build_reports, load_profile
 

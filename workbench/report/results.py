@@ -1,7 +1,9 @@
 """A notebook's results: `results.json` beside its figures, and the names and folders reports share.
 
-`save_results` writes what a notebook measured (parameters, environment, records, claims ledger,
-figures); the runner and the index page read these files back and trust nothing in them.
+`write_results` writes what a notebook measured (parameters, environment, records, claims ledger,
+figures) and nothing else; the runner and the index page read these files back and trust nothing in them.
+Notebooks call `save.save_results`, which writes through this module and then lists a JupyterLab run on
+the index pages: data flows one way, results first, the index after, from what is on disk.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import os
 import re
 import secrets
 import stat
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,15 +117,16 @@ def capture_parameters(namespace: dict) -> dict:
             if not k.startswith("_") and k not in _NOT_PARAMETERS and isinstance(v, _LITERALS)}
 
 
-def save_results(
+def write_results(
     name: str, *, output_dir: str | Path, parameters: dict, records: dict[str, pd.DataFrame],
     ledger: Ledger, figures: dict | None = None, device=None,
 ) -> Path:
-    """Write `results.json` (parameters, environment, records, claims) and figures as PNG.
+    """Write `results.json` (parameters, environment, records, claims) and figures as PNG; returns its path.
 
     `output_dir` "" (a notebook run in JupyterLab) means `reports/interactive/<name>` in the repository
-    the notebook is in; the run then replaces that notebook's previous one there and is listed, with its
-    parameters and time, on `reports/index.html` (rewritten at once). Returns the results.json path.
+    the notebook is in, replacing that notebook's previous run there. Nothing else is written: the index
+    pages are built afterwards from what is on disk (`save.save_results` for a run in JupyterLab, the
+    runner for a build).
     """
     _check_name(name)
     # NOTE: the kernel's current folder is the notebook's folder, so a run in JupyterLab saves beside
@@ -149,8 +151,6 @@ def save_results(
     }
     path = out / "results.json"
     _write_atomic(path, json.dumps(payload, indent=1))
-    if not output_dir:
-        _list_interactive_run(out.parent.parent, path)
     return path
 
 
@@ -166,23 +166,6 @@ def _refuse_links(reports: Path, out: Path) -> None:
                              f"real folders inside {reports}: remove the link, or pass output_dir= explicitly")
         if os.path.lexists(folder) and not folder.is_dir():
             raise UsageError(f"{folder} is not a folder; results are saved into {out}: move it out of the way")
-
-
-def _list_interactive_run(reports: Path, path: Path) -> None:
-    """Rewrite the index pages so a JupyterLab run is listed at once; say where it went (the folder is
-    usually outside JupyterLab's file browser). A page that cannot be written costs the run nothing."""
-    from .folders import locked
-    from .index import write_index
-
-    try:
-        with locked(reports):
-            index = write_index(reports)
-    except (OSError, UsageError) as exc:
-        print(f"results saved to {path}; the index was not updated: {getattr(exc, 'strerror', None) or exc}",
-              file=sys.stderr)
-        return
-    print(f"results saved to {path}; listed in {index}")
-
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows
