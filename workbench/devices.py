@@ -114,7 +114,7 @@ def isa_summary(features: dict) -> str:
 
 
 def _git_commit() -> str | None:
-    # NOTE: a copy of the checkout on another machine (gpu_run, run.sh) names its commit here: git reads none
+    # NOTE: a copy of the checkout on another machine (workbench.gpu's run.sh) names its commit here: git reads none
     # there, or the commit of a repository the copy happens to sit in.
     if os.environ.get("WORKBENCH_COMMIT"):
         return os.environ["WORKBENCH_COMMIT"]

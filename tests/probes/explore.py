@@ -6,7 +6,7 @@ outcome classified. Run by hand, not by pytest (no `test_` prefix); the findings
     python tests/probes/explore.py --list          # names only
 
 Families: `cli` (command-line arguments), `runner` (report runner faults), `library` (the library API), `data`
-(the CIFAR and MNIST readers), `unpack` (`gpu_run unpack`). Classes:
+(the CIFAR and MNIST readers), `unpack` (`workbench.gpu unpack`). Classes:
 
     refused    a clear refusal naming the bad value (exit status 2 from the command line)
     ok         correct behaviour for an input that is fine (or a refusal where refusing is the behaviour)

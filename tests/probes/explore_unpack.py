@@ -1,7 +1,7 @@
-"""Exploration probes, family `unpack`: `python -m workbench.report.gpu_run unpack ARCHIVE --reports DIR` (see
+"""Exploration probes, family `unpack`: `python -m workbench.gpu unpack ARCHIVE --reports DIR` (see
 explore.py). A bad archive must be refused (exit status 2) naming the archive or the member, writing nothing
 outside `DIR/reference/` and deleting no file of the user's; a good one must land in
-`DIR/reference/<device-slug>/<name>/`. (gpu_run.py and reference.py belong to another helper: reported.)"""
+`DIR/reference/<device-slug>/<name>/`. (workbench/gpu and report/reference.py belong to another helper: reported.)"""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ RUN = json.dumps({"name": NAME, "status": "ok", "profile": "gpu", "environment":
 
 
 def _unpack(sb, *archives):
-    from workbench.report.gpu_run import main
+    from workbench.gpu.cli import main
 
     return cli(["unpack", *map(str, archives), "--reports", str(sb.root / "reports")], main=main)
 

@@ -1,4 +1,4 @@
-"""Hostile inputs to `gpu_run unpack` and `gpu_run run` (probes of the report-runner family): each case lost
+"""Hostile inputs to `gpu unpack` and `gpu run` (probes of the report-runner family): each case lost
 data, wrote outside the reports folder, hung or crashed before, and must now be refused with a clear error
 that names the bad value and what was expected, or handled without harm."""
 
@@ -12,8 +12,9 @@ import tarfile
 import pytest
 
 from workbench.devices import repo_root
-from workbench.report import gpu_run
-from workbench.report.archive import unpack
+from workbench.gpu import cli
+from workbench.gpu import run as gpu_run
+from workbench.gpu.archive import unpack
 from workbench.report.results import UsageError
 
 SLUG, NAME = "nvidia-h100-80gb-hbm3", "tour"
@@ -109,7 +110,7 @@ def test_a_truncated_archive_is_a_clear_error(tmp_path, capsys):
     whole = _archive(tmp_path / "whole.tar.gz", {"results.json": os.urandom(200_000)})
     cut = tmp_path / "cut.tar.gz"
     cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
-    assert gpu_run.main(["unpack", str(cut), "--reports", str(tmp_path / "reports")]) == 2
+    assert cli.main(["unpack", str(cut), "--reports", str(tmp_path / "reports")]) == 2
     err = capsys.readouterr().err
     assert "cut.tar.gz" in err and "truncated or damaged" in err and "Traceback" not in err
     assert not list((tmp_path / "reports").rglob("*.json"))
@@ -131,7 +132,7 @@ def test_run_refuses_an_unknown_device_before_any_work(tmp_path, monkeypatch, ca
 
     monkeypatch.setattr(gpu_run, "install_wheels", no_work)
     monkeypatch.setattr("workbench.report.runner.build_reports", no_work)
-    assert gpu_run.main(["run", "tour", "--device", "tpu", "--out", str(tmp_path / "o"),
+    assert cli.main(["run", "tour", "--device", "tpu", "--out", str(tmp_path / "o"),
                          "--reference", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "'tpu'" in err and "cpu" in err and "cuda:N" in err

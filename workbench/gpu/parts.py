@@ -1,10 +1,10 @@
-"""What `run.sh PART OUTDIR` runs on the GPU machine (`gpu_pack` writes run.sh): one part per call.
+"""What `run.sh PART OUTDIR` runs on the GPU machine (`pack` writes run.sh): one part per call.
 
-Each part installs the carried wheels it needs (`gpu_wheels`; a later call on the same machine reuses them),
+Each part installs the carried wheels it needs (`wheels`; a later call on the same machine reuses them),
 stops at its deadline (`--deadline`, PART_DEADLINE by default: under the 9 minutes a call may take) keeping
 what it finished, writes at most 8 files to OUTDIR and streams its log there as it goes, so even a run killed
-from outside leaves its log. `gpu_run unpack` takes every archive a part writes. Expected minutes on an H100
-(from the 2026-11-26 run's logs where they say; `part.json` records each run's own seconds):
+from outside leaves its log. `python -m workbench.gpu unpack` takes every archive a part writes. Expected
+minutes on an H100 (from the 2026-11-26 run's logs where they say; `part.json` records each run's own seconds):
 
 - `tests`, about 1.5: every CUDA-only test (`pytest -m cuda`, about 42 tests, most of them Triton kernel builds, on 8
   pytest-xdist workers; 84 s on 2026-11-27 beside the memory part). Files: tests.log, tests.xml (JUnit),
@@ -13,12 +13,12 @@ from outside leaves its log. `gpu_run unpack` takes every archive a part writes.
   eleven widths (byte planes, dense words with and without SR, fp16, bf16 moments), the peers and each
   format's compiled step (`kernels_command`; the notebook's Fig 3 cell timed 3 widths at this size, compiled
   too, in 17 s there). Files: kernels.log, kernels.csv, kernels.backward.csv, kernels-<device>.tar.gz.
-- `memory`, 5 or more: `gpu_memory`, CalcGraph's zoo (uncalibrated: 35 s on 2026-11-27; calibrated: not yet
+- `memory`, 5 or more: `memory`, CalcGraph's zoo (uncalibrated: 35 s on 2026-11-27; calibrated: not yet
   run) and the advisor suite (its first model did not finish in the 2.5 minutes left that day) against
   max_memory_allocated and max_memory_reserved. Files: memory.log, memory-zoo.csv, memory-advisor.csv,
   memory-decisions.csv, memory-<device>.tar.gz.
 - notebook names (one, or several joined by commas, at most NOTEBOOKS_PER_CALL): each notebook's gpu profile
-  through `gpu_run.run`, the time left shared out as each one's deadline. There: tour 0.25 minutes,
+  through `run.run`, the time left shared out as each one's deadline. There: tour 0.25 minutes,
   variable_batch_size 0.6, efficient_densenet 0.9, packed_bit_optimizers 5.2; optorch and calcgraph are sized
   for at most about 8 each (not yet run); advisor ran past a 6.3-minute deadline on 2026-11-27 at 48 candidates a
   model, all run (its gpu profile now plans 24 and runs 8 a model). Files: notebooks.log and one
@@ -38,11 +38,12 @@ import time
 from pathlib import Path
 
 from ..devices import repo_root
+from ..report.reference import PARTS
+from ..report.results import PROFILES, UsageError
 from .archive import bundle_part
-from .gpu_run import check_commit, check_device, environment_restored, run
-from .gpu_wheels import install_wheels, prepend_path
-from .reference import PARTS, device_slug
-from .results import PROFILES, UsageError
+from .place import device_slug
+from .run import check_commit, check_device, environment_restored, run
+from .wheels import install_wheels, prepend_path
 
 __all__ = ["PART_DEADLINE", "NOTEBOOKS_PER_CALL", "kernels_command", "run_part", "add_part_parser"]
 
@@ -131,7 +132,7 @@ def _command(part: str, out: Path, device: str, profile: str, paths: list[str]) 
     if part == "kernels":
         csv = out / "kernels.csv"
         return [*python, *kernels_command(device, csv, smoke=profile == "smoke")], [csv, out / "kernels.backward.csv"]
-    return ([*python, "-m", "workbench.report.gpu_memory", str(out), "--device", device, "--profile", profile],
+    return ([*python, "-m", "workbench.gpu.memory", str(out), "--device", device, "--profile", profile],
             [out / f"memory-{t}.csv" for t in ("zoo", "advisor", "decisions")])
 
 
@@ -160,7 +161,7 @@ def run_part(part: str, out: Path, *, profile: str = "gpu", device: str | None =
              site: Path | None = None, paths: list[str] | None = None) -> int:
     """Run one part into `out` (see the module's docstring). Returns 0 when it finished and passed, 1 when it
     failed or was stopped; everything is checked before any work (UsageError)."""
-    from .runner import available_notebooks
+    from ..report.runner import available_notebooks
 
     if profile not in ("gpu", "smoke"):
         raise UsageError(f"--profile {profile!r}: expected gpu (or smoke, the dry run)")

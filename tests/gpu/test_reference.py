@@ -10,11 +10,10 @@ import tarfile
 import pytest
 
 from workbench.devices import repo_root
+from workbench.gpu.archive import bundle, bundle_part, listing_text, unpack, write_listing
+from workbench.gpu.place import device_slug, write_reference
 from workbench.report import reference, write_index
-from workbench.report.archive import bundle, bundle_part, listing_text, unpack, write_listing
-from workbench.report.reference import (
-    commit_relation, cuda_memory_rows, device_slug, read_references, write_reference,
-)
+from workbench.report.reference import commit_relation, cuda_memory_rows, read_references
 from workbench.report.results import UsageError
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + (200).to_bytes(4, "big") + (100).to_bytes(4, "big") + b"\x00" * 8
@@ -239,7 +238,7 @@ def test_the_h100_references_are_committed_listed_and_shown_beside_a_build(tmp_p
         assert ref["results"]["environment"]["git_commit"] == "08a6345"  # as the machine wrote it
         assert (ref["folder"] / f"{ref['name']}.html").is_file() and not list(ref["folder"].glob("*.ipynb"))
     listing = (COMMITTED / "README.md").read_text()
-    assert listing == listing_text(COMMITTED), "reports/reference/README.md is stale: run gpu_run unpack"
+    assert listing == listing_text(COMMITTED), "reports/reference/README.md is stale: run unpack"
     assert "Not built on this device: calcgraph, optorch." in listing and "08a6345" in listing
     assert "part `kernels`: ok" in listing and "part `memory`: stopped" in listing
     reports = tmp_path / "reports"
@@ -256,7 +255,7 @@ def test_the_h100_references_are_committed_listed_and_shown_beside_a_build(tmp_p
 
 def test_unpack_reads_no_more_than_its_limit_even_inside_a_header(tmp_path, monkeypatch):
     """A tar header can itself be huge (a pax record): the stream under the member checks stops it."""
-    from workbench.report import archive
+    from workbench.gpu import archive
 
     monkeypatch.setattr(archive, "MAX_ARCHIVE_BYTES", 2**20)
     path = tmp_path / "header.tar.gz"

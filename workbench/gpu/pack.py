@@ -1,10 +1,10 @@
-"""`python -m workbench.report.gpu_run pack DEST`: all a bare GPU machine needs, in one folder to carry there.
+"""`python -m workbench.gpu pack DEST`: all a bare GPU machine needs, in one folder to carry there.
 
 DEST holds:
 
     checkout/   the committed HEAD (`git archive`: no uncommitted change, no ignored file), without
                 reports/reference/ (the machine makes references; it needs none)
-    wheels/     the Jupyter stack for the image's Python (`gpu_wheels`), or none with `--no-wheels`
+    wheels/     the Jupyter stack for the image's Python (`wheels`), or none with `--no-wheels`
     run.sh      `run.sh PART OUTDIR [options]`: the image's python3 (with torch) is all it needs
     pack.json   the commit, when it was made, the wheels and the size
 
@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 from ..devices import repo_root
-from .gpu_wheels import download_wheels, wheel_metadata, wheel_requirements
-from .reference import REFERENCE
-from .results import UsageError
+from ..report.reference import REFERENCE
+from ..report.results import UsageError
+from .wheels import download_wheels, wheel_metadata, wheel_requirements
 
 __all__ = ["MAX_PACK_BYTES", "PACK_FILE", "pack", "add_pack_parser"]
 
@@ -38,7 +38,7 @@ PACK_FILE = "pack.json"
 _LEFT_OUT = f"reports/{REFERENCE}/"
 
 RUN_SH = """#!/bin/sh
-# Written by `python -m workbench.report.gpu_run pack` from commit {commit} on {made}.
+# Written by `python -m workbench.gpu pack` from commit {commit} on {made}.
 # usage: run.sh PART OUTDIR [--profile gpu|smoke] [--device cuda|cuda:N|cpu] [--deadline SECONDS] [--only PATH]
 #   PART: tests | kernels | memory | a notebook name, or several joined by commas
 # Needs only the machine's python3 with torch; the checkout and the wheels are in this folder.
@@ -53,7 +53,7 @@ case $2 in /*) out=$2 ;; *) out=$(pwd)/$2 ;; esac
 shift 2
 export WORKBENCH_COMMIT={commit} PYTHONPATH="$here/checkout" PYTHONUNBUFFERED=1 GIT_CEILING_DIRECTORIES="$here"
 cd "$here/checkout" || exit 2
-exec "${{PYTHON:-python3}}" -m workbench.report.gpu_run part "$part" "$out" --commit {commit} \\
+exec "${{PYTHON:-python3}}" -m workbench.gpu part "$part" "$out" --commit {commit} \\
   --wheels "$here/wheels" "$@"
 """
 
@@ -145,7 +145,7 @@ def _usage(dest: Path, repo: Path) -> str:
     ignored = _git(repo, "check-ignore", "-q", inside).returncode == 0
     lines = [f"carry [\"{inside}\"]; command, one part per call (timeout_s 600):",
              *(f"  bash {inside}/run.sh {part} \"$OUT\"" for part in ("tests", "kernels", "memory", "tour")),
-             "then here: python -m workbench.report.gpu_run unpack <the .tar.gz files that came back>"]
+             "then here: python -m workbench.gpu unpack <the .tar.gz files that came back>"]
     if not ignored:
         lines.append(f"note: git does not ignore {inside}; add it to .git/info/exclude or .gitignore")
     if _git(repo, "status", "--porcelain", "--untracked-files=no").stdout.strip():

@@ -29,7 +29,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from .results import UsageError
+from ..report.results import UsageError
 
 __all__ = ["JUPYTER_STACK", "ON_IMAGE", "IMAGE_VERSIONS", "NEVER_CARRIED", "stack_requirements",
            "wheel_requirements", "download_wheels", "plan_install", "install_wheels"]
@@ -272,7 +272,7 @@ def install_wheels(wheels: Path | None, site: Path, *, log: Callable[[str], None
     if not files:
         if _missing():
             raise UsageError(f"{', '.join(_missing())} not importable and no wheels in {wheels}: run `make wheels` "
-                             f"(or `gpu_run pack`) where pip works and carry the wheels folder")
+                             f"(or `python -m workbench.gpu pack`) where pip works and carry the wheels folder")
         _jupyter_data()
         return None
     carried = {}

@@ -1,6 +1,7 @@
-"""gpu_run on a bare CUDA image: the wheels it carries meet every requirement of the Jupyter stack (extras too),
-a carried wheel replaces an installed distribution only when the stack needs another version, Jupyter finds
-the carried templates, one commit is recorded everywhere, and bad input is refused before any work."""
+"""The GPU run (workbench.gpu) on a bare CUDA image: the wheels it carries meet every requirement of the Jupyter
+stack (extras too), a carried wheel replaces an installed distribution only when the stack needs another
+version, Jupyter finds the carried templates, one commit is recorded everywhere, and bad input is refused before
+any work; the command's earlier name still runs it."""
 
 import json
 import os
@@ -13,7 +14,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from workbench.devices import environment
-from workbench.report import gpu_run, gpu_wheels
+from workbench.gpu import cli
+from workbench.gpu import run as gpu_run
+from workbench.gpu import wheels as gpu_wheels
 from workbench.report.results import UsageError
 
 
@@ -156,19 +159,19 @@ def test_a_copy_inside_another_repository_knows_no_commit_of_its_own(tmp_path, m
 ])
 def test_run_refuses_bad_input_before_any_work(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.setattr(gpu_run, "install_wheels", lambda *a, **k: pytest.fail("work started"))
-    assert gpu_run.main([*argv, "--out", str(tmp_path / "o"), "--reference", str(tmp_path / "r")]) == 2
+    assert cli.main([*argv, "--out", str(tmp_path / "o"), "--reference", str(tmp_path / "r")]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_run_refuses_cuda_where_there_is_none(tmp_path, capsys):
-    assert gpu_run.main(["run", "tour", "--out", str(tmp_path / "o"), "--reference", str(tmp_path / "r")]) == 2
+    assert cli.main(["run", "tour", "--out", str(tmp_path / "o"), "--reference", str(tmp_path / "r")]) == 2
     assert "CUDA is not available here" in capsys.readouterr().err
 
 
 def test_a_notebook_past_its_deadline_is_kept_as_a_failed_reference(tmp_path, capsys):
     """--deadline stops a notebook that would overrun a machine's time limit; what it finished comes back."""
-    code = gpu_run.main(["run", "tour", "--profile", "smoke", "--device", "cpu", "--deadline", "3",
+    code = cli.main(["run", "tour", "--profile", "smoke", "--device", "cpu", "--deadline", "3",
                          "--out", str(tmp_path / "build"), "--reference", str(tmp_path / "ref"),
                          "--bundle", str(tmp_path / "bundle"), "--commit", "abc1234"])
     out = capsys.readouterr().out
@@ -179,3 +182,13 @@ def test_a_notebook_past_its_deadline_is_kept_as_a_failed_reference(tmp_path, ca
     assert run["environment"]["device"] == "cpu" and run["environment"]["torch"] == torch.__version__
     assert run["environment"]["commit"] == "abc1234" and os.environ.get("WORKBENCH_COMMIT") != "abc1234"
     assert folder.parent.name.startswith("cpu") and len(list((tmp_path / "bundle").glob("*.tar.gz"))) == 1
+
+
+def test_the_earlier_command_name_runs_the_same_command():
+    """../shared/GPU.md and packs made before issue 42 say `python -m workbench.report.gpu_run`."""
+    import subprocess
+
+    for module in ("workbench.gpu", "workbench.report.gpu_run"):
+        done = subprocess.run([sys.executable, "-m", module, "unpack", "--help"], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0 and "usage: python -m workbench.gpu unpack" in done.stdout, done.stderr

@@ -1,12 +1,12 @@
-"""run.sh's `memory` part (workbench.report.gpu_memory): the zoo planned and measured on a device, the table
-kept model by model, the advisor suite at its notebook's gpu profile."""
+"""run.sh's `memory` part (workbench.gpu.memory): the zoo planned and measured on a device, the table kept model
+by model; the advisor suite run through its notebook's own entry point (tests/experiments/test_advisor_on_device.py)."""
 
 import pandas as pd
 import torch
 
 from tests.conftest import requires_cuda
 from workbench.calcgraph import tracker
-from workbench.report import gpu_memory
+from workbench.gpu import memory as gpu_memory
 
 
 def test_the_zoo_on_a_device_keeps_its_table_model_by_model(tmp_path):
@@ -38,13 +38,6 @@ def test_a_case_the_plan_refuses_is_a_row_with_the_reason_and_the_others_still_r
     assert len(measured) == 1 and measured["refused"].isna().all() and (measured["allocator"] > 0).all()
 
 
-def test_the_advisor_suite_runs_at_its_notebook_s_gpu_profile_cheapest_model_first():
-    p = gpu_memory._advisor_parameters("gpu")
-    assert p["device"] == "cuda" and p["batch_size"] == 32 and 0 < p["budget_quantile"] < 1
-    assert p["packed_bits"] == [8] and p["run_candidates"] == 8  # what fits the part's minutes
-    assert set(p["models"]) <= set(gpu_memory.ADVISOR_ORDER)
-
-
 @requires_cuda
 def test_the_zoo_on_cuda_is_calibrated_and_within_the_band_at_held_out_batches():
     # the 2026-11-27 H100 run, uncalibrated: nn.MultiheadAttention -27..-80%, the encoder -49..-63%, a grouped
@@ -61,12 +54,7 @@ def test_the_zoo_on_cuda_is_calibrated_and_within_the_band_at_held_out_batches()
     assert measured["error"].between(-0.02, 0.05).all(), measured[["model", "batch_size", "error"]]
 
 
-def test_the_advisor_suite_plans_and_runs_what_its_profile_says(monkeypatch):
-    # the 2026-11-27 H100 call ran out of minutes inside its first model with every candidate planned and run
-    smoke = gpu_memory._advisor_parameters("smoke")
-    monkeypatch.setattr(gpu_memory, "_advisor_parameters", lambda profile: {**smoke, "packed_bits": [8],
-                                                                            "run_candidates": 3})
-    table, decisions = gpu_memory.advisor_on_device("cpu", "smoke")
-    assert len(table) == 3 and table["measured_peak_bytes"].notna().all()  # 3 run, of 24 planned (k = 8 only)
-    assert not table["config"].str.contains(r"\+(?:0|16)\b").any()
-    assert decisions["model"].tolist() == ["mlp"]
+def test_the_advisor_half_is_the_advisor_notebook_s_own_entry_point_run_as_a_program(tmp_path):
+    command = gpu_memory.advisor_command(tmp_path, "cuda", "gpu")
+    assert command[1:] == ["-u", "-m", "workbench.experiments.advisor.on_device", str(tmp_path), "--device", "cuda",
+                           "--profile", "gpu"]

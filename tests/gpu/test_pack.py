@@ -1,9 +1,9 @@
-"""`gpu_run pack` and the run.sh it writes, dry-run on this CPU at smoke sizes: the same commands a GPU machine
-runs (`run.sh tests`, `run.sh <notebook>`), then `gpu_run unpack` of what they leave.
+"""`python -m workbench.gpu pack` and the run.sh it writes, dry-run on this CPU at smoke sizes: the same commands a
+GPU machine runs (`run.sh tests`, `run.sh <notebook>`), then `unpack` of what they leave.
 
 The pack here has no wheels (`--no-wheels`): this Python has the Jupyter stack already, and downloading 22 MB
 of wheels would make the test slow and need the network; the wheels themselves are checked in
-test_gpu_run.py. The two dry runs take about 20 s each on a quiet 2-core machine (a Python and pytest start,
+tests/gpu/test_run.py. The two dry runs take about 20 s each on a quiet 2-core machine (a Python and pytest start,
 then a notebook kernel): they are the only end-to-end check of what the GPU machine runs."""
 
 import importlib
@@ -19,9 +19,9 @@ import time
 import pytest
 
 from workbench.devices import repo_root
-from workbench.report import gpu_parts
-from workbench.report.archive import unpack
-from workbench.report.gpu_pack import MAX_PACK_BYTES, pack
+from workbench.gpu import parts as gpu_parts
+from workbench.gpu.archive import unpack
+from workbench.gpu.pack import MAX_PACK_BYTES, pack
 from workbench.report.reference import PARTS
 from workbench.report.results import UsageError
 
@@ -59,7 +59,7 @@ def test_the_pack_holds_the_committed_checkout_run_sh_and_its_commit(packed):
     folder, info = packed
     head = _git(folder.parent, "rev-parse", "HEAD").strip()
     assert info["commit"] == head and json.loads((folder / "pack.json").read_text())["commit"] == head
-    assert (folder / "checkout" / "workbench" / "report" / "gpu_pack.py").is_file()
+    assert (folder / "checkout" / "workbench" / "gpu" / "pack.py").is_file()
     assert not (folder / "checkout" / "reports" / "reference").exists() and not (folder / "checkout" / ".git").exists()
     assert os.access(folder / "run.sh", os.X_OK) and head in (folder / "run.sh").read_text()
     assert info["bytes"] < MAX_PACK_BYTES and info["wheels"] == []
@@ -99,9 +99,9 @@ def test_run_sh_notebook_on_cpu_then_unpack(packed, tmp_path):
     done = _run_sh(folder, "tour", str(out), "--profile", "smoke", "--device", "cpu")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["notebooks.log", f"reference-{_slug(out)}-tour.tar.gz"]
-    from workbench.report import gpu_run
+    from workbench.gpu import cli
 
-    assert gpu_run.main(["unpack", *map(str, out.glob("*.tar.gz")), "--reports", str(reports)]) == 0
+    assert cli.main(["unpack", *map(str, out.glob("*.tar.gz")), "--reports", str(reports)]) == 0
     (reference,) = (reports / "reference").glob("*/tour")
     run, results = (json.loads((reference / f).read_text()) for f in ("run.json", "results.json"))
     assert run["status"] == "ok" and run["environment"]["commit"] == info["commit"]

@@ -1,12 +1,12 @@
 """Reference folders between machines: one `.tar.gz` each, unpacked within limits, and the listing they leave.
 
-A GPU machine writes each reference folder (`reference.write_reference`) or part folder (run.sh's `tests`,
+A GPU machine writes each reference folder (`place.write_reference`) or part folder (run.sh's `tests`,
 `kernels`, `memory`) as one archive whose members are `<device-slug>/<name>/<file>`; `unpack` brings them into
 `reports/reference/` here. An archive comes from a machine nobody here controls, so `unpack` reads it as
 untrusted: only a regular file (a named pipe or a device is refused before it is read), read once from start
 to end, every member checked before anything is written: plain files only, named by the layout, at most
 MAX_MEMBERS members and MAX_ARCHIVE_BYTES in all (a small archive cannot write gigabytes), a truncated or
-damaged archive refused as such. Then each folder is written by `reference.place_folder` (never through a
+damaged archive refused as such. Then each folder is written by `place.place_folder` (never through a
 symbolic link; the files a reference did not write are kept) and `reports/reference/README.md` lists what each
 device holds (`write_listing`).
 """
@@ -24,17 +24,20 @@ import tarfile
 import zlib
 from pathlib import Path
 
-from .reference import (
-    FILE_PATTERN, PART_FILE, PART_FILE_PATTERN, PARTS, RUN_FILE, SLUG_PATTERN, _write_in, check_target,
-    commit_mismatch, place_folder, read_parts, read_references,
+from ..report.reference import (
+    FILE_PATTERN, PART_FILE, PART_FILE_PATTERN, PARTS, RUN_FILE, SLUG_PATTERN, commit_mismatch, read_parts,
+    read_references,
 )
-from .results import _NONBLOCK, NAME_PATTERN, UsageError
+from ..report.results import _NONBLOCK, NAME_PATTERN, UsageError
+from .place import _write_in, check_target, place_folder
 
 __all__ = ["MAX_MEMBERS", "MAX_ARCHIVE_BYTES", "bundle", "bundle_part", "unpack", "listing_text", "write_listing"]
 
 MAX_MEMBERS = 256  # a reference folder holds a dozen files
 MAX_ARCHIVE_BYTES = 64 * 2**20  # the largest reference so far (packed_bit_optimizers on an H100) is 1.8 MiB
 LISTING = "README.md"
+# NOTE: the mark names the command by its earlier name (which still works): a listing with another first line
+# would be left alone as someone else's, and the committed listings keep their text
 _LISTING_MARK = "<!-- written by `python -m workbench.report.gpu_run unpack`; rewritten at each unpack -->"
 
 
@@ -107,12 +110,12 @@ def _open_regular(archive: Path):
     if not stat.S_ISREG(mode):
         os.close(fd)
         kind = "a named pipe" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "a device or socket"
-        raise UsageError(f"{archive}: not a regular file ({kind}); expected a .tar.gz that gpu_run wrote")
+        raise UsageError(f"{archive}: not a regular file ({kind}); expected a .tar.gz that the GPU run wrote")
     return os.fdopen(fd, "rb")
 
 
 NAME_MAX = 255  # bytes in one file name on Linux and macOS file systems
-# NOTE: by the first bytes, as `tar` does: gpu_run writes gzip, a person repacking by hand may choose another.
+# NOTE: by the first bytes, as `tar` does: the GPU run writes gzip, a person repacking by hand may choose another.
 _MAGIC = ((b"\x1f\x8b", lambda raw: gzip.GzipFile(fileobj=raw)), (b"BZh", bz2.BZ2File),
           (b"\xfd7zXZ\x00", lzma.LZMAFile))
 
@@ -195,8 +198,8 @@ def unpack(archive: str | Path, root: str | Path) -> list[Path]:
 
 def listing_text(root: Path) -> str:
     """reports/reference/README.md as `write_listing` writes it now."""
-    from .runner import available_notebooks
     from ..devices import repo_root
+    from ..report.runner import available_notebooks
 
     references, parts = read_references(root), read_parts(root)
     devices: dict[str, dict] = {}

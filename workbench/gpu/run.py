@@ -1,0 +1,177 @@
+"""Build notebooks as reference reports on a device: the `gpu` profile through the same notebooks (issue 22).
+
+`run` is what run.sh calls for notebooks (`parts`), also usable alone on a machine holding a checkout and
+`wheels/`::
+
+    python3 -m workbench.gpu run tour --wheels wheels --commit <sha> --deadline 540 --bundle "$OUT"
+
+It installs the carried wheels the machine needs (`wheels`), gives the `workbench` kernel a `python` that
+is this interpreter, builds the report with the ordinary runner (`build_reports`: same notebooks, same checks,
+same results.json), keeps it as a reference folder (`reports/reference/<device-slug>/<name>/`, see
+`place`) and writes it as one archive to `--bundle`. The commit given with `--commit` is the one recorded
+everywhere (run.json, and results.json through WORKBENCH_COMMIT): git would read none in a copy, or the commit
+of a repository the copy sits in. `--deadline` stops a notebook past that many seconds and keeps what it
+finished as a failed report, so a call on a time-limited machine always brings something back.
+`--profile smoke --device cpu` is the dry run (tests do it): the same steps on a CPU at toy sizes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+from ..devices import repo_root
+from ..report.reference import REFERENCE, checkout_commit
+from ..report.results import PROFILES, UsageError
+from .place import write_reference
+from .wheels import install_wheels, prepend_path
+
+__all__ = ["check_device", "check_commit", "environment_restored", "DeadlineExceeded", "run"]
+
+DEVICE_PATTERN = re.compile(r"cpu|cuda(?::[0-9]+)?")
+COMMIT_PATTERN = re.compile(r"[0-9a-fA-F]{4,40}")
+
+
+def check_device(device: str) -> str:
+    """`device` if it names a device this project runs on (cpu, cuda, cuda:N) that is here, else UsageError."""
+    import torch
+
+    if not isinstance(device, str) or not DEVICE_PATTERN.fullmatch(device):
+        raise UsageError(f"--device {device!r}: expected cpu, cuda or cuda:N")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: CUDA is not available here (torch {torch.__version__}); "
+                         f"use --device cpu for a dry run")
+    return device
+
+
+def check_commit(commit: str | None) -> str:
+    """The commit to record: `commit`, else WORKBENCH_COMMIT, else this checkout's own (UsageError if none)."""
+    commit = commit or os.environ.get("WORKBENCH_COMMIT") or checkout_commit()
+    if not commit:
+        raise UsageError("--commit: this copy is not a git checkout of its own, so it knows no commit; pass the "
+                         "commit it holds (run.sh passes the one `pack` copied)")
+    if not COMMIT_PATTERN.fullmatch(commit):
+        raise UsageError(f"--commit {commit!r}: expected a git commit, 4 to 40 hexadecimal digits")
+    return commit.lower()
+
+
+def _python_shim(folder: Path) -> None:
+    """The kernel spec starts `python`: make it this interpreter (a bare image may only have `python3`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shim = folder / "python"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    shim.chmod(0o755)
+    prepend_path("PATH", folder)
+
+
+@contextmanager
+def environment_restored():
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _where(device: str) -> dict:
+    """The machine's description of `device` (the notebook's own `pick_device` rule when it is empty)."""
+    from ..devices import environment, pick_device
+
+    return environment(pick_device(device or None))
+
+
+class DeadlineExceeded(Exception):
+    """A notebook ran past `--deadline`: its run is recorded as failed, with the cells it finished."""
+
+
+@contextmanager
+def _deadline(seconds: float | None, name: str):
+    """Raise DeadlineExceeded in this (main) thread after `seconds`, so a notebook that overruns a machine's
+    time limit still leaves a report: papermill saves the cells it finished, the runner records the failure."""
+    if not seconds:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise DeadlineExceeded(f"{name} ran past --deadline {seconds:g} s; the cells it finished are in the report")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, float(seconds))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _shown_paths(out: Path, scratch: Path, profile: str, name: str) -> dict[str, str]:
+    """The build's temporary folders as the HTML shows them: the report's folder in the build."""
+    built = re.escape(str(out.resolve()))
+    return {rf"{built}/{re.escape(profile)}/\.staging-{re.escape(name)}-[0-9]+-[0-9a-f]+": f"reports/{profile}/{name}",
+            built: "reports", re.escape(str(scratch.resolve())): "build"}
+
+
+def run(names: list[str], *, profile: str = "gpu", device: str | None = None, commit: str | None = None,
+        out: Path | None = None, reference: Path | None = None, bundle_dir: Path | None = None,
+        wheels: Path | None = None, site: Path | None = None, deadline: float | None = None,
+        overrides: dict | None = None) -> list[dict]:
+    """Build `names` one after another at `profile`, keep each as a reference folder (and an archive in
+    `bundle_dir`). `device` overrides the profile's device (`cpu` for a dry run); `deadline` is each notebook's
+    time limit in seconds. Everything is checked before any work. Returns one dict per notebook: name, status,
+    seconds, error, reference, archive. Sets WORKBENCH_COMMIT (the caller restores the environment)."""
+    from ..report.parameters import load_profile
+    from ..report.runner import available_notebooks
+    from .archive import bundle
+
+    if deadline is not None and not 0 < deadline <= 86400:
+        raise UsageError(f"--deadline {deadline}: expected seconds in 0..86400 (exclusive of 0)")
+    overrides = dict(overrides or {})
+    if device is not None:
+        overrides["device"] = check_device(device)
+    if profile not in PROFILES:
+        raise UsageError(f"--profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    known = available_notebooks(repo_root() / "notebooks")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"unknown notebook(s) {', '.join(map(repr, unknown))}; expected some of {', '.join(known)}")
+    devices = {name: str(overrides.get("device", load_profile(name, profile).get("device", ""))) for name in names}
+    for chosen in devices.values():
+        if chosen:
+            check_device(chosen)
+    os.environ["WORKBENCH_COMMIT"] = commit = check_commit(commit)  # devices.environment records it
+    scratch = Path(tempfile.mkdtemp(prefix="workbench-gpu-"))
+    try:
+        install_wheels(wheels, site or Path(tempfile.gettempdir()) / "workbench-gpu-site")
+        _python_shim(scratch / "bin")
+        prepend_path("PYTHONPATH", repo_root())  # the kernel imports this checkout's workbench, installed or not
+        from ..report.runner import build_reports
+
+        out = out or scratch / "reports"
+        reference = reference or repo_root() / "reports" / REFERENCE
+        done = []
+        for name in dict.fromkeys(names):
+            try:
+                with _deadline(deadline, name):
+                    table = build_reports([name], profile=profile, out_dir=out, progress=False, overrides=overrides)
+                rows = list(table.itertuples())
+            except DeadlineExceeded as exc:  # past the deadline outside the notebook (saving, the index)
+                rows = [SimpleNamespace(name=name, status="failed", seconds=deadline, error=str(exc))]
+            for row in rows:
+                folder, kept, archive = out / profile / row.name, None, None
+                if (folder / "run.json").is_file():
+                    kept = write_reference(folder, reference, commit=commit, environment=_where(devices[row.name]),
+                                           shown_paths=_shown_paths(out, scratch, profile, row.name))
+                    archive = bundle(kept, bundle_dir) if bundle_dir is not None else None
+                done.append({"name": row.name, "status": row.status, "seconds": row.seconds, "error": row.error,
+                             "reference": kept, "archive": archive})
+        return done
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
