@@ -48,11 +48,11 @@ test: $(STAMP) hooks
 	$(PY) -m pytest -q -n auto
 
 # The Jupyter stack a bare CUDA PyTorch image lacks (papermill, nbclient, ipykernel, nbconvert and their
-# dependencies, extras included), as Python 3.12 wheels at the versions installed here. `gpu_run pack` downloads
-# them itself; `gpu_run pack --wheels-from wheels` reuses these (README, "Profiles").
+# dependencies, extras included), as Python 3.12 wheels at the versions installed here. `python -m workbench.gpu pack`
+# downloads them itself; `pack --wheels-from wheels` reuses these (README, "Profiles").
 WHEELS ?= wheels
 wheels: $(STAMP)
-	$(PY) -m workbench.report.gpu_run wheels --dest $(WHEELS)
+	$(PY) -m workbench.gpu wheels --dest $(WHEELS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check workbench tests
