@@ -172,3 +172,144 @@ def test_profile_means_a_parameter_set_only():
     import workbench.calcgraph as calcgraph
 
     assert not hasattr(calcgraph, "compile") and callable(calcgraph.plan_training)
+
+
+# ---------------------------------------------------------------------------------------------
+# The import graph (issue 42; DESIGN.md, "The layout test"): every `import` and `from ... import` in
+# workbench/, at module level, inside functions and under `if TYPE_CHECKING:` alike, resolved to the module
+# of workbench/ it names (`from .x import y` names the submodule x.y where there is one, else x).
+
+# Layers, lowest first: a module imports modules of its own layer and of the layers its entry lists, never
+# one above (the no-upward rule). `report` and `gpu` sit below the notebooks' experiments: they run
+# notebooks (papermill, subprocesses) but import none of their code. The command line sits on top.
+LAYERS = {
+    "spine": ("workbench", "workbench.devices", "workbench.measure", "workbench.measure_args", "workbench.timing",
+              "workbench.kineto", "workbench.inplace", "workbench.dtype_probe"),
+    "techniques": ("workbench.models", "workbench.data", "workbench.optim", "workbench.checkpoint",
+                   "workbench.train", "workbench.calcgraph", "workbench.vbs", "workbench.advisor"),
+    "report": ("workbench.report",),
+    "gpu": ("workbench.gpu",),
+    "experiments": ("workbench.experiments",),
+    "command": ("workbench.cli", "workbench.__main__", "workbench.lab_setup"),
+}
+MAY_IMPORT = {
+    "spine": {"spine"},
+    "techniques": {"spine", "techniques"},
+    "report": {"spine", "techniques", "report"},
+    "gpu": {"spine", "techniques", "report", "gpu"},
+    "experiments": {"spine", "techniques", "report", "experiments"},
+    "command": set(LAYERS),
+}
+
+
+def _module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph():
+    """{module: {module it imports: the line of the first such import}} over workbench/, module -> path, and the
+    relative imports that name no module."""
+    paths = {_module_name(p): p for p in sorted((ROOT / "workbench").rglob("*.py"))}
+    missing = []
+
+    def ours(name):  # the longest prefix of `name` that is a module of workbench/, else None
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for module, path in paths.items():
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        edges = graph[module] = {}
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names]
+                if node.level and base not in paths:
+                    missing.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {base}, which is no module")
+            else:
+                continue
+            for target in filter(None, map(ours, targets)):
+                if target != module:
+                    edges.setdefault(target, node.lineno)
+    return graph, paths, missing
+
+
+def _circles(graph):
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    order, low, stack, on_stack, found, counter = {}, {}, [], set(), [], 0
+    for start in graph:
+        if start in order:
+            continue
+        work = [(start, iter(graph[start]))]
+        order[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for nxt in successors:
+                if nxt not in order:
+                    order[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(graph[nxt])))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], order[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == order[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def _layer(module):
+    matches = [(len(prefix), layer) for layer, prefixes in LAYERS.items() for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    return max(matches)[1] if matches else None
+
+
+def test_every_module_of_workbench_has_a_layer_and_every_relative_import_a_module():
+    graph, paths, missing = _import_graph()
+    assert not [m for m in graph if _layer(m) is None], "add these modules to LAYERS in tests/test_layout.py"
+    assert not missing, "\n".join(missing)  # a module moved without its importers updated
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """The no-circle rule: following imports from any module of workbench/ never leads back to it."""
+    graph, paths, _ = _import_graph()
+    shown = []
+    for component in _circles(graph):
+        members = set(component)
+        lines = [f"  {paths[a].relative_to(ROOT)}:{graph[a][b]} imports {paths[b].relative_to(ROOT)}"
+                 for a in component for b in sorted(graph[a]) if b in members]
+        shown.append("a circle of " + ", ".join(str(paths[m].relative_to(ROOT)) for m in component) + ":\n"
+                     + "\n".join(lines))
+    assert not shown, "modules that import each other (cut the edge that points back):\n" + "\n".join(shown)
+
+
+def test_no_upward_import():
+    """The no-upward rule: a module imports only its own layer and the layers MAY_IMPORT lists for it."""
+    graph, paths, _ = _import_graph()
+    upward = [f"{paths[a].relative_to(ROOT)}:{line} ({_layer(a)}) imports {paths[b].relative_to(ROOT)} ({_layer(b)})"
+              for a in sorted(graph) for b, line in sorted(graph[a].items())
+              if _layer(a) and _layer(b) and _layer(b) not in MAY_IMPORT[_layer(a)]]
+    assert not upward, ("upward imports (move the code down, or run the upper module as a process):\n"
+                        + "\n".join(upward))
