@@ -29,7 +29,7 @@ def test_peer_table_bytes_and_missing_peers(monkeypatch):
         return real_import(name, *args)
 
     monkeypatch.setattr(peers_module.importlib, "import_module", no_optimi)
-    monkeypatch.setattr("workbench.experiments.packed_bit_optimizers.bench.packed_option_available",
+    monkeypatch.setattr("workbench.experiments.packed_bit_optimizers.peak_memory.packed_option_available",
                         lambda option: False)
     data = synthetic_images(48, shape=(1, 4, 4), num_classes=3, seed=0)
     train_set, test_set = data.split(0.25, seed=0)

@@ -1,5 +1,5 @@
 """Section 4.1's limits measured, and the bytes of each optimizer option (Lewandowski & Kosson, 3.1, 4.1):
-``workbench.experiments.packed_bit_optimizers.limits`` and the analytic sizes it is checked against.
+``workbench.experiments.packed_bit_optimizers.fused_step_limits`` and the analytic sizes it is checked against.
 (The fp16 loss-scaling demo, ``loss_scaling_curves``, is tested in test_scaling.py.)"""
 
 import pytest

@@ -53,7 +53,7 @@ __all__ = ["available", "build_flags", "extension_name", "kernel_update", "load_
 
 # NOTE: hand-written because the torch.compile'd step (inductor's C++ backend) measured 0.43-0.56x
 # of torch.optim.AdamW(fused=True) at 1 thread and 0.67-0.85x at 2 (issue 21; 0.15-0.45x in
-# experiments/packed_bit_optimizers/cpu_bench.py) although it moves 24 (bf16+8) or 16 (bf16 moments)
+# experiments/packed_bit_optimizers/cpu_throughput.py) although it moves 24 (bf16+8) or 16 (bf16 moments)
 # bytes per parameter against torch's 28: inductor tiles 16 fp32 lanes against the mixed fp32/bf16
 # stores and writes the uint8 byte planes with masked stores. Here every byte is read and written once
 # per step in one loop, and the division by sqrt(1 - beta2**t) leaves the divider (see packed_vec.h).

@@ -1,12 +1,12 @@
 """Experiments and plots of the notebook ``packed_bit_optimizers`` (Memory Efficient Mixed Precision Optimizers,
 Lewandowski & Kosson).
 
-``bench``: formats and peak memory (with the phase where it falls and memory over the steps by category);
+``peak_memory``: formats and peak memory (with the phase where it falls and memory over the steps by category);
 ``dtypes``: the bf16 twins (same bytes) the memory runs take where fp16 is slow on a CPU; ``device_memory``:
-the device's used memory beside the tensor peak (the tables' unit); ``steps``: training-step times by format
+the device's used memory beside the tensor peak (the tables' unit); ``step_times``: training-step times by format
 (Table 3's speed); ``table2``: the step fused into backward on flan-T5 large's architecture (transformers' T5,
-random weights); ``accuracy``: accuracy by format over seeds and the addition-error study; ``speed``:
-optimizer-step throughput (Fig 3); ``limits``: section 4.1"s limits measured (memory of gradient accumulation
+random weights); ``accuracy``: accuracy by format over seeds and the addition-error study; ``throughput``:
+optimizer-step throughput (Fig 3); ``fused_step_limits``: section 4.1"s limits measured (memory of gradient accumulation
 with the step in backward, fp16 loss scaling) and bytes per parameter by optimizer option; ``peers``: the
 side-by-side table against torch, torchao, torch-optimi and bitsandbytes; ``plots``: the figures; ``claims``:
 the paper"s claims and our targets as data, and the ledger.
@@ -23,7 +23,7 @@ from .accuracy import (
     truncate_significand,
     truncate_to_e5m2,
 )
-from .bench import (
+from .peak_memory import (
     FORMATS,
     Format,
     analytic_bytes_per_param,
@@ -38,7 +38,7 @@ from .bench import (
     saving_ceiling,
     step_timeline,
 )
-from .limits import accumulation_memory, bytes_per_param_table, loss_scaling_curves
+from .fused_step_limits import accumulation_memory, bytes_per_param_table, loss_scaling_curves
 from .peers import PEER_METHODS, PeerUnavailable, make_peer, peer_methods, peer_table
 from .plots import (
     plot_accuracy,
@@ -51,8 +51,8 @@ from .plots import (
 )
 from .device_memory import DEVICE_COLUMNS, device_memory_by_format, used_memory
 from .dtypes import FP16_ON_SLOW_CPU, bf16_twin, plan_formats
-from .speed import memory_bandwidth, step_throughput, throughput_share_ratio
-from .steps import paired_ratio, round_times, rounds_ratio, speed_workload, step_time_by_format
+from .throughput import memory_bandwidth, step_throughput, throughput_share_ratio
+from .step_times import paired_ratio, round_times, rounds_ratio, speed_workload, step_time_by_format
 from .table2 import T5Classifier, flan_t5_config, fused_backward, t5_available
 
 __all__ = [

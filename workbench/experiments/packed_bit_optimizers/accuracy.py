@@ -27,7 +27,7 @@ from workbench.models import MLP, build
 from workbench.optim.split_merge import merge_values, split_values
 from workbench.train import evaluate, train
 
-from .bench import make_model, make_optimizer, measure_peak, parse_format, _loss
+from .peak_memory import make_model, make_optimizer, measure_peak, parse_format, _loss
 
 __all__ = ["truncate_to_e5m2", "truncate_significand", "fp8_extra_bits", "load_task", "accuracy_by_format",
            "accuracy_summary", "paired_gap", "addition_error"]

@@ -28,8 +28,8 @@ from workbench.report import Claim, Ledger, Measured, Records, at_least, between
 from workbench.timing import HOST_BOUND_RULE
 
 from .accuracy import paired_gap
-from .bench import find_row, saving_ceiling
-from .speed import throughput_share_ratio
+from .peak_memory import find_row, saving_ceiling
+from .throughput import throughput_share_ratio
 from .table_claims import (
     CEILING_RULE, HARD_REGIME, LIKE_RULE, NOT_COMPARABLE, TABLE2_REL, TABLE2_SAVING, apply_gates, below_ceiling,
     fused_name, half_precision_alone, round_ratio, step_shares, table2, table2_shares, table3_memory, twins_said,

@@ -26,7 +26,7 @@ from torch import nn
 
 from workbench.dtype_probe import Fp16Probe
 
-from .bench import Format, memory_by_format
+from .peak_memory import Format, memory_by_format
 
 __all__ = ["DEVICE_COLUMNS", "device_memory_by_format", "used_memory"]
 

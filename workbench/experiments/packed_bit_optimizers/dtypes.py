@@ -48,7 +48,7 @@ def check_fp16_choice(value: str) -> str:
 
 
 def uses_fp16(fmt: Any) -> bool:
-    """True if a training format (`bench.Format`) computes in fp16: fp16 weights, or AMP's fp16 autocast."""
+    """True if a training format (`peak_memory.Format`) computes in fp16: fp16 weights, or AMP's fp16 autocast."""
     return torch.float16 in (fmt.param_dtype, fmt.autocast)
 
 

@@ -30,7 +30,7 @@ from workbench.data import ImageSet, make_loader
 from workbench.measure import state_bytes, time_interleaved
 from workbench.train import train
 
-from .bench import _loss, make_model, make_optimizer, parse_format
+from .peak_memory import _loss, make_model, make_optimizer, parse_format
 
 __all__ = ["PEER_METHODS", "PeerUnavailable", "peer_methods", "make_peer", "peer_table"]
 

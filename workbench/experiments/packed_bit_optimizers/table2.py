@@ -32,9 +32,9 @@ from torch import nn
 from workbench.measure import time_interleaved
 from workbench.timing import kernel_seconds
 
-from .bench import measure_peak, parse_format
+from .peak_memory import measure_peak, parse_format
 from .device_memory import used_memory
-from .steps import _training_step, paired_ratio
+from .step_times import _training_step, paired_ratio
 
 __all__ = ["T5Classifier", "flan_t5_config", "fused_backward", "t5_available"]
 

@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping
 from workbench.report import Ledger, Measured, Records, finite, record_frame
 from workbench.timing import HOST_BOUND, host_bound
 
-from .bench import find_row
+from .peak_memory import find_row
 from .dtypes import TWIN_STEP_BYTES
-from .steps import rounds_ratio
+from .step_times import rounds_ratio
 
 __all__ = ["CEILING_RULE", "HARD_REGIME", "LIKE_RULE", "NOT_COMPARABLE", "TABLE2_REL", "TABLE2_SAVING", "apply_gates",
            "below_ceiling", "fused_name", "half_precision_alone", "round_ratio", "step_shares", "table2",

@@ -27,7 +27,7 @@ from torch import nn
 from workbench.measure import MemoryMeter, state_bytes
 from workbench.optim import PackedAdamW, step_in_backward
 
-from .bench import _loss, analytic_bytes_per_param, make_model, make_optimizer, parse_format
+from .peak_memory import _loss, analytic_bytes_per_param, make_model, make_optimizer, parse_format
 
 __all__ = ["accumulation_memory", "bytes_per_param_table", "loss_scaling_curves"]
 
@@ -50,7 +50,7 @@ def bytes_per_param_table(
 
     One row per (format, optimizer): ``weight``/``grad``/``state_bytes_per_param`` measured with
     ``workbench.measure.state_bytes``; ``analytic_bytes_per_param`` from the format's sizes
-    (``bench.analytic_bytes_per_param``). Packed extra bits are padded to 32 values per tensor, so
+    (``peak_memory.analytic_bytes_per_param``). Packed extra bits are padded to 32 values per tensor, so
     small tensors measure slightly above the analytic count.
     """
     device = torch.device(device)

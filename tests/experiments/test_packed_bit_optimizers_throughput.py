@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from workbench.experiments.packed_bit_optimizers import plot_throughput, step_throughput, throughput_share_ratio
-from workbench.experiments.packed_bit_optimizers.speed import steps_in_a_row, training_step
+from workbench.experiments.packed_bit_optimizers.throughput import steps_in_a_row, training_step
 from workbench.optim import PackedAdamW
 
 
@@ -72,8 +72,8 @@ def test_compiled_too_times_the_compiled_step_beside_the_kernel(one_thread):
 
 
 def test_the_cpu_table_times_the_optimizer_step_beside_the_kernel(one_thread):
-    from workbench.experiments.packed_bit_optimizers.cpu_bench import kernel_throughput
-    from workbench.experiments.packed_bit_optimizers.speed import _config
+    from workbench.experiments.packed_bit_optimizers.cpu_throughput import kernel_throughput
+    from workbench.experiments.packed_bit_optimizers.throughput import _config
     from workbench.optim import cpu_kernel
 
     if not cpu_kernel.available():

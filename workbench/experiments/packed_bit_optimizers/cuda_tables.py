@@ -10,7 +10,7 @@ against the tensor bytes the same step allocates (tracked on CUDA, and on the CP
 
 Each part runs on its own; a part that fails writes ``<part>.error.txt`` and the others still run::
 
-    python -m workbench.experiments.packed_bit_optimizers.gpu --out results/ --parts meter throughput
+    python -m workbench.experiments.packed_bit_optimizers.cuda_tables --out results/ --parts meter throughput
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from workbench.data import make_loader, synthetic_images
 from workbench.measure import MemoryMeter
 from workbench.models import MLP, build
 
-from .bench import memory_by_format
+from .peak_memory import memory_by_format
 from .device_memory import device_memory_by_format
-from .speed import DEFAULT_CONFIGS, backward_step_ratio, throughput_table
+from .throughput import DEFAULT_CONFIGS, backward_step_ratio, throughput_table
 from .table2 import fused_backward
 
 __all__ = ["meter_check", "main"]

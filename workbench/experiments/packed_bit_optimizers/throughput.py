@@ -12,7 +12,7 @@ AdamW, bitsandbytes' 8-bit AdamW) join the table when installed.
 
 Re-run the CPU table of issue 34 (4M parameters in 8 tensors, 1 thread) on a quiet machine with::
 
-    python -m workbench.experiments.packed_bit_optimizers.speed --sizes 4194304 --threads 1 --repeats 15 \
+    python -m workbench.experiments.packed_bit_optimizers.throughput --sizes 4194304 --threads 1 --repeats 15 \
         --no-backward
 
 and the GPU one (1e8 parameters in 64 tensors) with ``--device cuda --sizes 100000000 --tensors 64``. On a CPU,
@@ -42,8 +42,8 @@ from workbench.measure import calls_for, time_callable, time_interleaved
 from workbench.optim import PackedAdamW, cpu_kernel, cpu_variants, step_in_backward
 from workbench.optim.tune_cpu_kernel import training_step
 
-from .bench import find_row, parse_format
-from .cpu_bench import bytes_per_param
+from .peak_memory import find_row, parse_format
+from .cpu_throughput import bytes_per_param
 
 __all__ = ["memory_bandwidth", "step_throughput", "steps_in_a_row", "throughput_share_ratio", "throughput_table",
            "backward_step_ratio", "main"]

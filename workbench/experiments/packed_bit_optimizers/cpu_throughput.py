@@ -19,7 +19,7 @@ of the machine is recorded before and after.
 
 Run the whole table with (issue 34's case alone: ``--sizes 4194304 --threads 1``)::
 
-    python -m workbench.experiments.packed_bit_optimizers.cpu_bench
+    python -m workbench.experiments.packed_bit_optimizers.cpu_throughput
 """
 
 from __future__ import annotations

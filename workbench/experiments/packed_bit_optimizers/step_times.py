@@ -26,7 +26,7 @@ from workbench.models import build
 from workbench.optim import step_in_backward
 from workbench.timing import kernel_seconds
 
-from .bench import _loss, make_model, make_optimizer, parse_format
+from .peak_memory import _loss, make_model, make_optimizer, parse_format
 
 __all__ = ["paired_ratio", "round_times", "rounds_ratio", "speed_workload", "step_time_by_format"]
 

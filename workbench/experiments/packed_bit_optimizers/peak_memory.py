@@ -1,4 +1,4 @@
-"""Formats and peak memory of the packed-bit optimizers (the timing runs live in ``steps``).
+"""Formats and peak memory of the packed-bit optimizers (the timing runs live in ``step_times``).
 
 Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", section 4: Fig 2
 (memory of a synthetic training, AMP vs 16-bit + extra bits, drawn over the steps by category)
