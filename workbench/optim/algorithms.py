@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from workbench.optim.options import check_real, takes_options
+from workbench.optim.options import check_betas, check_real, takes_options
 from workbench.optim.packed import PackedOptimizer
 from workbench.optim.update import adam_math, sgd_math
 
@@ -34,7 +34,7 @@ class PackedSGD(PackedOptimizer):
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
                  **options: Any) -> None:
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
-                        weight_decay=weight_decay, nesterov=nesterov, maximize=bool(maximize))
+                        weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
         super().__init__(params, defaults, **options)
 
     def _check_group(self, group):
@@ -72,14 +72,12 @@ class PackedAdamW(PackedOptimizer):
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
                  maximize: bool = False, decoupled: bool = True, **options: Any) -> None:
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=bool(amsgrad),
-                        maximize=bool(maximize), decoupled=decoupled)
+        defaults = dict(lr=lr, betas=check_betas(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        maximize=maximize, decoupled=decoupled)
         super().__init__(params, defaults, **options)
 
     def _check_group(self, group):
-        betas = group["betas"]
-        if len(betas) != 2:
-            raise ValueError(f"betas={betas} must be a pair")
+        betas = check_betas(group["betas"])
         for i, b in enumerate(betas):
             try:
                 check_real(f"betas[{i}]", b, high=1.0, high_open=True)
@@ -116,8 +114,8 @@ class PackedAdam(PackedAdamW):
                  maximize: bool = False, **options: Any) -> None:
         # NOTE: past PackedAdamW's constructor, which takes ``decoupled``: Adam refuses it as an
         # unknown keyword, as before.
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=bool(amsgrad),
-                        maximize=bool(maximize), decoupled=False)
+        defaults = dict(lr=lr, betas=check_betas(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        maximize=maximize, decoupled=False)
         PackedOptimizer.__init__(self, params, defaults, **options)
 
 

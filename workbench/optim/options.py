@@ -23,9 +23,10 @@ import numbers
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
-__all__ = ["MASTER_ROUNDING", "STATE_DTYPES", "TORCH_ONLY", "PackedOptions", "check_real", "takes_options"]
+__all__ = ["MASTER_ROUNDING", "STATE_DTYPES", "TORCH_ONLY", "PackedOptions", "check_betas", "check_flag", "check_real", "takes_options"]
 
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 MASTER_ROUNDING = ("truncate", "stochastic")
@@ -54,6 +55,20 @@ def check_real(name: str, value: Any, *, low: float = 0.0, high: float = math.in
     if not (math.isfinite(value) and value >= low and upper_ok):
         bracket = ")" if high_open else "]"
         raise ValueError(f"{name}={value!r} out of range: allowed finite values in [{low}, {high}{bracket}")
+
+
+def check_flag(name: str, value: Any) -> None:
+    """TypeError unless ``value`` is True or False (or 1 or 0): a string such as 'False' or 'no' is truthy, and
+    taking it as True would silently run another optimizer than the one asked for."""
+    if not (isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1))):
+        raise TypeError(f"{name}={value!r} must be True or False, got {type(value).__name__}")
+
+
+def check_betas(betas: Any) -> tuple:
+    """``betas`` as a tuple of two, or a TypeError naming what was given (a float is not a pair)."""
+    if isinstance(betas, (str, bytes)) or not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise TypeError(f"betas={betas!r} must be a pair (beta1, beta2) of numbers in [0, 1), e.g. (0.9, 0.999)")
+    return tuple(betas)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -96,6 +111,8 @@ class PackedOptions:
                                         "state_dtype", "fused")
 
     def __post_init__(self) -> None:
+        check_flag("stochastic_rounding", self.stochastic_rounding)
+        check_flag("fused", self.fused)
         seed = self.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(f"seed={seed!r} must be an int or None")
@@ -135,6 +152,9 @@ class PackedOptions:
         k = group["extra_bits"]
         if isinstance(k, bool) or not isinstance(k, int):
             raise TypeError(f"extra_bits={k!r} must be an int in 0..16 (bf16) / 0..13 (fp16)")
+        for name in ("stochastic_rounding", "fused", "amsgrad", "maximize", "nesterov", "decoupled"):
+            if name in group:  # the options, and torch.optim's switches of the algorithms that have them
+                check_flag(name, group[name])
         if group["master_rounding"] not in MASTER_ROUNDING:
             raise ValueError(f"master_rounding={group['master_rounding']!r}: allowed {MASTER_ROUNDING}")
         if group["state_dtype"] not in STATE_DTYPES:

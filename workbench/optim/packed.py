@@ -166,10 +166,39 @@ class PackedOptimizer(torch.optim.Optimizer):
             # a 16-bit value is exact: its extra bits are zero and it needs no rounding flag
             st["step"] = 0
             st["extra"] = new_extra(p, self._bits(group))
+            self._made_for()[id(p)] = p.dtype, local(p).shape
+        else:
+            self._check_made_for(p, st)
         for k in self._state_keys(group):
             if k not in st:
                 st[k] = new_moment(p, group["state_dtype"])
         return st
+
+    def _made_for(self) -> dict[int, tuple[torch.dtype, torch.Size]]:
+        """The dtype and (local) shape each parameter's state was made for, by id: fp16's and bf16's extra bits
+        are other bits, and a state is sized for one shape."""
+        if not hasattr(self, "_dtypes"):  # an optimizer unpickled by torch's __setstate__ has only its state
+            self._dtypes: dict[int, tuple[torch.dtype, torch.Size]] = {}
+        return self._dtypes
+
+    def _check_made_for(self, p: torch.Tensor, st: dict) -> None:
+        """Raise where ``p`` changed under its state: resized through ``.data``, or converted (``model.half()``,
+        ``.float()``) after steps. The state would be read for another tensor: torch.optim's AdamW raises on a
+        size mismatch, and extra bits made for bf16 are noise below an fp16 value."""
+        made = self._made_for().get(id(p))
+        if made is None:
+            return
+        dtype, shape = made
+        if p.dtype != dtype:
+            raise RuntimeError(
+                f"{type(self).__name__}: a parameter of shape {tuple(p.shape)} is {p.dtype} now, and its packed state "
+                f"(extra bits) was made for {dtype}: convert it back (the model was converted after steps, e.g. "
+                f".half() or .float()), or build a new optimizer for the converted model")
+        if local(p).shape != shape:
+            raise RuntimeError(
+                f"{type(self).__name__}: a parameter is shape {tuple(local(p).shape)} now, and its optimizer state "
+                f"was made for shape {tuple(shape)} (the parameter was replaced through .data or resized after "
+                f"steps): build a new optimizer, or load a state dict made for this shape")
 
     def master_weight(self, p: torch.Tensor) -> torch.Tensor:
         """The fp32 value of parameter ``p`` reconstructed from its 16 bits and extra bits."""
@@ -192,14 +221,20 @@ class PackedOptimizer(torch.optim.Optimizer):
         # get_optimizer_state_dict keeps only "state" and "param_groups" (a top-level entry is dropped and a
         # resumed run rounds with another seed), so every group carries it too; load_state_dict reads either.
         sd["sr_seed"] = self.seed
-        for g in sd["param_groups"]:
+        made = self._made_for()
+        for g, ours in zip(sd["param_groups"], self.param_groups, strict=True):
             g["sr_seed"] = self.seed
+            # the dtype each parameter's extra bits are for: fp16's loaded under bf16 would be noise
+            g["param_dtypes"] = [str(made.get(id(p), (p.dtype,))[0]).removeprefix("torch.") for p in ours["params"]]
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict saved by the same packed optimizer class (validated first: a ValueError
         names the param group or parameter index, the key and what was expected and found)."""
         load_checked(self, state_dict)
+        self._made_for().clear()
+        for p in (p for g in self.param_groups for p in g["params"] if "extra" in self.state.get(p, {})):
+            self._made_for()[id(p)] = p.dtype, local(p).shape
         self._flat.clear()
         self._coef_cache.clear()
         self._steps.clear()

@@ -109,8 +109,18 @@ def check_state_dict(optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
             optimizer.validate_group(group, gi)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{where}: {e}") from None
-        for pid, p in zip(saved["params"], ours["params"], strict=True):
+        dtypes = saved.get("param_dtypes")
+        if dtypes is not None and (not isinstance(dtypes, (list, tuple)) or len(dtypes) != len(ours["params"])):
+            raise ValueError(f"{where}: key 'param_dtypes' must list one dtype name per parameter "
+                             f"({len(ours['params'])}), got {dtypes!r:.200}")
+        for i, (pid, p) in enumerate(zip(saved["params"], ours["params"], strict=True)):
             if pid in state:
+                if dtypes is not None and dtypes[i] != str(p.dtype).removeprefix("torch."):
+                    raise ValueError(
+                        f"{name}.load_state_dict: state of parameter {pid!r} (shape {tuple(p.shape)}) was saved for "
+                        f"{dtypes[i]} parameters and this one is {p.dtype}: its extra bits are the bits below a "
+                        f"{dtypes[i]} value, noise below a {str(p.dtype).removeprefix('torch.')} one; load it into "
+                        f"a model of the dtype it was saved with, or start a new optimizer")
                 _check_param_state(name, pid, p, state[pid], optimizer.expected_state(p, group))
     ids = [pid for g in groups if isinstance(g, dict) for pid in g.get("params", ())]
     stray = [k for k in state if k not in ids]
@@ -157,7 +167,8 @@ def load_checked(optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
     sd = dict(state_dict)
     saved_state = sd.pop("state")
     sd.pop("sr_seed", None)
-    sd["param_groups"] = [{k: v for k, v in g.items() if k != "sr_seed"} for g in sd["param_groups"]]
+    sd["param_groups"] = [{k: v for k, v in g.items() if k not in ("sr_seed", "param_dtypes")}
+                          for g in sd["param_groups"]]
     saved_ids = list(chain.from_iterable(g["params"] for g in sd["param_groups"]))
     torch.optim.Optimizer.load_state_dict(optimizer, dict(sd, state={}))
     for g in optimizer.param_groups:
