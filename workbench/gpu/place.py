@@ -113,6 +113,9 @@ def check_target(root: Path, slug: str, name: str) -> None:
     a folder, or into a folder that is not a reference folder of ours."""
     if os.path.lexists(root.parent) and not root.parent.is_dir():
         raise UsageError(f"{root.parent} exists and is not a folder; move it out of the way")
+    above = next((p for p in root.parent.parents if os.path.lexists(p)), None)
+    if not os.path.lexists(root.parent) and above is not None and not above.is_dir():
+        raise UsageError(f"{root.parent}: {above} is not a folder, so no folder can be made under it")
     for shown in (root, root / slug, root / slug / name):
         if shown.is_symlink():
             raise UsageError(f"{shown} is a symbolic link: reference reports are written only into real folders "
@@ -150,7 +153,11 @@ def place_folder(root: str | Path, slug: str, name: str, files: dict[str, bytes]
     folder = root / slug / name
     stale = own_files(folder) - set(files) if folder.is_dir() else set()
     marker = marker_file(name)
-    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{root.parent}: cannot make this folder ({exc.strerror or exc}); nothing was written") \
+            from None
     fds: list[int] = []
     try:
         fds.append(os.open(root.parent, _DIR))
