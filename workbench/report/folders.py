@@ -132,6 +132,9 @@ def page_is_ours(path: Path) -> bool:
 def _problems(root: Path, profile: str, names) -> list[str]:
     if os.path.lexists(root / LOCK) and (root / LOCK).is_symlink():
         return [f"{root / LOCK} is a symbolic link; the build lock must be a plain file: remove the link"]
+    if os.path.lexists(root / LOCK) and not stat.S_ISREG(os.lstat(root / LOCK).st_mode):
+        # NOTE: found only when the first notebook finished and its report was moved into place under the lock
+        return [f"{root / LOCK} is not a plain file; the build lock must be one: remove it"]
     found = [f"{page} was not written by workbench report" for page in
              (root / "index.html", *(root / g / "index.html" for g in (*PROFILES, INTERACTIVE)))
              if not page_is_ours(page)]
