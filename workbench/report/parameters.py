@@ -13,6 +13,11 @@ free text. The runner types every `-p` and profile value by the default's type a
 outside its range before any kernel starts, naming the parameter, the value and the range. A ranged
 list takes a flat, non-empty list (empty only where the default is) of numbers, whole numbers where
 every default element is one; the message names the element that is not.
+
+A parameter may declare more beside its default (`declarations`): `choices: a | b` (each element, for a
+list), `multiple of: N`, `length: N` (or LO..HI) for a list, and `input: F x F x ... bytes`, the tensor it
+allocates first, refused when it takes more than half of this machine's memory. A list with choices is not
+empty unless its default is or its length allows 0.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..devices import repo_root
+from . import declarations
+from .declarations import parse_choices, parse_input, parse_length, parse_multiple, show_bytes
 from .profiles import MAX_VALUE_DEPTH, read_profiles
 from .results import NAME_PATTERN, PROFILES, UsageError, _check_name, _depth_ok
 
-__all__ = ["Declared", "notebook_parameters", "numeric", "coerce", "load_profile", "available_notebooks",
-           "notebooks_dir"]
+__all__ = ["Declared", "notebook_parameters", "numeric", "coerce", "check_inputs", "load_profile",
+           "available_notebooks", "notebooks_dir"]
 
 
 def notebooks_dir() -> Path:
@@ -61,6 +68,14 @@ class Declared:
     default: object  # the literal value, or MISSING
     comment: str  # the comment on its line, without '#'
     bounds: tuple[float, float] | None = None  # range: LO..HI, both allowed
+    choices: tuple | None = None  # choices: a | b (declarations.Choice)
+    multiple: int | None = None  # multiple of: N
+    length: tuple[int, int] | None = None  # length: LO..HI of a list
+    input: tuple | None = None  # input: F x F x ... bytes (whole numbers and parameter names)
+
+    @property
+    def choices_text(self) -> str:
+        return " | ".join(c.shown for c in self.choices or ())
 
     @property
     def bounds_text(self) -> str:
@@ -141,8 +156,15 @@ def notebook_parameters(path: str | Path) -> dict[str, Declared]:
             if isinstance(target, ast.Name):
                 comment = comments.get(node.end_lineno, "")
                 text = ast.get_source_segment(source, node.value) or ""
-                declared[target.id] = Declared(target.id, text, literal(text), comment,
-                                               _bounds(comment, f"{path}: parameter {target.id}"))
+                where = f"{path}: parameter {target.id}"
+                declared[target.id] = Declared(
+                    target.id, text, literal(text), comment, _bounds(comment, where), parse_choices(comment, where),
+                    parse_multiple(comment, where), parse_length(comment, where), parse_input(comment, where))
+    for d in declared.values():
+        unknown = [f for f in d.input or () if isinstance(f, str) and f not in declared]
+        if unknown:
+            raise UsageError(f"{path}: parameter {d.name}: its input names {', '.join(unknown)}, which the "
+                             f"parameters cell does not declare")
     return declared
 
 
@@ -173,7 +195,60 @@ def coerce(name: str, value, declared: Declared, where: str):
                              f"{declared.bounds_text}, {_shown(outside[0])} does not")
         if outside:
             raise UsageError(f"{where}: {name}={_shown(typed)} is out of range {declared.bounds_text}")
+    _check_declared(name, typed, declared, where)
     return typed
+
+
+def _check_declared(name: str, typed, declared: Declared, where: str) -> None:
+    """`typed` against the declared choices, multiple and length; UsageError naming what is allowed."""
+    is_list = isinstance(typed, (list, tuple))
+    if declared.length is not None and is_list and not declared.length[0] <= len(typed) <= declared.length[1]:
+        lo, hi = declared.length
+        wanted = f"{lo} values" if lo == hi else f"{lo} to {hi} values"
+        raise UsageError(f"{where}: {name}={_shown(typed)} holds {len(typed)} value{'s' * (len(typed) != 1)}; "
+                         f"the notebook declares {wanted} (length: {lo if lo == hi else f'{lo}..{hi}'})")
+    if declared.multiple is not None:
+        bad = [v for v in (typed if is_list else [typed]) if _is_number(v) and v % declared.multiple]
+        if bad:
+            raise UsageError(f"{where}: {name}={_shown(typed)} is not a multiple of {declared.multiple}"
+                             + (f" ({_shown(bad[0])} is not)" if is_list else ""))
+    if declared.choices is None:
+        return
+    allowed = f"the declared choices: {declared.choices_text}"
+    if is_list:
+        default = declared.default if isinstance(declared.default, (list, tuple)) else None
+        if not typed and not (default is not None and not default) and not (
+                declared.length is not None and declared.length[0] == 0):
+            raise UsageError(f"{where}: {name}={_shown(typed)} is empty; give at least one of {allowed}")
+        for element in typed:
+            if not any(c.matches(element) for c in declared.choices):
+                raise UsageError(f"{where}: {name}={_shown(typed)} holds {_shown(element)}, which is not one of "
+                                 f"{allowed}")
+    elif not any(c.matches(typed) for c in declared.choices):
+        raise UsageError(f"{where}: {name}={_shown(typed)} is not one of {allowed}")
+
+
+def check_inputs(params: dict, declared: dict[str, Declared], where) -> None:
+    """The inputs the parameters declare (`input: ... bytes`) at `params` (the rest at their defaults), each
+    within half of this machine's memory; UsageError naming the parameters and both sizes. `where(names)`
+    says where the values came from."""
+    memory = declarations.machine_memory()
+    if not memory:
+        return
+    for d in declared.values():
+        if d.input is None:
+            continue
+        names = list(dict.fromkeys(f for f in d.input if isinstance(f, str)))
+        values = {n: params.get(n, declared[n].default) for n in names}
+        if not all(_is_number(v) for v in values.values()):
+            continue
+        size = declarations.input_bytes(d.input, values)
+        if size > memory / 2:
+            given = " and ".join(f"{n}={_shown(v)}" for n, v in values.items())
+            formula = " x ".join(map(str, d.input))
+            raise UsageError(f"{where(names)}: {given} give an input tensor of {show_bytes(size)} ({formula} bytes), "
+                             f"more than half of this machine's memory ({show_bytes(memory)}), before the "
+                             f"network's activations; lower {' or '.join(names)}")
 
 
 _INT64 = "a whole number in -2**63..2**63-1 (64 bits)"

@@ -28,7 +28,9 @@ import pandas as pd
 from ..devices import cpu_features, repo_root
 from .folders import locked, mark, prepare_out, recover, report_state, swap_into_place, temp_name
 from .index import write_index
-from .parameters import available_notebooks, coerce, load_profile, notebook_parameters, notebooks_dir
+from .parameters import (
+    available_notebooks, check_inputs, coerce, load_profile, notebook_parameters, notebooks_dir,
+)
 from .progress import PROGRESS_TOPIC, CellHooks, Progress, tell_driver
 from .results import (
     FAILED_RUN, KERNEL_NAME, KERNEL_QUIET, NAME_PATTERN, PROFILES, RESERVED, UsageError, _jsonable, _write_atomic,
@@ -84,6 +86,8 @@ def _plan(names, profile, overrides, folder: Path) -> list[_Job]:
                         f"-p for notebook {name!r}" if key in overrides else f"{profile_file} ({profile})")
             for key, value in params.items()
         }
+        from_p, from_file = f"-p for notebook {name!r}", f"{profile_file} ({profile})"
+        check_inputs(typed, declared, lambda keys, p=from_p, f=from_file: p if set(keys) & set(overrides) else f)
         jobs.append(_Job(name, typed, {k: typed[k] for k in overrides}))
     return jobs
 
