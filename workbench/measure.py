@@ -6,7 +6,8 @@ storages created in the region, which runs the program as it runs without one (`
 `AllocatorMeter` is the independent measure beside it: the allocator's own running total (on CPU the
 c10 allocator's events, as torch.profiler records them), which also sees kernel-internal scratch that
 never becomes a tensor. Process RSS is never used as a tensor-memory figure. Timing (`time_callable`,
-`time_interleaved`, `calls_for`) lives in `workbench.timing` and is re-exported here.
+`time_interleaved`, `calls_for`) lives in `workbench.timing` and `AllocatorMeter` in `workbench.allocator`, both
+re-exported here.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pandas as pd
 import torch
-from torch._C._profiler import _EventType
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .inplace import InPlace, as_the_user_runs
-from .kineto import quiet_profile, without_kineto_markers
+from .allocator import AllocatorMeter, allocator_events, allocator_trace  # re-exported: the measures in one place
 from .measure_args import _device, check_device
 from .timing import Timing, calls_for, time_callable, time_interleaved
 
@@ -53,6 +53,11 @@ def _storages(tree, keep: Callable[[torch.Tensor], bool] = lambda tensor: True) 
         leaf.untyped_storage() for leaf in tree_leaves(tree)
         if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta" and not leaf.is_sparse and keep(leaf)
     ]
+
+
+# NOTE: `torch.tensor(data)` builds its tensor without an op and then hands it to `lift_fresh` (under a dispatch
+# mode): that storage is new although the op received it (AdamW's step counters, 4 bytes a parameter)
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 
 class LiveStorageMode(TorchDispatchMode):
@@ -126,7 +131,7 @@ class LiveStorageMode(TorchDispatchMode):
                 key, nbytes = storage._cdata, storage.nbytes()
                 old = self._nbytes.get(key)
                 if old is None:
-                    if key in inputs:
+                    if key in inputs and op is not _LIFT_FRESH:
                         continue
                     self._finalizers.append(weakref.finalize(storage, self._forget, key))
                 elif old == nbytes:
@@ -166,101 +171,39 @@ class _StorageTracker(LiveStorageMode):
 
 
 @contextlib.contextmanager
-def allocator_events(user: str = "allocator_events", device: torch.device | str = "cpu"
-                     ) -> Iterator[torch.profiler.profile]:
-    """torch.profiler recording the allocators' events (`profile_memory=True`: the CPU allocator's, and on a
-    CUDA `device` the caching allocator's too, each event with its device) around the block, without the trace
-    markers kineto prints at each start and stop; read `.profiler.kineto_results` after the block. Only one
-    profiler runs at a time: `user` names the caller in the error raised when one already runs."""
-    # NOTE: fd 2 held for the whole block, not only the profiler's start and stop: c10 warns there when a block
-    # allocated before entry is freed inside (garbage collected meanwhile), a free `allocator_trace` leaves out.
-    # CUDA's activity is asked for on a CUDA device, as torch's own memory timeline does for its device events.
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.device(device).type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with without_kineto_markers(), quiet_profile(user, activities, profile_memory=True) as profiler:
-        yield profiler
+def cpu_rng_state_as_op(*, fake: bool = False) -> Iterator[None]:
+    """`torch.get_rng_state()` as an op a dispatch mode sees: for real a dispatched copy of the state, under fake
+    tensors (CalcGraph's plans) a stand-in of the real state's size (which `torch.set_rng_state` takes, changing
+    nothing). So `MemoryMeter` and a plan count the CPU generator states that activation checkpointing keeps per
+    segment and `torch.random.fork_rng` holds while it recomputes, and calibration finds them in the real run too.
 
-
-def allocator_trace(profiler: torch.profiler.profile, device: torch.device | str = "cpu") -> list[tuple[int, int]]:
-    """`device`'s allocator events an `allocator_events` block recorded, in time order: (ns, +bytes) per
-    allocation and (ns, -bytes) per free of a block allocated inside the block; frees of older blocks left out.
-    On CUDA these are the caching allocator's blocks handed out and given back (what `max_memory_allocated`
-    counts), recorded on the host as each call makes them.
-
-    # NOTE: matched by address (the profiler's event tree has it; its flat event list does not): c10's CPU
-    # reporter sizes a free from a table it fills only while a profiler runs, so a block allocated under an
-    # earlier profiler and freed outside any leaves its size behind, and a later block at the same address,
-    # allocated before entry and freed inside, was counted with that stale size (a 3 MB free read as -10 MB).
+    # NOTE: the generator makes its state tensor without dispatching an op, so no meter or trace saw it: 5,056
+    # bytes per checkpointed segment, 5-11% of a small MLP's peak under uniform checkpoints (issue 43:
+    # `measure_required_bytes` read 6,536 B where the allocator's peak was 15,624 B). Patched process-wide while
+    # a meter is open or a program is traced (torch.utils.checkpoint looks both functions up at each call); not
+    # again inside one patched the same way.
     """
-    device = torch.device(device)  # "cuda" without an index: every GPU's events (a program runs on one)
-    found, stack = [], list(profiler.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        event = stack.pop()
-        stack.extend(event.children)
-        if event.tag == _EventType.Allocation and event.extra_fields.device.type == device.type and (
-                device.index is None or event.extra_fields.device.index == device.index):
-            found.append((event.start_time_ns, event.extra_fields.ptr, event.extra_fields.alloc_size))
-    live: set[int] = set()
-    trace = []
-    for ns, ptr, nbytes in sorted(found, key=lambda e: e[0]):
-        if nbytes >= 0:
-            live.add(ptr)
-        elif ptr in live:
-            live.discard(ptr)
-        else:
-            continue
-        trace.append((ns, nbytes))
-    return trace
+    if getattr(torch.get_rng_state, "_as_op", None) is fake:  # already, the same way
+        yield
+        return
+    get, put = torch.get_rng_state, torch.set_rng_state
+    size = get().numel()
 
+    def tracked_get() -> torch.Tensor:
+        # the same op in both runs, so that calibration matches the real state with the planned one
+        state = torch.empty(size, dtype=torch.uint8)
+        return state if fake else state.copy_(get())
 
-class AllocatorMeter:
-    """Peak bytes the device's allocator handed out inside a `with` block, net of frees inside it.
+    def tracked_put(state: torch.Tensor) -> None:
+        if not fake:  # under fake tensors every state is a stand-in (a real one of integers, see calcgraph.values)
+            put(state)
 
-    The independent measure for everything counted from tensors (MemoryMeter's CPU tracker, CalcGraph's
-    fake-tensor plan): it shares no counting rule with them. On CPU, every allocation and free of the
-    c10 CPU allocator while the block runs (torch.profiler with `profile_memory=True`), summed in time
-    order (`allocator_trace`); frees of blocks allocated before entry are not counted, so the figure is
-    relative to entry like MemoryMeter's. Kernel scratch (BatchNorm, oneDNN RNN
-    workspaces) counts. On CUDA, `max_memory_allocated` relative to entry, and `reserved_peak_bytes`,
-    the caching allocator's absolute `max_memory_reserved` (what actually runs out).
-
-    # NOTE: the profiler's events are read directly (kineto results) rather than exported to a chrome
-    # trace, which writes a file per measurement; only one profiler can run at a time.
-    """
-
-    def __init__(self, device: torch.device | str | None = None) -> None:
-        self.device = _device(device, "AllocatorMeter")
-        self.peak_bytes = 0
-        self.end_bytes = 0
-        self.reserved_peak_bytes: int | None = None
-        self._stack = contextlib.ExitStack()
-        self._profiler: torch.profiler.profile | None = None
-        self._cuda_start = 0
-
-    def __enter__(self) -> AllocatorMeter:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._cuda_start = torch.cuda.memory_allocated(self.device)
-            return self
-        self._profiler = self._stack.enter_context(allocator_events("AllocatorMeter"))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._cuda_start
-            self.end_bytes = torch.cuda.memory_allocated(self.device) - self._cuda_start
-            self.reserved_peak_bytes = torch.cuda.max_memory_reserved(self.device)
-            return
-        profiler, self._profiler = self._profiler, None
-        self._stack.close()
-        current = peak = 0
-        for _, nbytes in allocator_trace(profiler):
-            current += nbytes
-            peak = max(peak, current)
-        self.peak_bytes, self.end_bytes = peak, current
+    tracked_get._as_op = fake
+    torch.get_rng_state, torch.set_rng_state = tracked_get, tracked_put
+    try:
+        yield
+    finally:
+        torch.get_rng_state, torch.set_rng_state = get, put
 
 
 class MemoryMeter:
@@ -296,6 +239,7 @@ class MemoryMeter:
         self._events: list[tuple[int, str, int]] | None = None
         self._cuda_start = 0
         self._open = False
+        self._rng: contextlib.AbstractContextManager | None = None
 
     @property
     def _cuda(self) -> bool:
@@ -312,6 +256,9 @@ class MemoryMeter:
             self._cuda_start = torch.cuda.memory_allocated(self.device)
         if self._allocator is not None and not self._cuda:
             self._allocator.__enter__()
+        if not self._cuda:  # the generator states checkpointing keeps are tensors no op creates
+            self._rng = cpu_rng_state_as_op()
+            self._rng.__enter__()
         if not self._cuda or self._want_trace:
             self._tracker = _StorageTracker(trace=self._want_trace)
             self._tracker.__enter__()
@@ -325,6 +272,9 @@ class MemoryMeter:
             tracker.__exit__(*exc)
             tracker.close()
             self._events = tracker.events
+        rng, self._rng = self._rng, None
+        if rng is not None:
+            rng.__exit__(*exc)
         if self._cuda:
             torch.cuda.synchronize(self.device)
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._cuda_start

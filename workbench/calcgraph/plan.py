@@ -16,7 +16,7 @@ from numbers import Real
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from ..measure import check_device
 from .calibrate import NoAllocatorEvents
@@ -87,6 +87,10 @@ def plan_training(
     if loss is not None and not callable(loss):
         raise TypeError(f"loss must be a callable (output, target) -> scalar, got {loss!r}")
     dev = check_device(device, "plan_training")
+    if not isinstance(persistent_grads, bool):
+        raise TypeError(f"persistent_grads must be True or False, got {persistent_grads!r}")
+    if not isinstance(model, nn.Module):
+        _refuse_meta_factory(build)
 
     batches = None
     if isinstance(sample_input, torch.Tensor) and sample_input.dtype == input_dtype and not (
@@ -123,6 +127,25 @@ def plan_training(
         warnings.warn(f"{error}: this plan is not calibrated", stacklevel=2)
         graph.calibration = None
         return graph
+
+
+def _refuse_meta_factory(build: Callable[[], nn.Module]) -> None:
+    """ValueError where the factory puts tensors on the meta device itself: the plan materialises a meta-built
+    model (see `program._build_model`), but the program it plans cannot run (meta tensors hold no values and
+    cannot be copied to a device). Built under fake tensors: no memory."""
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu"):
+            model = build()
+    except Exception:  # noqa: BLE001 - the trace builds it again and names what fails
+        return
+    if not isinstance(model, nn.Module):
+        return  # the trace names it
+    meta = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    if meta:
+        raise ValueError(f"the model factory puts {len(meta)} tensors on the meta device itself ({', '.join(meta[:3])}"
+                         f"{', ...' if len(meta) > 3 else ''}): a model on meta cannot train, so no plan of it is the "
+                         f"program that runs; build it without device='meta' (plan_training builds it without "
+                         f"memory), or materialise it (module.to_empty(device=...)) in the factory")
 
 
 def _user_rows(sample: torch.Tensor) -> Callable[[int, torch.device], tuple[torch.Tensor, torch.Tensor]]:

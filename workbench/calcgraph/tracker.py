@@ -20,7 +20,7 @@ from torch import nn
 from torch._subclasses import FakeTensorMode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from workbench.measure import LiveStorageMode
+from workbench.measure import LiveStorageMode, cpu_rng_state_as_op
 
 from .values import _refuse_mixed_matmul, with_known_values
 
@@ -256,36 +256,6 @@ def _canonical_frees(events: list[int]) -> list[int]:
     return out[:-1]
 
 
-@contextlib.contextmanager
-def _tracked_cpu_rng_state(fake: bool) -> Iterator[None]:
-    """`torch.get_rng_state()` as an op the tracker sees: under fake tensors a stand-in of the real state's
-    size (which `torch.set_rng_state` takes, changing nothing), for real a dispatched copy of the state. So a
-    plan counts the CPU generator states that activation checkpointing keeps per segment and
-    `torch.random.fork_rng` holds while it recomputes, and calibration finds them in the real run too.
-
-    # NOTE: the generator makes its state tensor without dispatching an op, so no trace saw it: 5,056 bytes
-    # per checkpointed segment, 5-11% of a small MLP's peak under uniform checkpoints. Patched process-wide
-    # while a program is traced (torch.utils.checkpoint looks both functions up at each call).
-    """
-    get, put = torch.get_rng_state, torch.set_rng_state
-    size = get().numel()
-
-    def tracked_get() -> torch.Tensor:
-        # the same op in both runs, so that calibration matches the real state with the planned one
-        state = torch.empty(size, dtype=torch.uint8)
-        return state if fake else state.copy_(get())
-
-    def tracked_put(state: torch.Tensor) -> None:
-        if not fake:  # under fake tensors every state is a stand-in (a real one of integers, see values.py)
-            put(state)
-
-    torch.get_rng_state, torch.set_rng_state = tracked_get, tracked_put
-    try:
-        yield
-    finally:
-        torch.get_rng_state, torch.set_rng_state = get, put
-
-
 def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: bool = False,
            device: torch.device | None = None) -> _Trace:
     """Run `program` (on `device`) under the tracker: under fake tensors (a plan), or for real (`fake=False`,
@@ -294,7 +264,7 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
     tracker.profiled, tracker.fake = profiled, fake
     try:
         with _quiet_fake_tensor_logs(), (FakeTensorMode(allow_non_fake_inputs=True) if fake
-                                         else contextlib.nullcontext()), _tracked_cpu_rng_state(fake):
+                                         else contextlib.nullcontext()), cpu_rng_state_as_op(fake=fake):
             with tracker:
                 program(tracker)
     except Exception as error:
