@@ -80,8 +80,34 @@ def build_flags(variant: Variant | str | None = None) -> list[str]:
 
 
 # NOTE: a build killed midway leaves torch's `lock` file in the build folder, and torch then waits on it
-# forever; a build takes about a minute here, so a lock older than this is taken as abandoned.
-STALE_LOCK_S = 600.0
+# forever, in silence. torch writes the lock once, when a build starts, and a build takes 20-60 s on 2 cores,
+# so a lock older than this is taken as abandoned; a younger one is waited for, said (`wait_for_build_lock`).
+STALE_LOCK_S = 300.0
+
+
+def wait_for_build_lock(lock: Path, stale_after: float | None = None) -> None:
+    """Return once no build holds `lock` (torch's build lock of the kernel's folder): at once where there is none,
+    when another process's build removes it, or after removing it once it is `stale_after` seconds old
+    (`STALE_LOCK_S`: a build killed midway). Says so, naming the file, when it has to wait or remove."""
+    stale_after = STALE_LOCK_S if stale_after is None else stale_after
+    told = False
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > stale_after:
+            lock.unlink(missing_ok=True)
+            warnings.warn(f"workbench.optim.cpu_kernel: removed {lock}, a build lock {age:.0f} s old (a build killed "
+                          f"midway leaves it, and torch would wait on it forever); building the kernel now",
+                          stacklevel=3)
+            return
+        if not told:
+            warnings.warn(f"workbench.optim.cpu_kernel: waiting for {lock}: another process is building the kernel, "
+                          f"or a build killed midway left it; it is taken as abandoned in {stale_after - age:.0f} s "
+                          f"(delete it yourself if no build runs)", stacklevel=3)
+            told = True
+        time.sleep(min(1.0, max(0.05, stale_after - age)))
 
 
 def extension_name(variant: Variant | str | None = None) -> str:
@@ -119,9 +145,7 @@ def load_variant(variant: Variant | str) -> Callable:
     if reason := unusable_reason(variant):
         raise ValueError(reason)
     name = extension_name(variant)
-    lock = Path(cpp_extension._get_build_directory(name, False)) / "lock"
-    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
-        lock.unlink(missing_ok=True)
+    wait_for_build_lock(Path(cpp_extension._get_build_directory(name, False)) / "lock")
     cpp_extension.load(
         name=name, sources=[str(SOURCE)], extra_cflags=build_flags(variant),
         extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False,
