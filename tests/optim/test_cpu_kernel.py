@@ -223,8 +223,10 @@ def test_kernel_update_runs_the_kernel_when_it_can(kernel, one_thread):
 def test_the_build_is_named_by_its_variant_and_sources_and_a_stale_lock_is_taken_away(tmp_path, monkeypatch):
     """Two checkouts with different kernels never share a build folder (each would rebuild the other's
     library, and a process could load the other's schema), nor do two variants; a lock left by a killed build
-    is removed, since torch waits on it forever, while a fresh lock (a build under way) is left alone."""
+    is removed, since torch waits on it forever, while a fresh lock (a build under way) is waited for until its
+    build removes it (tests/probes/test_probe_kernel_lock.py: the wait itself)."""
     import os
+    import threading
     import time
 
     from torch.utils import cpp_extension
@@ -243,12 +245,17 @@ def test_the_build_is_named_by_its_variant_and_sources_and_a_stale_lock_is_taken
     lock.parent.mkdir()
     lock.touch()
     _fresh_state(monkeypatch)
-    cpu_kernel._build()
-    assert lock.exists()  # fresh: another process may be compiling
+    seen = []  # fresh: another process may be compiling; its build takes the lock away
+    threading.Timer(0.3, lambda: (seen.append(lock.exists()), lock.unlink())).start()
+    with pytest.warns(UserWarning, match="waiting for"):
+        cpu_kernel._build()
+    assert seen == [True]
+    lock.touch()
     old = time.time() - cpu_kernel.STALE_LOCK_S - 60
     os.utime(lock, (old, old))
     _fresh_state(monkeypatch)
-    cpu_kernel._build()
+    with pytest.warns(UserWarning, match=r"removed .*lock, a build lock \d+ s old"):
+        cpu_kernel._build()
     assert not lock.exists()
 
 
