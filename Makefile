@@ -39,6 +39,8 @@ hooks: $(STAMP)
 	  || echo "warning: could not configure the nbstripout git filter"; \
 	else echo "not a git checkout: the nbstripout filter is not installed"; fi
 	@"$(abspath $(PY))" -m workbench.lab_setup install --prefix "$(abspath $(VENV))" >/dev/null
+	@# the notebooks' kernel, for the JupyterLab in $(VENV): opened after `make`, they start on it (no "Select Kernel")
+	@"$(abspath $(VENV))/bin/workbench" kernel install >/dev/null
 
 report: $(STAMP) hooks
 	$(VENV)/bin/workbench report --profile $(PROFILE) $(if $(WORKERS),--workers $(WORKERS))

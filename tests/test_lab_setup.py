@@ -43,3 +43,24 @@ def test_views_of_closed_widgets_are_dropped_on_save():
     content["cells"][0]["outputs"].append(view("bar3"))
     assert lab_setup.drop_closed_widget_views(model) == 0 and len(content["cells"][0]["outputs"]) == 4
     assert lab_setup.drop_closed_widget_views({"type": "file", "content": "text"}) == 0
+
+
+def test_the_environment_make_built_has_the_notebooks_kernel():
+    """Issue 43: after `make report` or `make test` every notebook opened on "Select Kernel" (their kernelspec names
+    'workbench'); the Makefile's set-up now installs it into the environment's own Jupyter data folder, where the
+    JupyterLab of that environment finds it."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from workbench.devices import repo_root
+    from workbench.report import KERNEL_NAME
+
+    if not (Path(sys.prefix) / ".installed").is_file():
+        pytest.skip("not the environment `make` builds (its stamp .installed is missing)")
+    spec = KernelSpecManager().find_kernel_specs().get(KERNEL_NAME)
+    assert spec is not None and Path(spec).resolve().is_relative_to(Path(sys.prefix).resolve()), spec
+    shipped = json.loads((repo_root() / "kernels" / KERNEL_NAME / "kernel.json").read_text())
+    assert json.loads((Path(spec) / "kernel.json").read_text()) == shipped
