@@ -25,7 +25,8 @@ def test_packed_variants_share_one_trace_and_equal_tracing_each():
         own = _compile(work, cfg, None)
         for size in (1, 6, 50):
             assert plans.plan(cfg).peak(size) == own.required_bytes(size), (cfg.name, size)
-    assert plans.traces == 4  # step in backward or not, checkpoints or not
+    assert plans.programs == 4  # step in backward or not, checkpoints or not
+    assert plans.traces == 4 * 3 + 1  # each at batches 2, 3 and 1 (asked above), the plain one checked at 4 too
 
 
 def test_an_optimal_plan_equal_to_the_plain_or_uniform_one_reuses_its_trace():
@@ -33,13 +34,13 @@ def test_an_optimal_plan_equal_to_the_plain_or_uniform_one_reuses_its_trace():
     advice = advise(mlp, (x, y), memory_budget=2**40, calibrate=False, min_run_time=0.01,
                     candidates=[Config(checkpoint=c) for c in ("none", "uniform", "optimal")])
     plans = advice._plans
-    assert plans.traces == 2 and not any(c for _, _, c in advice._segments["fp32, checkpoint optimal"])
+    assert plans.programs == 2 and not any(c for _, _, c in advice._segments["fp32, checkpoint optimal"])
     table = advice.table.set_index("config")
     assert table.loc["fp32, checkpoint optimal", "predicted_peak_bytes"] == table.loc["fp32", "predicted_peak_bytes"]
     advice.rebudget(table.loc["fp32, checkpoint uniform", "predicted_peak_bytes"] / (1 - advice.margin))
     segments = advice._segments["fp32, checkpoint optimal"]
     known = segments == plans.uniform or not any(c for _, _, c in segments)
-    assert plans.traces == (2 if known else 3)
+    assert plans.programs == (2 if known else 3)
 
 
 def test_a_programs_peaks_are_remembered_once_for_every_candidate_and_forgotten_on_recalibration():

@@ -117,7 +117,7 @@ class Plans:
         self._views: dict[int, CompiledGraph] = {}  # each traced plan with its precision's calibration carried over
         self._states: dict[tuple, int] = {}
         self._peaks: dict[tuple, int] = {}  # every plan's program peaks (`Plan.memo`)
-        self.traces = 0
+        self.programs = 0  # distinct programs traced
 
     def _key(self, cfg: Config, segments: Sequence | None) -> tuple[Config, tuple | None]:
         """The program `cfg` runs with `segments`: its traced representative config and plan."""
@@ -134,8 +134,15 @@ class Plans:
         key = self._key(cfg, segments)
         if key not in self._graphs:
             self._graphs[key] = _compile(self.work, key[0], key[1])
-            self.traces += 1
+            self.programs += 1
         return self._graphs[key]
+
+    @property
+    def traces(self) -> int:
+        """Training programs run under fake tensors so far: each distinct program at each batch size it was traced
+        at (two or three for the affine fit, batch 1 where it runs a program of its own, every batch of a program
+        that is not affine)."""
+        return sum(len(graph._exact) for graph in self._graphs.values())
 
     def plan(self, cfg: Config, segments: Sequence | None = None) -> Plan:
         rep = self._key(cfg, segments)[0]

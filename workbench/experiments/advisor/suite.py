@@ -92,6 +92,7 @@ def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size
         planning = {"planning_seconds": time.perf_counter() - start, "planning_cpu_seconds": time.process_time() - cpu,
                     "load_before": load, "load_after": _load(),
                     "threads": torch.get_num_threads(), "candidates": len(advice.table),
+                    "programs": advice._plans.programs, "traces": advice._plans.traces,
                     "kernel_build_seconds": kernel_seconds if not decisions else 0.0,
                     **{f"{phase.replace(' ', '_')}_seconds": t for phase, t in advice.planning_seconds.items()}}
         peaks = advice.table["predicted_peak_bytes"]
@@ -205,7 +206,8 @@ def planning_time(parameters: int, *, batch_size: int, min_run_time: float, cand
     with torch.device("meta"):
         width = factory()[0].out_features
     return {"model": f"MLP, width {width}", "parameters": _parameters(advice),
-            "batch_size": batch_size, "candidates": len(advice.table), "planning_seconds": seconds,
+            "batch_size": batch_size, "candidates": len(advice.table), "programs": advice._plans.programs,
+            "traces": advice._plans.traces, "planning_seconds": seconds,
             "load_before": load, "load_after": _load(), "threads": torch.get_num_threads(),
             **{f"{phase.replace(' ', '_')}_seconds": t for phase, t in advice.planning_seconds.items()},
             "real_runs": str(advice.real_runs)}
