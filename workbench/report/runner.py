@@ -114,6 +114,9 @@ def check_kernel_spec(path: Path) -> Path:
         raise UsageError(f"{path}: cannot read the kernel spec ({exc})") from None
     except ValueError as exc:
         raise UsageError(f"{path}: not a valid kernel spec ({exc}); {expected}") from None
+    except RecursionError:  # json's decoder recurses once a level: a spec nested thousands deep
+        raise UsageError(f"{path}: not a valid kernel spec (lists or objects nested too deep to read); "
+                         f"{expected}") from None
     argv = spec.get("argv") if isinstance(spec, dict) else None
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)
             and isinstance(spec.get("display_name"), str)):
