@@ -85,7 +85,7 @@ def data_dir() -> Path:
 def _resize(images: torch.Tensor, size: int, channels: int) -> torch.Tensor:
     if size != images.shape[-1]:
         images = F.interpolate(images.float(), size=(size, size), mode="bilinear", align_corners=False)
-        images = images.round().clamp(0, 255).to(torch.uint8)
+        images = images.round_().clamp_(0, 255).to(torch.uint8)  # in place: one float copy at a time
     if channels != images.shape[1]:
         images = images.expand(-1, channels, -1, -1).contiguous()
     return images
