@@ -114,3 +114,41 @@ def test_a_switch_set_by_hand_in_a_group_is_refused_when_the_group_is_added():
 def test_betas_given_as_one_number_is_refused_naming_betas():
     with pytest.raises(TypeError, match=r"betas=0.9 must be a pair"):
         PackedAdamW(nn.Linear(4, 4).to(BF16).parameters(), betas=0.9, extra_bits=8)
+
+
+def test_a_parameter_listed_twice_is_refused_naming_both_indices(recwarn):
+    model = nn.Linear(4, 4).to(BF16)
+    with pytest.raises(ValueError, match=r"parameter 1 of group 0 \(shape \(4, 4\)\) is parameter 0 again"):
+        PackedAdamW([model.weight, model.weight], extra_bits=8)
+    assert not [w for w in recwarn.list if "duplicate" in str(w.message)]  # refused, not warned then run
+
+
+def test_an_option_edited_by_hand_in_a_group_is_checked_at_the_next_step():
+    model, opt = _stepped()
+    opt.param_groups[0]["extra_bits"] = 20
+    model(torch.randn(2, 4, dtype=BF16)).sum().backward()
+    with pytest.raises(ValueError, match=r"extra_bits=20 out of range for torch.bfloat16: allowed 0\.\.16"):
+        opt.step()
+    opt.param_groups[0]["extra_bits"] = 8  # put back, it steps
+    opt.step()
+    assert opt.state[model.weight]["step"] == 2
+
+
+def test_sparse_gradients_are_refused_as_torch_does():
+    torch.manual_seed(0)
+    emb, ref = nn.Embedding(10, 4, sparse=True).to(BF16), nn.Embedding(10, 4, sparse=True)
+    for m, opt in ((emb, PackedAdamW(emb.parameters(), extra_bits=8)), (ref, torch.optim.AdamW(ref.parameters()))):
+        m(torch.tensor([1, 2])).sum().backward()
+        with pytest.raises(RuntimeError, match="does not support sparse gradients"):
+            opt.step()
+
+
+def test_step_in_backward_refuses_a_non_module_and_a_second_registration():
+    model, opt = _stepped()
+    with pytest.raises(TypeError, match="model must be an nn.Module .*got Parameter"):
+        step_in_backward(model.weight, opt)
+    handle = step_in_backward(model, opt)
+    with pytest.raises(ValueError, match="already registered on 2 of this model's parameters"):
+        step_in_backward(model, opt)
+    handle.remove()
+    step_in_backward(model, opt).remove()  # once removed, it registers again

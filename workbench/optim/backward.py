@@ -310,6 +310,19 @@ def _check_params(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], 
             "(to accumulate, use step_in_backward(..., accumulate=N))")
 
 
+# each parameter's step_in_backward handle, by id, both held weakly (a tensor cannot key a WeakKeyDictionary: its
+# == is elementwise; the hooks keep an active handle alive)
+_REGISTERED: dict[int, tuple[weakref.ref, weakref.ref]] = {}
+
+
+def _registered(p: torch.Tensor) -> bool:
+    entry = _REGISTERED.get(id(p))
+    if entry is None or entry[0]() is not p:
+        return False
+    handle = entry[1]()
+    return handle is not None and handle.active
+
+
 def step_in_backward(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -328,6 +341,12 @@ def step_in_backward(
     each backward that steps) divides out the loss scale, ``accumulate=N`` steps in the backward of
     every N-th forward of ``model``; see the module docstring (paper 4.1).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"step_in_backward(model, optimizer): model must be an nn.Module (its forward marks the "
+                        f"steps), got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"step_in_backward(model, optimizer): optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
     if max_norm is not None:
         raise ValueError(
             f"max_norm={max_norm}: global-norm clipping needs every gradient at once, but step_in_backward "
@@ -344,8 +363,17 @@ def step_in_backward(
     refuse_ddp(model)
     params = [p for p in model.parameters() if p.requires_grad]
     _check_params(optimizer, params, grad_scale, names={id(p): i for i, p in enumerate(params)})
+    held = [i for i, p in enumerate(params) if _registered(p)]
+    if held:
+        raise ValueError(f"step_in_backward is already registered on {len(held)} of this model's parameters (first: "
+                         f"parameter {held[0]}): each would be updated twice per backward; remove() the earlier "
+                         f"handle first")
     handle = StepInBackwardHandle(optimizer, params, clip_value=clip_value, grad_scale=grad_scale,
                                   accumulate=accumulate)
+    for key in [k for k, (ref, h) in _REGISTERED.items() if ref() is None or h() is None or not h().active]:
+        del _REGISTERED[key]  # parameters gone, handles gone or removed
+    for p in params:
+        _REGISTERED[id(p)] = weakref.ref(p), weakref.ref(handle)
     # NOTE: a step pre-hook refuses outside calls instead of replacing ``optimizer.step``: an LR
     # scheduler created later wraps the bound method ``step`` and would break on a plain function.
     handle.hooks.append(optimizer.register_step_pre_hook(handle._refuse_step))

@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-__all__ = ["MASTER_ROUNDING", "STATE_DTYPES", "TORCH_ONLY", "PackedOptions", "check_betas", "check_flag", "check_real", "takes_options"]
+__all__ = ["MASTER_ROUNDING", "STATE_DTYPES", "TORCH_ONLY", "PackedOptions", "check_betas", "check_flag", "check_real",
+           "takes_options"]
 
 STATE_DTYPES = (torch.float32, torch.bfloat16)
 MASTER_ROUNDING = ("truncate", "stochastic")

@@ -36,6 +36,7 @@ with extra bits and moments kept over that shard as DTensors (``workbench.optim.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -97,7 +98,12 @@ class PackedOptimizer(torch.optim.Optimizer):
             check_real(key, group[key])
         PackedOptions.check_group(group)
         k = group["extra_bits"]
+        seen: dict[int, int] = {}
         for i, p in enumerate(group["params"]):
+            if id(p) in seen:  # torch.optim warns and steps it twice; the result then differs from one step
+                raise ValueError(f"parameter {i} of group {gi} (shape {tuple(p.shape)}) is parameter {seen[id(p)]} "
+                                 f"again: list each parameter once")
+            seen[id(p)] = i
             if p.dtype not in SUPPORTED_DTYPES:
                 raise TypeError(
                     f"parameter {i} of group {gi} (shape {tuple(p.shape)}) has dtype {p.dtype}; "
@@ -114,7 +120,9 @@ class PackedOptimizer(torch.optim.Optimizer):
         self._check_group(group)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        super().add_param_group(param_group)
+        with warnings.catch_warnings():  # refused below, naming the parameter (validate_group)
+            warnings.filterwarnings("ignore", "optimizer contains a parameter group with duplicate parameters")
+            super().add_param_group(param_group)
         gi = len(self.param_groups) - 1
         try:
             self.validate_group(self.param_groups[gi], gi)
@@ -122,6 +130,23 @@ class PackedOptimizer(torch.optim.Optimizer):
             self.param_groups.pop()
             raise
         self._index_group(gi)
+
+    def _still_valid(self, gi: int, group: dict) -> None:
+        """`validate_group` again where a group's options or parameters were edited by hand since it was last
+        checked (``group["extra_bits"] = 20`` stepped with a format that does not exist)."""
+        key = (*(group[k] for k in PackedOptions.GROUP), len(group["params"]))  # cheap: checked per parameter
+        checked = getattr(self, "_checked", None)
+        if checked is None:
+            checked = self._checked = {}
+        if checked.get(id(group)) != key:
+            self.validate_group(group, gi)
+            checked[id(group)] = key
+
+    @staticmethod
+    def _refuse_sparse(owner: str, p: torch.Tensor) -> None:
+        if p.grad is not None and p.grad.is_sparse:
+            raise RuntimeError(f"{owner} does not support sparse gradients (a parameter of shape {tuple(p.shape)}: "
+                               f"nn.Embedding(sparse=True)?), as torch.optim.AdamW does not; use dense gradients")
 
     def _index_group(self, gi: int) -> None:
         off = 0
@@ -339,6 +364,8 @@ class PackedOptimizer(torch.optim.Optimizer):
         clamp the unscaled gradient to [-clip_value, clip_value] in fp32 first (paper 4.1)."""
         located, gi, offset = self._locate(p)
         group = located if group is None else group
+        self._still_valid(gi, group)
+        self._refuse_sparse(type(self).__name__, p)
         st = self._init_state(p, group)
         step = st["step"]
         half = local(p)  # a DTensor parameter (FSDP2) is stepped on its local shard
@@ -373,6 +400,9 @@ class PackedOptimizer(torch.optim.Optimizer):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
+            self._still_valid(gi, group)
+            for p in params:
+                self._refuse_sparse(type(self).__name__, p)
             # NOTE: DTensor parameters (FSDP2) take the per-parameter path: the flat buffers would replace
             # the storage FSDP2 all-gathers from.
             if group["fused"] and not any(map(is_sharded, group["params"])):
