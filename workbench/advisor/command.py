@@ -17,7 +17,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from workbench.measure import format_bytes
+from workbench.calcgraph.graph import MAX_BATCH
+from workbench.measure import check_device, format_bytes
 
 from .advise import advise
 
@@ -48,7 +49,8 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch
 def parse_shape(text: str, option: str = "--batch", *, least: int = 2) -> tuple[int, ...]:
     """'64x3x224x224' -> (64, 3, 224, 224): the batch first."""
     parts = text.lower().split("x")
-    if not all(p.isdigit() and 1 <= int(p) <= 2**62 for p in parts) or len(parts) < least:
+    # NOTE: ASCII digits only: str.isdigit() takes '²' (then int() refuses it) and int() takes '٣' or '８'
+    if not all(re.fullmatch(r"[0-9]+", p) and 1 <= int(p) <= 2**62 for p in parts) or len(parts) < least:
         example = "64x3x224x224" if least > 1 else "64, or 64x128 for a sequence"
         raise ValueError(f"{option} {text!r} must be {'' if least > 1 else 'one or more '}sizes >= 1 joined by 'x', "
                          f"the batch first (e.g. {example})")
@@ -78,6 +80,42 @@ def _load(spec: str, what: str, example: str):
     return found
 
 
+# the most bytes one tensor's storage can hold (torch counts them in an int64)
+_MAX_BYTES = 2**63 - 1
+
+
+def _meta(shape: tuple[int, ...], dtype: torch.dtype, given: str) -> torch.Tensor:
+    """A tensor of `shape` on the meta device (shapes and dtypes only); ValueError naming the option `given`
+    (with its value) when its element count overflows what torch can address."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    numel = math.prod(shape)
+    if numel * itemsize > _MAX_BYTES:
+        raise ValueError(f"{given} has {numel:.3g} elements ({numel * itemsize:.3g} bytes of "
+                         f"{str(dtype).removeprefix('torch.')}): a tensor holds at most "
+                         f"{_MAX_BYTES // itemsize:.3g} elements of it (2**63 - 1 bytes)")
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _describe(t: torch.Tensor) -> str:
+    kind = "" if t.layout == torch.strided and not t.is_nested else f"{str(t.layout).removeprefix('torch.')} "
+    return f"{kind}{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}"
+
+
+def _check_sample(path: str, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    """`--sample`'s tensors as a batch the advisor can take rows of; ValueError naming `--sample` and the file."""
+    got = f"got inputs {_describe(inputs)} and targets {_describe(targets)}"
+    for name, t in (("inputs", inputs), ("targets", targets)):
+        if t.is_nested or t.layout != torch.strided or t.is_quantized:
+            raise ValueError(f"--sample {path!r}: its {name} must be a dense tensor (not sparse, nested or "
+                             f"quantized: call .to_dense() or .dequantize() before torch.save); {got}")
+        if t.is_complex():
+            raise ValueError(f"--sample {path!r}: its {name} have dtype {str(t.dtype).removeprefix('torch.')}; "
+                             f"allowed: a floating point, integer or bool dtype; {got}")
+    if inputs.dim() < 1 or targets.dim() < 1 or inputs.shape[0] != targets.shape[0] or inputs.shape[0] < 1:
+        raise ValueError(f"--sample {path!r} must hold (inputs, targets) with the batch first and the same "
+                         f"batch size >= 1 in both; {got}")
+
+
 def _sample(path: str) -> tuple[torch.Tensor, torch.Tensor]:
     try:
         loaded = torch.load(path, weights_only=True, map_location="cpu")
@@ -88,32 +126,58 @@ def _sample(path: str) -> tuple[torch.Tensor, torch.Tensor]:
                                                                         for t in loaded)):
         raise ValueError(f"--sample {path!r} must hold (inputs, targets), two tensors with the batch first; "
                          f"got {type(loaded).__name__}")
+    _check_sample(path, *loaded)
     return tuple(loaded)
 
 
 def _batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
     if args.sample is not None:
         if args.batch is not None or args.targets is not None:
-            raise ValueError("--sample gives the batch and its targets: leave --batch and --targets out")
+            given = " and ".join(f"{o} {v!r}" for o, v in (("--batch", args.batch), ("--targets", args.targets))
+                                 if v is not None)
+            raise ValueError(f"--sample {args.sample!r} gives the batch and its targets: leave --batch and "
+                             f"--targets out (got {given})")
         return _sample(args.sample)
     if args.batch is None:
         raise ValueError("give --batch SHAPE (e.g. 64x3x224x224) or --sample FILE (your own batch)")
     shape = parse_shape(args.batch)
+    if shape[0] > MAX_BATCH:
+        raise ValueError(f"--batch {args.batch!r}: batch size {shape[0]} is more than the advisor plans (at most "
+                         f"2**40 = {MAX_BATCH}: beyond it a plan's byte counts leave int64)")
     target_shape = parse_shape(args.targets, "--targets", least=1) if args.targets is not None else shape[:1]
     if target_shape[0] != shape[0]:
         raise ValueError(f"--targets {args.targets!r} must start with the batch size of --batch {args.batch!r} "
                          f"({shape[0]})")
     # NOTE: the batch only gives shapes and dtypes (every real step makes its own): on the meta device, so a
     # batch far too large for this machine is planned (and refused by the budget), never allocated
-    return (torch.empty(shape, dtype=_DTYPES[args.input_dtype], device="meta"),
-            torch.empty(target_shape, dtype=_DTYPES[args.target_dtype], device="meta"))
+    return (_meta(shape, _DTYPES[args.input_dtype], f"--batch {args.batch!r}"),
+            _meta(target_shape, _DTYPES[args.target_dtype], f"--targets {args.targets or target_shape[0]!r}"))
+
+
+def _check_trainable(model_fn, spec: str) -> None:
+    """ValueError naming the model when it has no parameter to train (all frozen, or none), found by building
+    it once on the meta device (no memory) before anything is traced; a factory that fails to build is left
+    to `advise`, which names it."""
+    try:
+        with torch.device("meta"):
+            model = model_fn()
+    except (Exception, SystemExit):  # noqa: BLE001 - reported by advise's own check of the factory
+        return
+    if not isinstance(model, nn.Module):
+        return
+    params = list(model.parameters())
+    if not any(p.requires_grad for p in params):
+        what = (f"all {len(params)} of its parameters have requires_grad=False" if params
+                else "it has no parameters")
+        raise ValueError(f"model {spec!r} has nothing to train: {what}; the advisor plans training steps, so at "
+                         f"least one parameter must have requires_grad=True")
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
         return _advise(args)
     except (ValueError, TypeError) as error:
-        print(f"workbench advise: {error}", file=sys.stderr)
+        print(f"workbench advise: error: {error}", file=sys.stderr)
         return 2
     except SystemExit as exit_:  # the user's model, loss or module called sys.exit: no advice was given
         print(f"workbench advise: your code called sys.exit({exit_.code!r}) while the advisor ran it; no advice "
@@ -125,9 +189,21 @@ def _advise(args: argparse.Namespace) -> int:
     budget = parse_bytes(args.budget)
     model_fn = _load(args.model, "model", "mypkg.models:resnet")
     loss_fn = _load(args.loss, "--loss", "mypkg.losses:sequence_loss") if args.loss is not None else None
-    advice = advise(model_fn, _batch(args), memory_budget=budget, loss_fn=loss_fn,
-                    optimizer=args.optimizer, device=args.device if args.device is not None else "cpu",
-                    margin=args.margin, progress=True)
+    batch = _batch(args)
+    if not 0 <= args.margin < 1:  # nan too
+        raise ValueError(f"--margin {args.margin!r} must be a fraction of the budget in [0, 1) (e.g. 0.05)")
+    try:
+        device = check_device(args.device if args.device is not None else "cpu", "advise")
+    except ValueError as error:
+        raise ValueError(f"--device {args.device!r}: {error}") from None
+    _check_trainable(model_fn, args.model)  # the options first: a model with nothing to train is refused last
+    try:
+        advice = advise(model_fn, batch, memory_budget=budget, loss_fn=loss_fn,
+                        optimizer=args.optimizer, device=device, margin=args.margin, progress=True)
+    except ValueError as error:  # the model or the loss refusing the user's own batch: say where it came from
+        if args.sample is None or not re.search(r"\b(input|target)", str(error)):
+            raise
+        raise ValueError(f"{error} (the batch of --sample {args.sample!r})") from None
     table = advice.table.sort_values("predicted_step_seconds")
     view = pd.DataFrame({"config": table["config"], "peak": table["predicted_peak_bytes"].map(format_bytes),
                          "step (ms)": (table["predicted_step_seconds"] * 1e3).round(2), "fits": table["fits"],
