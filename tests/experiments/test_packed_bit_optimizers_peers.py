@@ -28,7 +28,7 @@ def test_peer_table_bytes_and_missing_peers(monkeypatch):
             raise ImportError("No module named 'optimi'")
         return real_import(name, *args)
 
-    monkeypatch.setattr(peers_module.importlib, "import_module", no_optimi)
+    monkeypatch.setattr(importlib, "import_module", no_optimi)  # what import_peer calls
     monkeypatch.setattr("workbench.experiments.packed_bit_optimizers.peak_memory.packed_option_available",
                         lambda option: False)
     data = synthetic_images(48, shape=(1, 4, 4), num_classes=3, seed=0)
@@ -53,3 +53,19 @@ def test_peer_table_bytes_and_missing_peers(monkeypatch):
     assert 13.0 <= ours["bytes_per_param"] < 13.0 + 13.0 * 31 * 4 / params  # 32-value alignment padding
     assert df.loc["torch fp32", "speed_vs_torch_fp32"] == 1.0 and df.loc["torch fp32", "seeds"] == 2
     assert df.loc[df["available"], "acc_mean"].between(0, 100).all()
+
+
+def test_a_peer_imports_without_torch_s_log_lines():
+    """Issue 43: importing torchao printed torch's pytree deprecation (and torchao's CUDA-library failures on a CPU
+    build) in red in the packed notebook; a fresh interpreter imports it through `import_peer` without a line."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torchao")
+    code = ("from workbench.experiments.packed_bit_optimizers.peer_import import import_peer\n"
+            "import_peer('torchao.optim').AdamW8bit\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "register_constant" not in done.stderr and "Failed to load" not in done.stderr, done.stderr
+    plain = subprocess.run([sys.executable, "-c", "import torchao.optim"], capture_output=True, text=True, timeout=300)
+    assert "register_constant" in plain.stderr  # what it hides (fails once torch or torchao stop logging it)

@@ -16,7 +16,6 @@ round by round, median and spread), and test accuracy at a small learning rate o
 
 from __future__ import annotations
 
-import importlib
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from workbench.measure import state_bytes, time_interleaved
 from workbench.train import train
 
 from .peak_memory import _loss, make_model, make_optimizer, parse_format
+from .peer_import import import_peer
 
 __all__ = ["PEER_METHODS", "PeerUnavailable", "peer_methods", "make_peer", "peer_table"]
 
@@ -78,7 +78,7 @@ def peer_methods(text: str | Iterable[str] = "all") -> list[str]:
 
 def _version(library: str) -> str:
     try:
-        return str(importlib.import_module(library).__version__)
+        return str(import_peer(library).__version__)
     except Exception:  # noqa: BLE001 - a library that does not import has no version here
         return ""
 
@@ -105,13 +105,11 @@ def make_peer(
         except NotImplementedError as exc:
             raise PeerUnavailable(f"not available in this build ({exc})") from exc
     try:
-        lib = importlib.import_module(m.library)
+        lib = import_peer(m.library)
     except ImportError as exc:
         raise PeerUnavailable(f"{m.library} is not installed (pip install 'workbench[peers]')") from exc
     if m.library == "torchao":
-        from torchao.optim import _AdamW
-
-        return _AdamW(params, **common, bf16_stochastic_round=True)
+        return import_peer("torchao.optim")._AdamW(params, **common, bf16_stochastic_round=True)
     if m.library == "optimi":
         return lib.AdamW(params, **common, kahan_sum=True)
     # NOTE: bitsandbytes keeps small tensors (< 4096 values) in 32-bit state by default; the

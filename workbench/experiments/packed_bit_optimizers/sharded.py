@@ -38,6 +38,8 @@ from workbench.calcgraph.sharded import fake_group, local_tensors, plan_sharded_
 from workbench.models import MLP
 from workbench.optim import PackedAdamW
 
+from .peer_import import import_peer
+
 __all__ = ["SHARDED_METHODS", "formula_bytes", "local_bytes", "plot_sharded_bytes", "sharded_bytes_per_param"]
 
 #: method -> dtype of the model's parameters
@@ -53,9 +55,7 @@ def _optimizer(method: str, params) -> torch.optim.Optimizer:
     if method == "torch AdamW":
         return torch.optim.AdamW(params, lr=1e-3, foreach=False)
     if method == "torchao AdamW8bit":
-        from torchao.optim import AdamW8bit
-
-        return AdamW8bit(params, lr=1e-3, block_size=_AO_BLOCK)
+        return import_peer("torchao.optim").AdamW8bit(params, lr=1e-3, block_size=_AO_BLOCK)
     if method == "PackedAdamW bf16+8":
         return PackedAdamW(params, lr=1e-3, extra_bits=8)
     if method == "PackedAdamW bf16+8 (bf16 states)":

@@ -44,6 +44,7 @@ from workbench.optim.tune_cpu_kernel import training_step
 
 from .peak_memory import find_row, parse_format
 from .cpu_throughput import bytes_per_param
+from .peer_import import import_peer
 
 __all__ = ["memory_bandwidth", "step_throughput", "steps_in_a_row", "throughput_share_ratio", "throughput_table",
            "backward_step_ratio", "main"]
@@ -84,8 +85,7 @@ def _peers() -> list[tuple[str, Callable, torch.dtype, float]]:
     ]
     if importlib.util.find_spec("torchao") is not None:
         def torchao_sr(ps):
-            from torchao.optim import _AdamW
-            return _AdamW(ps, bf16_stochastic_round=True)
+            return import_peer("torchao.optim")._AdamW(ps, bf16_stochastic_round=True)
         out.append(("torchao _AdamW bf16 SR", torchao_sr, torch.bfloat16, 2 + 2 + 2 + 2 * 2 * 2))
     if importlib.util.find_spec("optimi") is not None:
         def optimi_kahan(ps):
