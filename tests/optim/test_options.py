@@ -71,7 +71,7 @@ def test_options_become_group_defaults_and_groups_may_override_them():
     assert opt.seed == 4 and opt.compile is False and opt.defaults["decoupled"] is False
     opt.add_param_group({"params": _p(), "extra_bits": 8, "master_rounding": "stochastic"})
     assert opt.param_groups[1]["extra_bits"] == 8 and opt.param_groups[1]["master_rounding"] == "stochastic"
-    with pytest.raises(ValueError, match=r"master_rounding=1: allowed \('truncate', 'stochastic'\)"):
+    with pytest.raises(ValueError, match=r"master_rounding=1: allowed \('truncate', 'stochastic', 'nearest'\)"):
         opt.add_param_group({"params": _p(), "master_rounding": 1})
     with pytest.raises(ValueError, match=r"extra_bits=20 out of range for torch.bfloat16: allowed 0\.\.16"):
         opt.add_param_group({"params": _p(), "extra_bits": 20})

@@ -95,7 +95,8 @@ def flat_args_reason(
     if not _flat_ok(half, half.dtype, n, device) or not _grad_ok(grad, half):
         return (f"half and grad must be contiguous {device_type.upper()} tensors of one dtype and size (or the grad "
                 "segments of a fused group, each contiguous, in order, within half)")
-    if master_rounding not in ("truncate", "stochastic"):
+    if master_rounding not in ("truncate", "stochastic", "nearest") or (master_rounding == "nearest"
+                                                                         and stochastic_rounding):
         return f"master_rounding={master_rounding!r}"
     if isinstance(extra_bits, bool) or not isinstance(extra_bits, int) or not 0 <= extra_bits <= FORMATS[half.dtype][0]:
         return f"extra_bits={extra_bits!r} out of range for {half.dtype}"

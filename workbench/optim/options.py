@@ -30,7 +30,7 @@ __all__ = ["MASTER_ROUNDING", "STATE_DTYPES", "TORCH_ONLY", "PackedOptions", "ch
            "takes_options"]
 
 STATE_DTYPES = (torch.float32, torch.bfloat16)
-MASTER_ROUNDING = ("truncate", "stochastic")
+MASTER_ROUNDING = ("truncate", "stochastic", "nearest")
 
 #: torch.optim keywords the packed optimizers take only at torch's defaults: name -> (allowed values,
 #: why not and what to use instead).
@@ -89,7 +89,10 @@ class PackedOptions:
     #: one more stored bit per value "un-rounds" it, so the master value is unchanged.
     stochastic_rounding: bool = False
     #: ``"truncate"`` (the paper: the master value is cut to p + k bits every step) or
-    #: ``"stochastic"`` (rounded stochastically at its lowest kept bit, so small k stays unbiased).
+    #: ``"stochastic"`` (rounded stochastically at its lowest kept bit, so small k stays unbiased) or
+    #: ``"nearest"`` (truncate's master value, but the 16-bit value the model sees is rounded to nearest and
+    #: the extra bits read as the signed remainder: half the error at the same bytes; k = 0: the 16-bit value
+    #: is the update rounded to nearest; not with ``stochastic_rounding``, see ``split_merge``).
     master_rounding: str = "truncate"
     #: dtype of the optimizer states (momentum, moments): torch.float32, or torch.bfloat16 (torch.optim's
     #: own behaviour for bf16 parameters; half the bytes).
@@ -158,6 +161,9 @@ class PackedOptions:
                 check_flag(name, group[name])
         if group["master_rounding"] not in MASTER_ROUNDING:
             raise ValueError(f"master_rounding={group['master_rounding']!r}: allowed {MASTER_ROUNDING}")
+        if group["master_rounding"] == "nearest" and group["stochastic_rounding"]:
+            raise ValueError("master_rounding='nearest' and stochastic_rounding=True: the 16-bit value is rounded "
+                             "either to nearest or stochastically; choose one")
         if group["state_dtype"] not in STATE_DTYPES:
             raise TypeError(f"state_dtype={group['state_dtype']!r}: allowed torch.float32, torch.bfloat16")
 

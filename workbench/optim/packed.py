@@ -234,7 +234,8 @@ class PackedOptimizer(torch.optim.Optimizer):
         half = local(p.detach())
         out = torch.empty_like(half, dtype=torch.float32)
         memory_order(out).copy_(merge(memory_order(half), local(st["extra"]), extra_bits=group["extra_bits"],
-                                      stochastic_rounding=group["stochastic_rounding"]))
+                                      stochastic_rounding=group["stochastic_rounding"],
+                                      master_rounding=group["master_rounding"]))
         return like_param(p, out)
 
     def state_dict(self) -> dict[str, Any]:

@@ -34,6 +34,27 @@ which loses updates smaller than the lowest kept bit when k is small. Adding uni
 that bit before truncating rounds the master value stochastically there instead (unbiased); the
 random bits come from ``rng.hash_noise``, evaluated per element (inside the compiled kernel, or per
 chunk eagerly), so no tensor-size noise buffer is allocated.
+
+Nearest master rounding (the optimizers' ``master_rounding="nearest"``) does two things, both
+deterministic. (1) The master value is rounded to nearest at its lowest kept bit (ties away from
+zero) instead of truncated: the master-noise step above with the constant half of that bit
+(:func:`nearest_offset`) in place of random bits, so the master error halves (at most half a unit of
+the lowest kept bit, not one; finite values never round to inf there). (2) ``split_values(nearest=True)``
+stores that value in truncate's format bit for bit and changes only the 16-bit value the model sees:
+it truncates as above, then where the first dropped bit of the 16-bit truncation (the top extra bit
+for k >= 1) is set and the truncation is finite, it stores the 16-bit pattern + 1, the next 16-bit
+value away from zero (a carry into the exponent is the right next value; the largest finite value
+goes to inf, as IEEE round-to-nearest overflows). So the 16-bit value is within half an ulp of the
+master value (ties away from zero), and the extra bits, unchanged, read as the signed remainder
+``master - half``. The merge subtracts the 1 again where the top extra bit is set and the 16-bit value
+is not a NaN (inf included: only a round-up stores inf with that bit set; a NaN is never rounded), so
+``merge_values(split_values(x, nearest=True), nearest=True)`` is truncate's master value of x for every
+fp32 x, but one kind of NaN: at bf16+16 the split sets a NaN's quiet bit, as truncate does below 16
+extra bits (a NaN whose upper 16 bits read inf would otherwise merge as the largest finite value
+rounded up); a NaN the step computes is quiet already. A stored pattern the split never writes (a zero with the top extra bit set) merges to some
+value; the kernels take the same integer steps, so they agree on it. With k = 0 there is no extra bit:
+(1) alone makes the 16-bit value the fp32 update rounded to nearest (ties away from zero; a finite
+value stays finite), and the merge has nothing to undo.
 """
 
 from __future__ import annotations
@@ -44,7 +65,7 @@ from .formats import FORMATS, INF_BITS, check_format, storage_bits
 from .packing import decode, encode
 from .rng import sr_noise
 
-__all__ = ["merge", "merge_values", "split", "split_values", "stochastic_round"]
+__all__ = ["merge", "merge_values", "nearest_offset", "split", "split_values", "stochastic_round"]
 
 
 
@@ -103,6 +124,13 @@ def _compose(hb: torch.Tensor, low: torch.Tensor, dtype: torch.dtype) -> torch.T
     return (sign | mag).view(torch.float32)
 
 
+def nearest_offset(dtype: torch.dtype, extra_bits: int) -> int | None:
+    """The ``master_noise`` of nearest master rounding: half the lowest kept bit of the remainder (None with
+    all bits kept: nothing to round)."""
+    full = FORMATS[dtype][0]
+    return 1 << (full - extra_bits - 1) if extra_bits < full else None
+
+
 def split_values(
     x: torch.Tensor,
     *,
@@ -110,20 +138,24 @@ def split_values(
     extra_bits: int,
     stochastic_rounding: bool = False,
     noise: torch.Tensor | None = None,
-    master_noise: torch.Tensor | None = None,
+    master_noise: torch.Tensor | int | None = None,
+    nearest: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Elementwise split: fp32 -> (16-bit tensor, unpacked int32 extra values).
 
     With stochastic rounding, ``noise`` holds uniform integers in [0, 2**W) (W = 16 for bf16, 13
     for fp16), e.g. from :func:`sr_noise`; the value rounds up when its remainder exceeds the noise.
     ``master_noise`` (random int32 bits, e.g. :func:`hash_noise`) rounds the kept value
-    stochastically at its lowest kept bit instead of truncating it; finite values never round to inf.
+    stochastically at its lowest kept bit instead of truncating it; finite values never round to inf
+    (:func:`nearest_offset`'s constant in its place rounds to nearest there).
+    ``nearest``: the 16-bit value is rounded to nearest (module docstring), the extra bits stay truncate's.
     """
     full = FORMATS[dtype][0]
     hb, low = _fields(x.float(), dtype)
     nan_bit = None
-    if dtype == torch.bfloat16 and extra_bits < full:
-        # keep NaN a NaN after dropping bits: the quiet bit, set when |x| > inf
+    if dtype == torch.bfloat16 and (extra_bits < full or nearest):
+        # keep NaN a NaN after dropping bits: the quiet bit, set when |x| > inf (nearest at bf16+16: a NaN
+        # whose 16 bits read inf would merge as a round-up of the largest finite value)
         nan_bit = ((0x7F800000 - (((hb & 0x7FFF) << 16) | low)) >> 31) & 0x40
     if master_noise is not None and extra_bits < full:
         # NOTE: (16-bit magnitude, remainder) read as one integer is monotone in |x| (fp16's
@@ -142,6 +174,11 @@ def split_values(
     values = low >> (full - extra_bits)
     if nan_bit is not None:
         hb = hb | nan_bit
+    if nearest:
+        if stochastic_rounding:
+            raise ValueError("nearest master rounding and stochastic_rounding=True: choose one")
+        # +1 where the first dropped bit is set and the pattern is finite (|pattern| < inf)
+        hb = hb + (((low >> (full - 1)) & 1) & (((hb & 0x7FFF) - INF_BITS[dtype]) >> 31))
     if stochastic_rounding:
         if noise is None:
             raise ValueError("stochastic_rounding=True needs noise (see sr_noise)")
@@ -158,11 +195,17 @@ def merge_values(
     *,
     extra_bits: int,
     stochastic_rounding: bool = False,
+    nearest: bool = False,
 ) -> torch.Tensor:
-    """Elementwise merge: (16-bit tensor, unpacked int32 extra values) -> fp32."""
+    """Elementwise merge: (16-bit tensor, unpacked int32 extra values) -> fp32.
+
+    ``nearest``: the 16-bit value was rounded to nearest by :func:`split_values`; undone first."""
     dtype = half.dtype
     full = FORMATS[dtype][0]
     hb = _half_to_bits(half)
+    if nearest and extra_bits > 0:
+        # -1 where the top extra bit is set and the pattern is not a NaN (|pattern| <= inf)
+        hb = hb - (((values >> (extra_bits - 1)) & 1) & (((hb & 0x7FFF) - INF_BITS[dtype] - 1) >> 31))
     if stochastic_rounding:
         hb = hb - (values & 1)  # un-round: recover the truncated 16-bit pattern
         values = values >> 1
@@ -177,6 +220,7 @@ def split(
     stochastic_rounding: bool = False,
     generator: torch.Generator | None = None,
     aligned: bool = False,
+    master_rounding: str = "truncate",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split fp32 ``x`` into (``dtype`` tensor of x's shape, packed int32 extra words).
 
@@ -184,34 +228,53 @@ def split(
     into ceil(n * bits / 32) words. The split rounds toward zero (paper 3.1); with
     ``stochastic_rounding`` the returned half is rounded stochastically and the flag bit lets
     :func:`merge` undo it. ``aligned=True`` returns 8- and 16-bit widths as uint8 byte planes
-    of shape (bits // 8, n) instead (same bits, see :func:`encode`).
+    of shape (bits // 8, n) instead (same bits, see :func:`encode`). ``master_rounding="nearest"``
+    rounds the kept value to nearest at its lowest kept bit and the 16-bit value to nearest over the
+    same extra bits (module docstring; "truncate": the paper's split).
     """
     if not torch.is_tensor(x):
         raise TypeError(f"x must be a float32 torch.Tensor, got {type(x).__name__}")
     check_format(dtype, extra_bits)
     if x.dtype != torch.float32:
         raise TypeError(f"x must be float32, got {x.dtype}")
+    nearest = _nearest(master_rounding, stochastic_rounding)
     flat = x.reshape(-1)
+    if master_rounding == "stochastic":
+        raise ValueError("split() rounds no master value stochastically: master_rounding 'truncate' or 'nearest'")
     noise = None
     if stochastic_rounding:
         noise = sr_noise(flat.numel(), dtype, device=x.device, generator=generator)
     half, values = split_values(
-        flat, dtype=dtype, extra_bits=extra_bits, stochastic_rounding=stochastic_rounding, noise=noise
+        flat, dtype=dtype, extra_bits=extra_bits, stochastic_rounding=stochastic_rounding, noise=noise,
+        nearest=nearest, master_noise=nearest_offset(dtype, extra_bits) if nearest else None,
     )
     return half.view(x.shape), encode(values, storage_bits(extra_bits, stochastic_rounding), aligned=aligned)
 
 
+def _nearest(master_rounding: str, stochastic_rounding: bool) -> bool:
+    """True for "nearest"; "truncate" (and "stochastic", which stores truncate's format) False."""
+    if master_rounding not in ("truncate", "stochastic", "nearest"):
+        raise ValueError(f"master_rounding={master_rounding!r}: allowed 'truncate', 'stochastic', 'nearest'")
+    if master_rounding == "nearest" and stochastic_rounding:
+        raise ValueError("master_rounding='nearest' and stochastic_rounding=True: the 16-bit value is rounded "
+                         "either to nearest or stochastically; choose one")
+    return master_rounding == "nearest"
+
+
 def merge(
-    half: torch.Tensor, extra: torch.Tensor, *, extra_bits: int, stochastic_rounding: bool = False
+    half: torch.Tensor, extra: torch.Tensor, *, extra_bits: int, stochastic_rounding: bool = False,
+    master_rounding: str = "truncate",
 ) -> torch.Tensor:
-    """Rebuild the fp32 value from a 16-bit tensor and its extra bits (int32 words or uint8 planes)."""
+    """Rebuild the fp32 value from a 16-bit tensor and its extra bits (int32 words or uint8 planes);
+    ``master_rounding`` as the split was made ("nearest" undoes its round-up)."""
     if not torch.is_tensor(half) or not torch.is_tensor(extra):
         raise TypeError(f"half and extra must be torch.Tensors, got {type(half).__name__}, {type(extra).__name__}")
     check_format(half.dtype, extra_bits)
+    nearest = _nearest(master_rounding, stochastic_rounding)
     flat = half.reshape(-1)
     values = decode(extra, storage_bits(extra_bits, stochastic_rounding), flat.numel())
     out = merge_values(
-        flat, values, extra_bits=extra_bits, stochastic_rounding=stochastic_rounding
+        flat, values, extra_bits=extra_bits, stochastic_rounding=stochastic_rounding, nearest=nearest
     )
     return out.view(half.shape)
 

@@ -23,7 +23,7 @@ import torch
 from workbench.optim.formats import max_extra_bits, storage_bits
 from workbench.optim.packing import decode, packed_words, store_into
 from workbench.optim.rng import hash_noise
-from workbench.optim.split_merge import merge_values, split_values
+from workbench.optim.split_merge import merge_values, nearest_offset, split_values
 
 __all__ = ["CHUNK", "packed_update", "chunked_update", "compiled_update", "sgd_math", "adam_math"]
 
@@ -118,14 +118,17 @@ def packed_update(
 
     ``extra`` is int32 words (``half``'s first value on a 32-value boundary of the packed stream)
     or a list of 1-D uint8 byte planes. ``key`` seeds the per-element random bits (needed with
-    stochastic rounding or ``master_rounding="stochastic"``); ``offset`` is the index of
+    stochastic rounding or ``master_rounding="stochastic"``; ``"nearest"`` rounds the 16-bit value to
+    nearest over truncate's extra bits, see ``split_merge``); ``offset`` is the index of
     ``half[0]`` in the stream the key numbers. ``scaled``: the last two entries of ``coef`` are
     (1 / loss scale, clip value); the gradient is unscaled and clipped by value in fp32 first.
     """
     bits = storage_bits(extra_bits, stochastic_rounding)
     n = half.numel()
     values = decode(extra, bits, n)
-    master = merge_values(half, values, extra_bits=extra_bits, stochastic_rounding=stochastic_rounding)
+    nearest = master_rounding == "nearest"
+    master = merge_values(half, values, extra_bits=extra_bits, stochastic_rounding=stochastic_rounding,
+                          nearest=nearest)
     g = grad.float()
     if scaled:
         # NOTE: unscaling in fp32 inside the step is what torch.amp.GradScaler cannot do for fp16
@@ -144,9 +147,11 @@ def packed_update(
             noise = (h >> 16) & ((1 << max_extra_bits(half.dtype)) - 1)
         if master_rounding == "stochastic":
             master_noise = h
+    elif nearest:
+        master_noise = nearest_offset(half.dtype, extra_bits)
     new_half, new_values = split_values(
         master, dtype=half.dtype, extra_bits=extra_bits,
-        stochastic_rounding=stochastic_rounding, noise=noise, master_noise=master_noise,
+        stochastic_rounding=stochastic_rounding, noise=noise, master_noise=master_noise, nearest=nearest,
     )
     half.copy_(new_half)
     store_into(extra, new_values, bits)
