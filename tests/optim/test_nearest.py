@@ -45,12 +45,14 @@ def _patterns(dtype, n=1 << 16, seed=0):
         steps = torch.tensor([0.0, 0.25, 0.5, 0.5 - 2.0**-12, 0.5 + 2.0**-12, 0.75, 1 - 2.0**-13])
         ulp = torch.where(h.abs() < 2.0**-14, torch.full_like(h, 2.0**-24),
                           2.0 ** (torch.floor(torch.log2(h.abs().clamp_min(2.0**-14))) - 10))
-        built = (h[:, None] + torch.sign(h)[:, None] * steps[None, :] * ulp[:, None]).flatten().view(torch.int32)
+        built = (h[:, None] + torch.sign(h)[:, None] * steps[None, :] * ulp[:, None]).flatten()
+        built = built.view(torch.int32)
     return torch.cat([rnd, special, built]).view(torch.float32)
 
 
 def _bits(t):
-    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()]).to(torch.int64) & (2 ** (8 * t.element_size()) - 1)
+    size = t.element_size()
+    return t.view({2: torch.int16, 4: torch.int32}[size]).to(torch.int64) & (2 ** (8 * size) - 1)
 
 
 def _ulp(half):
@@ -152,3 +154,139 @@ def test_nearest_with_stochastic_rounding_is_refused():
     p[0].grad = torch.ones(4, dtype=BF16)
     with pytest.raises(ValueError, match="master_rounding='nearest' and stochastic_rounding=True"):
         opt.step()
+
+
+# ---------------------------------------------------------------------------------------- the kernels
+NEAREST_FORMATS = [f for f in FORMATS + NO_PLANES if not f[2]]  # byte planes without stochastic rounding
+
+
+def _kernel_compare(run_kernel, n, fmt, state_dtype, math_fn, options, *, steps=2, garbage=False, seed=0):
+    """(eager, kernel) after ``steps`` steps from the same inputs (half, byte planes, states), and the gradient;
+    k = 0: no plane."""
+    dtype, k, sr = fmt
+    g = torch.Generator().manual_seed(seed)
+    n_states = 2 if math_fn is adam_math else int(options["momentum"])
+    half, grad, planes, states = inputs(n, dtype, k, sr, state_dtype, n_states, g, garbage=garbage)
+    static = dict(math_fn=math_fn, extra_bits=k, stochastic_rounding=sr, master_rounding="nearest", options=options)
+    bits = storage_bits(k, sr)
+    runs = [[half.clone(), [p.clone() for p in planes], [s.clone() for s in states]] for _ in range(2)]
+    for step in range(steps):
+        coef = coef_for(math_fn, step=(1, 1000, 3)[step % 3])
+        for j, (h, pl, st) in enumerate(runs):
+            extra = pl if bits else torch.zeros(0, dtype=torch.int32)
+            if j == 0:
+                chunked_update(h, grad, extra, st, coef, KEY + step, bits=bits, **static)
+            else:
+                run_kernel(h, grad, extra, st, coef, KEY + step, **static)
+    return [[h, *pl, *st] for h, pl, st in runs], grad
+
+
+@pytest.fixture(scope="module")
+def cpu_built():
+    if not cpu_kernel.available():
+        pytest.skip(f"the C++ kernel could not be built here: {cpu_kernel._STATE['error']}")
+
+
+@pytest.mark.parametrize("fmt", NEAREST_FORMATS, ids=fmt_id)
+def test_cpu_kernel_equals_the_eager_step(cpu_built, fmt, one_thread):
+    from kernel_cases import widened_apart
+
+    for state_dtype in (torch.float32, BF16):
+        for math_fn, options in MATHS:
+            for garbage in (False, True):
+                (eager, kernel), grad = _kernel_compare(cpu_kernel.packed_update_cpu, 2053 if garbage else 4133, fmt,
+                                                        state_dtype, math_fn, options, garbage=garbage,
+                                                        steps=1 if garbage else 3, seed=int(garbage))
+                assert_same_bits(eager, kernel, nan_at=widened_apart(grad))
+
+
+@pytest.mark.skipif(not triton_kernel.available(), reason="needs triton (pip install triton)")
+@pytest.mark.parametrize("fmt", [(BF16, 8, False), (BF16, 16, False), (FP16, 8, False), (BF16, 0, False),
+                                 (BF16, 12, False), (FP16, 13, False), (FP16, 3, False)], ids=fmt_id)
+def test_triton_kernel_interpreted_equals_the_eager_step(fmt):
+    """Through Triton's interpreter on CPU tensors (no GPU here): byte planes, k = 0 and dense words."""
+    from test_triton_kernel import _assert_same_numbers, _flat
+
+    dtype, k, sr = fmt
+    bits = storage_bits(k, sr)
+    for math_fn, options in (MATHS[0], MATHS[2]):
+        for garbage in (False, True):
+            g = torch.Generator().manual_seed(int(garbage))
+            n_states = 2 if math_fn is adam_math else 1
+            half, grad, planes, states = inputs(300, dtype, k, sr, torch.float32, n_states, g, garbage=garbage)
+            static = dict(math_fn=math_fn, extra_bits=k, stochastic_rounding=sr, master_rounding="nearest",
+                          options=options)
+            runs = []
+            for j in range(2):
+                extra = (torch.zeros(0, dtype=torch.int32) if bits == 0 else planes.clone()
+                         if planes.dtype == torch.int32 else [p.clone() for p in planes])
+                run = [half.clone(), extra, [s.clone() for s in states]]
+                for step in range(1 if garbage else 2):
+                    coef = coef_for(math_fn, step=(1, 1000)[step])
+                    if j == 0:
+                        chunked_update(run[0], grad, run[1], run[2], coef, KEY + step, bits=bits, **static)
+                    else:
+                        triton_kernel.packed_update_triton(run[0], grad, run[1], run[2], coef, KEY + step, **static)
+                runs.append(_flat(run, bits, 300))
+            _assert_same_numbers(*runs)
+
+
+# ------------------------------------------------------------------------------------- the optimizers
+def _model(seed, dtype):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+    with torch.no_grad():  # every run starts from the same 16-bit values
+        for p in model.parameters():
+            p.copy_(p.to(dtype).float())
+    return model
+
+
+def _train(model, opt, steps, dtype=None):
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(256, 32, generator=g), torch.randn(256, 4, generator=g)
+    for _ in range(steps):
+        opt.zero_grad()
+        ((model(x if dtype is None else x.to(dtype)).float() - y) ** 2).mean().backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("make, kw", [(PackedAdamW, dict(lr=1e-2, weight_decay=1e-2)),
+                                      (PackedSGD, dict(lr=1e-2, momentum=0.9, nesterov=True, weight_decay=1e-3))],
+                         ids=["PackedAdamW", "PackedSGD"])
+@pytest.mark.parametrize("dtype, k", [(BF16, 8), (BF16, 16), (FP16, 8), (BF16, 0)], ids=["bf16+8", "bf16+16", "fp16+8",
+                                                                                        "bf16+0"])
+def test_optimizer_steps_equal_on_the_cpu_kernel_and_eagerly(cpu_built, monkeypatch, make, kw, dtype, k):
+    launches = []
+    launch = cpu_kernel._launch
+    monkeypatch.setattr(cpu_kernel, "_launch", lambda *a: launches.append(1) or launch(*a))
+    models = [_model(0, dtype).to(dtype) for _ in range(2)]
+    opts = [make(models[0].parameters(), extra_bits=k, master_rounding="nearest", fused=True, **kw),
+            make(models[1].parameters(), extra_bits=k, master_rounding="nearest", compile=False, **kw)]
+    for m, o in zip(models, opts, strict=True):
+        _train(m, o, 4, dtype)
+    assert launches, "the fused step ran the C++ kernel"
+    for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(p.view(torch.int16), q.view(torch.int16))
+        assert torch.equal(opts[0].master_weight(p).view(torch.int32), opts[1].master_weight(q).view(torch.int32))
+
+
+def test_nearest_keeps_the_master_closer_to_fp32_adamw_than_truncate():
+    """bf16+4, 150 AdamW steps of a small MLP: the mean |master - fp32 AdamW's weight| and the same for the
+    16-bit weights the model sees, truncate against nearest, in one run."""
+    steps, k = 150, 4
+    ref = _model(0, BF16)
+    _train(ref, torch.optim.AdamW(ref.parameters(), lr=1e-3), steps)
+    err = {}
+    for mode in ("truncate", "nearest"):
+        model = _model(0, BF16).to(BF16)
+        opt = PackedAdamW(model.parameters(), lr=1e-3, extra_bits=k, master_rounding=mode)
+        _train(model, opt, steps, BF16)
+        n = sum(p.numel() for p in model.parameters())
+        err[mode] = [sum((w(p).double() - r.detach().double()).abs().sum().item()
+                         for p, r in zip(model.parameters(), ref.parameters(), strict=True)) / n
+                     for w in (opt.master_weight, lambda p: p.detach())]
+    figures = (f"mean |master - fp32 AdamW|: truncate {err['truncate'][0]:.3e}, nearest {err['nearest'][0]:.3e}; "
+               f"16-bit weights: truncate {err['truncate'][1]:.3e}, nearest {err['nearest'][1]:.3e}")
+    print(figures)
+    assert err["nearest"][0] < 0.7 * err["truncate"][0], figures
+    assert err["nearest"][1] < 0.7 * err["truncate"][1], figures

@@ -215,8 +215,8 @@ def test_hyperparameters_of_wrong_type_or_non_finite_raise():
         PackedSGD([{"params": _p(), "lr": math.nan}], lr=0.1, extra_bits=8)
     with pytest.raises(TypeError, match=r"extra_bits=8.0"):
         PackedAdamW(_p(), extra_bits=8.0)
-    with pytest.raises(ValueError, match=r"master_rounding='nearest'.*truncate.*stochastic"):
-        PackedAdamW(_p(), extra_bits=8, master_rounding="nearest")
+    with pytest.raises(ValueError, match=r"master_rounding='round'.*truncate.*stochastic.*nearest"):
+        PackedAdamW(_p(), extra_bits=8, master_rounding="round")
     with pytest.raises(TypeError, match=r"state_dtype=torch.float16.*float32.*bfloat16"):
         PackedAdamW(_p(), extra_bits=8, state_dtype=torch.float16)
     PackedAdamW(_p(), lr=torch.tensor(1e-3), extra_bits=8)  # a 0-dim tensor lr, as torch allows

@@ -279,10 +279,10 @@ def _kernel_args(math_fn: Callable, extra_bits: int, stochastic_rounding: bool, 
                  options: dict[str, Any], scaled: bool = False) -> tuple:
     """What the kernel call takes from the keywords: (stored bits, needs a key, the op's trailing arguments)."""
     math = (0 if options.get("decoupled", False) else 1) if math_fn is adam_math else 2  # AdamW, Adam, SGD
-    stochastic_master = master_rounding == "stochastic"
-    flags = (int(extra_bits), bool(stochastic_rounding), stochastic_master, math, bool(options.get("momentum", False)),
+    master = ("truncate", "stochastic", "nearest").index(master_rounding)  # the op's int
+    flags = (int(extra_bits), bool(stochastic_rounding), master, math, bool(options.get("momentum", False)),
              bool(options.get("nesterov", False)), bool(options.get("first", False)))
-    return storage_bits(extra_bits, stochastic_rounding), bool(stochastic_rounding) or stochastic_master, flags
+    return storage_bits(extra_bits, stochastic_rounding), bool(stochastic_rounding) or master == 1, flags
 
 
 def _run(half, grad, extra, states, coef, key, *, offset=0, **static) -> None:

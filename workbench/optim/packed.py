@@ -11,7 +11,8 @@ value stochastically (one more stored bit un-rounds it).
 The keyword options they share (extra_bits, stochastic_rounding, master_rounding, state_dtype,
 fused, compile, seed) are declared, checked and documented once, in ``PackedOptions``
 (``workbench.optim.options``). Options beyond the paper: ``state_dtype=torch.bfloat16`` keeps the
-moments in bf16, ``master_rounding="stochastic"`` rounds the kept master value stochastically.
+moments in bf16, ``master_rounding="stochastic"`` rounds the kept master value stochastically,
+``master_rounding="nearest"`` to nearest (and the 16-bit value the model sees too).
 
 ``fused=True`` ("Fused" in 3.1): a group's halves, extra bits and states live in flat buffers
 (``workbench.optim.fused``), and one flat update runs over the whole group, by the fastest step

@@ -83,15 +83,21 @@ struct Step {
 };
 
 // NOTE: the format (dtype, planes, stochastic rounding; they fix the extra bits), the master
-// rounding, the state dtype and the algorithm are template parameters: the loop has no branch and
-// every shift is by a constant. Pointers and options are copied into locals before the loop, since a
-// uint8 store may alias anything reachable through a pointer and would force reloads.
-template <bool kFp16, int kPlanes, bool kSR, bool kMSR, bool kBf16State, int kMath>
+// rounding (kMaster: 0 truncate, 1 stochastic, 2 nearest), the state dtype and the algorithm are
+// template parameters: the loop has no branch and every shift is by a constant. Pointers and options
+// are copied into locals before the loop, since a uint8 store may alias anything reachable through a
+// pointer and would force reloads.
+template <bool kFp16, int kPlanes, bool kSR, int kMaster, bool kBf16State, int kMath>
 struct Kernel {
   static constexpr int kFull = kFp16 ? 13 : 16;
   static constexpr int kExtra = 8 * kPlanes - (kSR ? 1 : 0);  // the extra bits k
   static constexpr int kDrop = kFull - kExtra;
-  static constexpr bool kNoise = kMSR && kExtra < kFull;
+  static constexpr bool kNoise = kMaster == 1 && kExtra < kFull;
+  // nearest (split_merge's module docstring): the master rounded to nearest at its lowest kept bit (the
+  // noise step with the constant half of that bit), the 16-bit value rounded to nearest over the extra bits
+  static constexpr bool kNearest = kMaster == 2;
+  static constexpr bool kRoundMaster = kNoise || (kNearest && kExtra < kFull);
+  static_assert(!(kNearest && kSR), "nearest master rounding excludes stochastic rounding");
   static constexpr int32_t kInf = kFp16 ? 0x7C00 : 0x7F80;
   static constexpr int64_t kStateSize = kBf16State ? 2 : 4;
   static constexpr bool kFast = !kFp16 && !kSR;  // byte-aligned extra bits right below the pattern
@@ -113,7 +119,12 @@ struct Kernel {
                            bool momentum, bool nesterov, bool first) {
     fvec master;
     if constexpr (kFast) {  // bf16 without the rounding flag: the pattern and the extra bits (none: k = 0)
-      master = as_float(load_bf16_master<kPlanes>(half, plane0, plane1));
+      ivec bits = load_bf16_master<kPlanes>(half, plane0, plane1);
+      if constexpr (kNearest && kExtra > 0) {  // undo the round-up: top extra bit (bit 15) set, the half not NaN
+        const ivec not_nan = sign_mask((bits & I(0x7FFFFFFF)) - I(0x7F810000));
+        bits = bits - (((bits & I(0x8000)) << I(1)) & not_nan);
+      }
+      master = as_float(bits);
     } else {
       ivec hb = load_u16(half);
       ivec values = I(0);
@@ -122,6 +133,9 @@ struct Kernel {
       if constexpr (kSR) {
         hb = hb - (values & I(1));  // un-round
         values = values >> I(1);
+      }
+      if constexpr (kNearest && kExtra > 0) {  // undo the round-up where the top extra bit is set, not NaN
+        hb = hb - ((values >> I(kExtra - 1)) & I(1) & sign_mask((hb & I(0x7FFF)) - I(kInf + 1)));
       }
       master = compose<kFp16>(hb, values << I(kDrop));
     }
@@ -149,23 +163,29 @@ struct Kernel {
       // master rounding: the noise below the lowest kept bit added to the sign-magnitude pattern
       // (split_merge's z + r on |x|, the sign untouched since a finite |x| + r stays below inf)
       if constexpr (kNoise) bits = add_below_inf(bits, hash_mix(seed) & I((1 << kDrop) - 1));
+      if constexpr (kNearest && kExtra < kFull) bits = add_below_inf(bits, I(1 << (kDrop - 1)));
       // master is an arithmetic result (sub_t): already quiet where x86 arithmetic quiets
-      if constexpr (kExtra < kFull && !kArithmeticQuiets) bits = quiet_if_nan(bits, master);
+      if constexpr ((kExtra < kFull || kNearest) && !kArithmeticQuiets) bits = quiet_if_nan(bits, master);
+      if constexpr (kNearest && kExtra > 0) {  // round up: top extra bit (bit 15) set and the half finite
+        // (k = 0: the master rounding above already rounded the half to nearest; its dropped bits are stale)
+        const ivec finite = sign_mask((bits & I(0x7FFFFFFF)) - I(0x7F800000));
+        bits = bits + (((bits & I(0x8000)) << I(1)) & finite);
+      }
       store_bf16_master<kPlanes>(half, plane0, plane1, bits);
       return;
     }
     ivec hb, low;
     fields<kFp16>(master, hb, low);
     ivec nan_bit = I(0);
-    if constexpr (!kFp16 && kExtra < kFull) {  // keep a NaN a NaN once its low bits are dropped
+    if constexpr (!kFp16 && (kExtra < kFull || kNearest)) {  // keep a NaN a NaN once its low bits are dropped
       nan_bit = sign_mask(I(0x7F800000) - (((hb & I(0x7FFF)) << I(16)) | low)) & I(0x40);
     }
     ivec h = I(0);
     if constexpr (kSR || kNoise) h = hash_mix(seed);
-    if constexpr (kNoise) {  // stochastic rounding of the master value at its lowest kept bit
+    if constexpr (kRoundMaster) {  // stochastic (or, nearest: half-up) rounding at the lowest kept bit
       const ivec sign = hb & I(0x8000), mag = hb & I(0x7FFF);
       ivec z = (mag << I(kFull)) | low;
-      const ivec r = h & I((1 << kDrop) - 1);
+      const ivec r = kNoise ? h & I((1 << kDrop) - 1) : I(1 << (kDrop - 1));
       const ivec ok = sign_mask((mag - I(kInf)) & (((z + r) >> I(kFull)) - I(kInf)));
       z = z + (r & ok);
       hb = sign | (z >> I(kFull));
@@ -173,6 +193,9 @@ struct Kernel {
     }
     ivec values = low >> I(kDrop);
     hb = hb | nan_bit;
+    if constexpr (kNearest) {  // round the 16-bit value up: first dropped bit set and the pattern finite
+      hb = hb + ((low >> I(kFull - 1)) & I(1) & sign_mask((hb & I(0x7FFF)) - I(kInf)));
+    }
     if constexpr (kSR) {  // round the 16-bit value up when the remainder exceeds the noise
       const ivec noise = (h >> I(16)) & I((1 << kFull) - 1);
       const ivec up = sign_mask((noise - low) & ((hb & I(0x7FFF)) + I(1 - kInf))) & I(1);
@@ -259,23 +282,30 @@ struct Kernel {
   }
 };
 
-template <bool kFp16, int kPlanes, bool kSR, bool kMSR, bool kBf16State>
+template <bool kFp16, int kPlanes, bool kSR, int kMaster, bool kBf16State>
 void dispatch_math(const Step& s, int64_t n, int64_t math) {
-  if (math == kAdamW) Kernel<kFp16, kPlanes, kSR, kMSR, kBf16State, kAdamW>::run(s, n);
-  else if (math == kAdam) Kernel<kFp16, kPlanes, kSR, kMSR, kBf16State, kAdam>::run(s, n);
-  else Kernel<kFp16, kPlanes, kSR, kMSR, kBf16State, kSgd>::run(s, n);
+  if (math == kAdamW) Kernel<kFp16, kPlanes, kSR, kMaster, kBf16State, kAdamW>::run(s, n);
+  else if (math == kAdam) Kernel<kFp16, kPlanes, kSR, kMaster, kBf16State, kAdam>::run(s, n);
+  else Kernel<kFp16, kPlanes, kSR, kMaster, kBf16State, kSgd>::run(s, n);
 }
 
 template <bool kFp16, int kPlanes, bool kSR>
-void dispatch_format(const Step& s, int64_t n, int64_t math, bool master_stochastic, bool bf16_state) {
-  // with all 16 bits kept (bf16+16) master rounding has nothing to round: one instantiation
+void dispatch_format(const Step& s, int64_t n, int64_t math, int64_t master, bool bf16_state) {
+  // with all 16 bits kept (bf16+16) stochastic master rounding has nothing to round: truncate's instantiation
   constexpr bool kHasDropped = 8 * kPlanes - (kSR ? 1 : 0) < (kFp16 ? 13 : 16);
-  if (kHasDropped && master_stochastic) {
-    bf16_state ? dispatch_math<kFp16, kPlanes, kSR, kHasDropped, true>(s, n, math)
-               : dispatch_math<kFp16, kPlanes, kSR, kHasDropped, false>(s, n, math);
+  if constexpr (!kSR) {
+    if (master == 2) {
+      bf16_state ? dispatch_math<kFp16, kPlanes, kSR, 2, true>(s, n, math)
+                 : dispatch_math<kFp16, kPlanes, kSR, 2, false>(s, n, math);
+      return;
+    }
+  }
+  if (kHasDropped && master == 1) {
+    bf16_state ? dispatch_math<kFp16, kPlanes, kSR, kHasDropped ? 1 : 0, true>(s, n, math)
+               : dispatch_math<kFp16, kPlanes, kSR, kHasDropped ? 1 : 0, false>(s, n, math);
   } else {
-    bf16_state ? dispatch_math<kFp16, kPlanes, kSR, false, true>(s, n, math)
-               : dispatch_math<kFp16, kPlanes, kSR, false, false>(s, n, math);
+    bf16_state ? dispatch_math<kFp16, kPlanes, kSR, 0, true>(s, n, math)
+               : dispatch_math<kFp16, kPlanes, kSR, 0, false>(s, n, math);
   }
 }
 
@@ -291,7 +321,7 @@ void check_flat(const at::Tensor& t, const char* name, at::ScalarType dtype, int
 // left it (no flat copy); values outside every segment are left as they are.
 void packed_step(const at::Tensor& half, at::TensorList grads, at::IntArrayRef seg_offsets, at::TensorList planes,
                  at::TensorList states, const at::Tensor& coef, int64_t key, int64_t offset, int64_t extra_bits,
-                 bool stochastic_rounding, bool master_stochastic, int64_t math, bool momentum, bool nesterov,
+                 bool stochastic_rounding, int64_t master_rounding, int64_t math, bool momentum, bool nesterov,
                  bool first) {
   const int64_t n = half.numel();
   const bool fp16 = half.scalar_type() == at::kHalf;
@@ -314,6 +344,9 @@ void packed_step(const at::Tensor& half, at::TensorList grads, at::IntArrayRef s
               stochastic_rounding ? " + the rounding flag" : "", " of ", half.scalar_type());
   for (const auto& p : planes) check_flat(p, "plane", at::kByte, n);
   TORCH_CHECK(math == kAdamW || math == kAdam || math == kSgd, "math=", math, ": 0 (AdamW), 1 (Adam) or 2 (SGD)");
+  TORCH_CHECK(master_rounding >= 0 && master_rounding <= 2 && !(master_rounding == 2 && stochastic_rounding),
+              "master_rounding=", master_rounding, ": 0 (truncate), 1 (stochastic) or 2 (nearest, not with stochastic "
+              "rounding)");
   const int64_t nstates = static_cast<int64_t>(states.size());
   const int64_t want = math == kSgd ? (momentum ? 1 : 0) : 2;
   TORCH_CHECK(nstates == want, "expected ", want, " state tensors, got ", nstates);
@@ -323,7 +356,8 @@ void packed_step(const at::Tensor& half, at::TensorList grads, at::IntArrayRef s
   check_flat(coef, "coef", at::kFloat, ncoef);
   const int64_t state_size = bf16_state ? 2 : 4;
   const float* c = coef.data_ptr<float>();
-  const bool sr = stochastic_rounding, ms = master_stochastic;
+  const bool sr = stochastic_rounding;
+  const int64_t ms = master_rounding;
   for (size_t i = 0; i < grads.size(); i++) {
     const int64_t at = seg_offsets[i], len = grads[i].numel();
     if (len == 0) continue;
@@ -372,7 +406,7 @@ WB_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.def(
       "step(Tensor(a!) half, Tensor[] grads, int[] seg_offsets, Tensor(b!)[] planes, Tensor(c!)[] states, "
       "Tensor coef, int key, "
-      "int offset, int extra_bits, bool stochastic_rounding, bool master_stochastic, int math, bool momentum, "
+      "int offset, int extra_bits, bool stochastic_rounding, int master_rounding, int math, bool momentum, "
       "bool nesterov, bool first) -> ()");
   m.def("lanes() -> int", &lanes);
 }
