@@ -338,6 +338,9 @@ _BUILDS = {  # constexprs beyond bf16+8 AdamW with fp32 moments, truncated
                                 "N_COEF": 4},
     "bf16+8, gradients read in place": {"SEGMENTED": True},
     "bf16+12 dense words, gradients read in place": {"EXTRA_BITS": 12, "STORE": 2, "WORDS_P2": 512, "SEGMENTED": True},
+    "bf16+8 nearest master": {"NEAREST": True},
+    "fp16+5 dense words, nearest master, bf16 moments": {"IS_BF16": False, "EXTRA_BITS": 5, "STORE": 2, "WORDS_P2": 256,
+                                                         "NEAREST": True, "STATE_BF16": True},
 }
 
 

@@ -223,7 +223,7 @@ def _run(half, grad, extra, states, coef, key, *, math_fn, extra_bits, stochasti
             MAXIMIZE=bool(options.get("maximize")), AMSGRAD=bool(options.get("amsgrad")), SCALED=bool(scaled),
             N_COEF=coef.numel(), STATE_BF16=bool(states) and states[0].dtype == torch.bfloat16,
             NATIVE_BF16=device_type == "cuda", STORE=_STORE[store], WORDS_P2=_next_power_of_two(block * bits // 32),
-            SEGMENTED=segmented, BLOCK=block, **_launch_options(device_type),
+            SEGMENTED=segmented, BLOCK=block, NEAREST=master_rounding == "nearest", **_launch_options(device_type),
         )
 
 

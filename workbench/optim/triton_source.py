@@ -24,7 +24,7 @@ def step_body(half_ptr, grad_ptr, seg_ptr, x0_ptr, x1_ptr, s0_ptr, s1_ptr, s2_pt
                MATH: tl.constexpr, DECOUPLED: tl.constexpr, MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr,
                FIRST: tl.constexpr, MAXIMIZE: tl.constexpr, AMSGRAD: tl.constexpr, SCALED: tl.constexpr,
                N_COEF: tl.constexpr, STATE_BF16: tl.constexpr, NATIVE_BF16: tl.constexpr, STORE: tl.constexpr,
-               WORDS_P2: tl.constexpr, SEGMENTED: tl.constexpr, BLOCK: tl.constexpr):
+               WORDS_P2: tl.constexpr, SEGMENTED: tl.constexpr, BLOCK: tl.constexpr, NEAREST: tl.constexpr = False):
     """One program: BLOCK values of the stream (merge, fp32 step, split), in eager's order of operations.
 
     MATH: 0 Adam(W), 1 SGD. STORE: the extra bits in 0 none, 1 byte planes (x0, x1), 2 dense int32 words
@@ -33,7 +33,8 @@ def step_body(half_ptr, grad_ptr, seg_ptr, x0_ptr, x1_ptr, s0_ptr, s1_ptr, s2_pt
     seg_ptr a row per program (its first value, its segment's start, length and index), each block inside one
     segment; else grad_ptr is the flat gradient and program pid takes values pid * BLOCK on. NATIVE_BF16: round
     bf16 states with the device's own conversion (CUDA's cvt.rn), else bit by bit as ATen's vectorised
-    CPU conversion (NaN becomes 0xFFFF).
+    CPU conversion (NaN becomes 0xFFFF). NEAREST: ``master_rounding="nearest"`` (never with SR or MASTER_SR): the
+    master rounded to nearest at its lowest kept bit, the 16-bit value to nearest over the extra bits.
     """
     FULL: tl.constexpr = 16 if IS_BF16 else 13
     INF: tl.constexpr = 0x7F80 if IS_BF16 else 0x7C00
@@ -87,6 +88,8 @@ def step_body(half_ptr, grad_ptr, seg_ptr, x0_ptr, x1_ptr, s0_ptr, s1_ptr, s2_pt
     if SR:
         hb = hb - (values & 1)
         values = values >> 1
+    if NEAREST and EXTRA_BITS > 0:  # undo the round-up: top extra bit set and the 16-bit value not a NaN
+        hb = hb - (((values >> (EXTRA_BITS - 1)) & 1) & (((hb & 0x7FFF) - INF - 1) >> 31))
     low = values << DROP
     if IS_BF16:
         master = ((hb << 16) | low).to(tl.float32, bitcast=True)
@@ -190,20 +193,25 @@ def step_body(half_ptr, grad_ptr, seg_ptr, x0_ptr, x1_ptr, s0_ptr, s1_ptr, s2_pt
         h = h ^ ((h >> 13) & 0x7FFFF)
         h = h * -1028477387
         h = h ^ ((h >> 16) & 0xFFFF)
-    if IS_BF16 and EXTRA_BITS < FULL:
+    if IS_BF16 and (EXTRA_BITS < FULL or NEAREST):
         nan_bit = ((0x7F800000 - (((hb & 0x7FFF) << 16) | low)) >> 31) & 0x40
-    if MASTER_SR and EXTRA_BITS < FULL:
+    if (MASTER_SR or NEAREST) and EXTRA_BITS < FULL:
         sign = hb & 0x8000
         mag16 = hb & 0x7FFF
         z = (mag16 << FULL) | low
-        r = h & ((1 << DROP) - 1)
+        if MASTER_SR:
+            r = h & ((1 << DROP) - 1)
+        else:  # nearest: half the lowest kept bit
+            r = (hb * 0) + (1 << (DROP - 1))
         ok = ((mag16 - INF) & (((z + r) >> FULL) - INF)) >> 31
         z = z + (r & ok)
         hb = sign | (z >> FULL)
         low = ((z & ((1 << FULL) - 1)) >> DROP) << DROP
     values = low >> DROP
-    if IS_BF16 and EXTRA_BITS < FULL:
+    if IS_BF16 and (EXTRA_BITS < FULL or NEAREST):
         hb = hb | nan_bit
+    if NEAREST:  # round the 16-bit value up: first dropped bit set and the pattern finite
+        hb = hb + (((low >> (FULL - 1)) & 1) & (((hb & 0x7FFF) - INF) >> 31))
     if SR:
         noise = (h >> 16) & ((1 << FULL) - 1)
         up = (((noise - low) & ((hb & 0x7FFF) + 1 - INF)) >> 31) & 1
