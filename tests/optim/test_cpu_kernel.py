@@ -2,7 +2,7 @@
 
 Tests ``workbench.optim.cpu_kernel``: every byte-plane format (bf16+8, bf16+16, fp16+8, and with
 stochastic rounding bf16+7, bf16+15, fp16+7; bf16+0 and fp16+0 with no plane), fp32 and bf16 states,
-truncated and stochastic master rounding, AdamW, Adam and SGD, on ordinary values, special values
+truncated, stochastic and nearest master rounding, AdamW, Adam and SGD, on ordinary values, special values
 (zeros, subnormals, infinities, NaNs, the largest finite values, rounding ties) and random bit patterns,
 over one and two threads; and the fallback when the kernel cannot be built. The kernel is built once into
 torch's extension cache (first run: seconds; later sessions load it). Each build variant (``cpu_variants``: every
@@ -51,10 +51,15 @@ def _compare(n, fmt, state_dtype, master_rounding, math_fn, options, *, steps=2,
     assert_same_bits([eager[0], *eager[1], *eager[2]], [kernel[0], *kernel[1], *kernel[2]], nan_at=widened_apart(grad))
 
 
+def _roundings(fmt):
+    """The master roundings of a format: nearest, too, without stochastic rounding (which it excludes)."""
+    return ("truncate", "stochastic") + (() if fmt[2] else ("nearest",))
+
+
 @pytest.mark.parametrize("fmt", FORMATS + NO_PLANES, ids=fmt_id)
 def test_every_option_equals_the_eager_step(kernel, fmt, one_thread):
     for state_dtype in (torch.float32, BF16):
-        for master_rounding in ("truncate", "stochastic"):
+        for master_rounding in _roundings(fmt):
             for math_fn, options in MATHS:
                 _compare(4133, fmt, state_dtype, master_rounding, math_fn, options)
 
@@ -63,7 +68,7 @@ def test_every_option_equals_the_eager_step(kernel, fmt, one_thread):
 def test_random_bit_patterns_equal_the_eager_step(kernel, fmt, one_thread):
     # NaN payloads and signs, infinities, subnormals and negative moments in every input
     for state_dtype in (torch.float32, BF16):
-        for master_rounding in ("truncate", "stochastic"):
+        for master_rounding in _roundings(fmt):
             for math_fn, options in MATHS[:3]:
                 _compare(2053, fmt, state_dtype, master_rounding, math_fn, options, steps=1, garbage=True, seed=1)
 
@@ -288,7 +293,7 @@ def test_each_build_variant_equals_the_eager_step(variant_kernel, one_thread):
     assert cpu_kernel.variant() == variant_kernel.name
     for fmt in FORMATS + NO_PLANES:
         for state_dtype in (torch.float32, BF16):
-            for master_rounding in ("truncate", "stochastic"):
+            for master_rounding in _roundings(fmt):
                 for math_fn, options in MATHS:
                     _compare(4133, fmt, state_dtype, master_rounding, math_fn, options)
                 for math_fn, options in MATHS[:3]:
