@@ -2,8 +2,9 @@
 
 Tests ``split_merge`` (the encoding: truncate's master value bit for bit, the 16-bit value within half an ulp,
 every special pattern), the optimizers' option (the master rounded to nearest at its lowest kept bit, refused
-with stochastic rounding), the C++ CPU kernel and the Triton kernel (through its interpreter) against the eager
-step bit for bit, and the measured effect: the master value closer to fp32 AdamW's than with truncation.
+with stochastic rounding), the C++ CPU kernel, the compiled step and the Triton kernel (through its interpreter)
+against the eager step bit for bit, and the measured effect: the master value closer to fp32 AdamW's than with
+truncation.
 """
 
 import math
@@ -265,6 +266,19 @@ def test_optimizer_steps_equal_on_the_cpu_kernel_and_eagerly(cpu_built, monkeypa
     for m, o in zip(models, opts, strict=True):
         _train(m, o, 4, dtype)
     assert launches, "the fused step ran the C++ kernel"
+    for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(p.view(torch.int16), q.view(torch.int16))
+        assert torch.equal(opts[0].master_weight(p).view(torch.int32), opts[1].master_weight(q).view(torch.int32))
+
+
+@pytest.mark.parametrize("dtype, k", [(BF16, 4), (FP16, 8)], ids=["bf16+4 dense words", "fp16+8"])
+def test_compiled_step_equals_the_eager_step(dtype, k):
+    models = [_model(0, dtype).to(dtype) for _ in range(2)]
+    opts = [PackedAdamW(models[0].parameters(), lr=1e-2, extra_bits=k, master_rounding="nearest", fused=True,
+                        compile=True),
+            PackedAdamW(models[1].parameters(), lr=1e-2, extra_bits=k, master_rounding="nearest", compile=False)]
+    for m, o in zip(models, opts, strict=True):
+        _train(m, o, 3, dtype)
     for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.equal(p.view(torch.int16), q.view(torch.int16))
         assert torch.equal(opts[0].master_weight(p).view(torch.int32), opts[1].master_weight(q).view(torch.int32))
