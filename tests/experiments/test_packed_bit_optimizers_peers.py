@@ -8,7 +8,6 @@ import torch
 
 from workbench.data import synthetic_images
 from workbench.experiments.packed_bit_optimizers import peer_methods, peer_table
-from workbench.experiments.packed_bit_optimizers import peers as peers_module
 from workbench.models import MLP
 
 
