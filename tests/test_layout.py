@@ -184,7 +184,8 @@ def test_profile_means_a_parameter_set_only():
 # notebooks (papermill, subprocesses) but import none of their code. The command line sits on top.
 LAYERS = {
     "spine": ("workbench", "workbench.devices", "workbench.measure", "workbench.measure_args", "workbench.allocator",
-              "workbench.timing", "workbench.kineto", "workbench.inplace", "workbench.dtype_probe"),
+              "workbench.timing", "workbench.kineto", "workbench.part_output", "workbench.inplace",
+              "workbench.dtype_probe"),
     "techniques": ("workbench.models", "workbench.data", "workbench.optim", "workbench.checkpoint",
                    "workbench.train", "workbench.calcgraph", "workbench.vbs", "workbench.advisor"),
     "report": ("workbench.report",),

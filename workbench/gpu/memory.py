@@ -19,8 +19,6 @@ finished; models run cheapest first. Run as `python -m workbench.gpu.memory OUTD
 from __future__ import annotations
 
 import argparse
-import gc
-import os
 import subprocess
 import sys
 import time
@@ -31,29 +29,13 @@ import pandas as pd
 import torch
 
 from ..calcgraph.zoo import ACCURACY_COLUMNS
+from ..part_output import log, release_memory, write_csv
 
 __all__ = ["ZOO_BATCH_SIZES", "zoo_on_device", "advisor_command", "main"]
 
 # batches calibration never runs (it runs 1, 2, 4, 8, 32, checks 16 and 64, and doubles a check that misses)
 ZOO_BATCH_SIZES = {"gpu": (3, 40, 160, 640), "smoke": (3,)}
 ZOO_COLUMNS = [*ACCURACY_COLUMNS, "device"]
-
-
-def _write_csv(frame: pd.DataFrame, path: Path) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    frame.to_csv(temporary, index=False)
-    os.replace(temporary, path)
-
-
-def _log(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
-
-
-def _reset(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
 
 
 def zoo_on_device(device: torch.device | str, batch_sizes: Sequence[int], out: Path | None = None,
@@ -69,15 +51,15 @@ def zoo_on_device(device: torch.device | str, batch_sizes: Sequence[int], out: P
     tables = []
     for name in cases or list(ZOO):
         started = time.perf_counter()
-        _reset(device)
+        release_memory(device)
         try:
             tables.append(accuracy_table([name], batch_sizes, device=device))
         except (RuntimeError, ValueError) as refused:  # one case that cannot be planned stops no other
             tables.append(pd.DataFrame({"model": name, "batch_size": list(batch_sizes),
                                         "refused": f"{type(refused).__name__}: {refused}"}))
-        _log(f"zoo {name}: {time.perf_counter() - started:.1f} s")
+        log(f"zoo {name}: {time.perf_counter() - started:.1f} s")
         if out is not None:
-            _write_csv(_zoo_frame(tables, device), out)
+            write_csv(_zoo_frame(tables, device), out)
     return _zoo_frame(tables, device)
 
 
@@ -115,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     device = pick_device(args.device)
     args.outdir.mkdir(parents=True, exist_ok=True)
     if device.type == "cuda":
-        _log(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}")
+        log(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}")
     zoo = zoo_on_device(device, ZOO_BATCH_SIZES[args.profile], args.outdir / "memory-zoo.csv", args.zoo_cases)
     print(_summary(zoo), flush=True)
     # NOTE: the advisor half writes memory-advisor.csv and memory-decisions.csv and prints its own summary line;

@@ -15,8 +15,6 @@ writes OUTDIR/memory-advisor.csv and OUTDIR/memory-decisions.csv; `--profile smo
 from __future__ import annotations
 
 import argparse
-import gc
-import os
 import sys
 import time
 import traceback
@@ -26,6 +24,7 @@ import pandas as pd
 import torch
 
 from workbench.devices import pick_device, repo_root
+from workbench.part_output import log, release_memory, write_csv
 from workbench.report.parameters import load_profile, notebook_parameters
 
 from . import suite
@@ -33,23 +32,6 @@ from . import suite
 __all__ = ["ADVISOR_ORDER", "advisor_on_device", "main"]
 
 ADVISOR_ORDER = ("mlp", "lstm", "transformer", "gpt2", "densenet_bc_100", "resnet50", "vit")  # cheapest first
-
-
-def _write_csv(frame: pd.DataFrame, path: Path) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    frame.to_csv(temporary, index=False)
-    os.replace(temporary, path)
-
-
-def _log(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
-
-
-def _reset(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
 
 
 def _advisor_parameters(profile: str) -> dict:
@@ -68,7 +50,7 @@ def advisor_on_device(device: torch.device | str, profile: str, candidates_csv: 
     tables, decisions = [], []
     for model in models:
         started = time.perf_counter()
-        _reset(torch.device(device))
+        release_memory(torch.device(device))
         try:
             table, decided, _ = suite.evaluate(
                 [model], batch_size=p["batch_size"], width=p["width"], image_size=p["image_size"],
@@ -76,15 +58,15 @@ def advisor_on_device(device: torch.device | str, profile: str, candidates_csv: 
                 device=device, progress=False, sample=p["run_candidates"], seed=p["seed"],
                 candidates=lambda c: c.extra_bits is None or c.extra_bits in p["packed_bits"])
         except (RuntimeError, ValueError):  # one model that fails stops no other; its traceback is in the log
-            _log(f"advisor {model}: failed after {time.perf_counter() - started:.1f} s\n{traceback.format_exc()}")
+            log(f"advisor {model}: failed after {time.perf_counter() - started:.1f} s\n{traceback.format_exc()}")
             continue
         tables.append(table)
         decisions.append(decided)
-        _log(f"advisor {model}: {len(table)} candidates, {time.perf_counter() - started:.1f} s")
+        log(f"advisor {model}: {len(table)} candidates, {time.perf_counter() - started:.1f} s")
         if candidates_csv is not None:
-            _write_csv(pd.concat(tables, ignore_index=True), candidates_csv)
+            write_csv(pd.concat(tables, ignore_index=True), candidates_csv)
         if decisions_csv is not None:
-            _write_csv(pd.concat(decisions, ignore_index=True), decisions_csv)
+            write_csv(pd.concat(decisions, ignore_index=True), decisions_csv)
     if not tables:
         return pd.DataFrame(), pd.DataFrame()
     return pd.concat(tables, ignore_index=True), pd.concat(decisions, ignore_index=True)
