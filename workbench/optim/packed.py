@@ -83,6 +83,10 @@ class PackedOptimizer(torch.optim.Optimizer):
         self._index: dict[int, tuple[int, int]] = {}  # id(param) -> (group index, flat offset)
         self._coef_cache: dict[int, tuple[Any, torch.Tensor]] = {}
         self._steps: dict[tuple, Callable] = {}  # the selected update per format and options (``_select``)
+        # id(param) -> the dtype and (local) shape its state was made for: fp16's and bf16's extra bits are other
+        # bits, and a state is sized for one shape (``_check_made_for``)
+        self._made_for: dict[int, tuple[torch.dtype, torch.Size]] = {}
+        self._checked: dict[int, tuple] = {}  # id(group) -> the options it was last validated with
         seed = opts.seed
         # NOTE: the random bits of stochastic rounding are a hash of (seed, group, step, position),
         # so the seed (drawn from torch's global generator when not given) is the whole RNG state.
@@ -136,12 +140,9 @@ class PackedOptimizer(torch.optim.Optimizer):
         """`validate_group` again where a group's options or parameters were edited by hand since it was last
         checked (``group["extra_bits"] = 20`` stepped with a format that does not exist)."""
         key = (*(group[k] for k in PackedOptions.GROUP), len(group["params"]))  # cheap: checked per parameter
-        checked = getattr(self, "_checked", None)
-        if checked is None:
-            checked = self._checked = {}
-        if checked.get(id(group)) != key:
+        if self._checked.get(id(group)) != key:
             self.validate_group(group, gi)
-            checked[id(group)] = key
+            self._checked[id(group)] = key
 
     @staticmethod
     def _refuse_sparse(owner: str, p: torch.Tensor) -> None:
@@ -192,26 +193,19 @@ class PackedOptimizer(torch.optim.Optimizer):
             # a 16-bit value is exact: its extra bits are zero and it needs no rounding flag
             st["step"] = 0
             st["extra"] = new_extra(p, self._bits(group))
-            self._made_for()[id(p)] = p.dtype, local(p).shape
+            self._made_for[id(p)] = p.dtype, local(p).shape
         else:
-            self._check_made_for(p, st)
+            self._check_made_for(p)
         for k in self._state_keys(group):
             if k not in st:
                 st[k] = new_moment(p, group["state_dtype"])
         return st
 
-    def _made_for(self) -> dict[int, tuple[torch.dtype, torch.Size]]:
-        """The dtype and (local) shape each parameter's state was made for, by id: fp16's and bf16's extra bits
-        are other bits, and a state is sized for one shape."""
-        if not hasattr(self, "_dtypes"):  # an optimizer unpickled by torch's __setstate__ has only its state
-            self._dtypes: dict[int, tuple[torch.dtype, torch.Size]] = {}
-        return self._dtypes
-
-    def _check_made_for(self, p: torch.Tensor, st: dict) -> None:
+    def _check_made_for(self, p: torch.Tensor) -> None:
         """Raise where ``p`` changed under its state: resized through ``.data``, or converted (``model.half()``,
         ``.float()``) after steps. The state would be read for another tensor: torch.optim's AdamW raises on a
         size mismatch, and extra bits made for bf16 are noise below an fp16 value."""
-        made = self._made_for().get(id(p))
+        made = self._made_for.get(id(p))
         if made is None:
             return
         dtype, shape = made
@@ -248,20 +242,20 @@ class PackedOptimizer(torch.optim.Optimizer):
         # get_optimizer_state_dict keeps only "state" and "param_groups" (a top-level entry is dropped and a
         # resumed run rounds with another seed), so every group carries it too; load_state_dict reads either.
         sd["sr_seed"] = self.seed
-        made = self._made_for()
         for g, ours in zip(sd["param_groups"], self.param_groups, strict=True):
             g["sr_seed"] = self.seed
             # the dtype each parameter's extra bits are for: fp16's loaded under bf16 would be noise
-            g["param_dtypes"] = [str(made.get(id(p), (p.dtype,))[0]).removeprefix("torch.") for p in ours["params"]]
+            g["param_dtypes"] = [str(self._made_for.get(id(p), (p.dtype,))[0]).removeprefix("torch.")
+                                 for p in ours["params"]]
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict saved by the same packed optimizer class (validated first: a ValueError
         names the param group or parameter index, the key and what was expected and found)."""
         load_checked(self, state_dict)
-        self._made_for().clear()
+        self._made_for.clear()
         for p in (p for g in self.param_groups for p in g["params"] if "extra" in self.state.get(p, {})):
-            self._made_for()[id(p)] = p.dtype, local(p).shape
+            self._made_for[id(p)] = p.dtype, local(p).shape
         self._flat.clear()
         self._coef_cache.clear()
         self._steps.clear()
@@ -402,12 +396,12 @@ class PackedOptimizer(torch.optim.Optimizer):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            self._still_valid(gi, group)
-            for p in params:
-                self._refuse_sparse(type(self).__name__, p)
             # NOTE: DTensor parameters (FSDP2) take the per-parameter path: the flat buffers would replace
             # the storage FSDP2 all-gathers from.
             if group["fused"] and not any(map(is_sharded, group["params"])):
+                self._still_valid(gi, group)  # the per-parameter path checks in step_param
+                for p in params:
+                    self._refuse_sparse(type(self).__name__, p)
                 flat = self._flat.get(gi)
                 if flat is None or not flat.valid(self.state):
                     flat = None
