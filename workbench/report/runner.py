@@ -126,11 +126,9 @@ def check_kernel_spec(path: Path) -> Path:
 
 
 def _export_html(notebook: Path) -> None:
-    import nbconvert
-    import nbformat
+    from .pages import export_page  # here: `python -m workbench.report.pages` runs the module as __main__
 
-    body, _ = nbconvert.HTMLExporter().from_notebook_node(nbformat.read(notebook, as_version=4))
-    notebook.with_suffix(".html").write_text(body)
+    export_page(notebook)  # offline (no CDN scripts), missing values read "—"
 
 
 def _record(job: _Job, profile: str) -> dict:
