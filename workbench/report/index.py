@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..devices import isa_summary
 from .folders import GENERATOR, page_is_ours
-from .ledger import VERDICT_CSS, format_value, ledger_html, tally, verdict_class
+from .ledger import VERDICT_CSS, format_value, ledger_html, tally_text, verdict_class
 from .reference import (
     REFERENCE, checkout_commit, commit_mismatch, commit_relation, cuda_memory_rows, read_references,
 )
@@ -28,7 +28,7 @@ table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;p
 .ok{color:#176317}.failed{color:#b00020}.note{color:#555;font-size:13px;margin:0}
 .paper{color:#333;font-style:italic}.rebuild{border:1px solid #b00020;padding:.3em .8em;background:#fff4f4}
 figure{display:inline-block;margin:6px;vertical-align:top}figcaption{font-size:12px;color:#555}
-img{width:480px;max-width:100%;border:1px solid #ddd}img.wide{width:960px}pre{white-space:pre-wrap;color:#b00020}
+img{width:720px;max-width:100%;border:1px solid #ddd}img.wide{width:1300px}pre{white-space:pre-wrap;color:#b00020}
 .stale{color:#8a4b00;font-weight:600}
 """
 
@@ -137,8 +137,7 @@ def _entries(folder: Path, skipped: list[str] | None = None) -> list[dict]:
 
 def _tally_text(results: dict) -> str:
     claims = results.get("claims") if isinstance(results.get("claims"), list) else []
-    counts = tally([c for c in claims if isinstance(c, dict)])
-    return ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "—"
+    return tally_text([c for c in claims if isinstance(c, dict)])
 
 
 def _mtime(folder: Path) -> str:

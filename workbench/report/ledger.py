@@ -22,7 +22,7 @@ from .rules import Rule, _number, as_number, as_spread, at_least, at_most, betwe
 
 __all__ = [
     "VERDICTS", "CHECK", "SOURCES", "DEVICE_CLASSES", "Rule", "at_least", "at_most", "within", "between",
-    "Ledger", "tally", "Claim", "Measured", "Records", "judge",
+    "Ledger", "tally", "tally_text", "Claim", "Measured", "Records", "judge",
     "record_frame", "finite", "device_class", "format_value", "ledger_html", "verdict_class", "VERDICT_CSS",
 ]
 
@@ -142,6 +142,25 @@ def tally(claims: list[dict]) -> dict[str, int]:
             verdict = verdict if verdict is None or isinstance(verdict, str) else str(verdict)
             counts[verdict] = counts.get(verdict, 0) + 1
     return counts
+
+
+# How the two verdicts that are no verdict read in a count: "7 not run at this scale, 7 not run" read as one count
+# said twice (issue 43).
+_UNJUDGED = {"not run at this scale": "measured too small to judge", "not run": "not measured by this notebook"}
+
+
+def tally_text(claims: list[dict]) -> str:
+    """The paper claims' verdicts counted in words, judged ones first: "14 paper claims: 5 reproduced, 2 partly,
+    7 not measured by this notebook"; "—" without paper claims."""
+    counts = tally(claims)
+    if not counts:
+        return "—"
+    rank = {v: i for i, v in enumerate(VERDICTS)}  # the unjudged last, in VERDICTS' order; the judged by count
+    ordered = sorted(counts.items(), key=lambda kv: (kv[0] in _UNJUDGED, 0 if kv[0] in _UNJUDGED else -kv[1],
+                                                     rank.get(kv[0], len(rank)), str(kv[0])))
+    words = ", ".join(f"{n} {_UNJUDGED.get(v, v)}" for v, n in ordered)
+    total = sum(counts.values())
+    return f"{total} paper claim{'s' if total != 1 else ''}: {words}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,7 +381,8 @@ def ledger_html(claims: list[dict]) -> str:
                 cells.append(f"<td>{html.escape(text)}</td>")
             rows.append(f'<tr class="{html.escape(cls)}">{"".join(cells)}</tr>')
         head = "".join(f"<th>{k}</th>" for k in _SHOWN)
-        parts.append(f"<h3>{title}</h3><p class='note'>{note}</p><table><tr>{head}</tr>{''.join(rows)}</table>")
+        parts.append(f"<h3>{title}</h3><p class='note'>{note}</p><div class='workbench-ledger'><table><tr>{head}</tr>"
+                     f"{''.join(rows)}</table></div>")
     return _LEDGER_CSS + "".join(parts)
 
 
@@ -379,4 +399,12 @@ VERDICT_CSS = (
     ".verdict-not-reproduced,.verdict-refuted{background:#fde2e2}"
     ".verdict-other-device,.verdict-not-comparable{background:#eeeeee}"
 )
-_LEDGER_CSS = f"<style>{VERDICT_CSS}</style>"
+# NOTE: in JupyterLab an output wider than the notebook was cut at its right edge (issue 43): the ledger's long
+# texts wrap, so its nine columns fit the width, and what still does not fit scrolls inside its own box.
+LEDGER_LAYOUT_CSS = (
+    ".workbench-ledger{overflow-x:auto;max-width:100%}"
+    ".workbench-ledger table{table-layout:auto;width:100%;margin-left:0}"
+    ".workbench-ledger td,.workbench-ledger th{white-space:normal;overflow-wrap:anywhere;text-align:left;"
+    "vertical-align:top;min-width:3em}"
+)
+_LEDGER_CSS = f"<style>{VERDICT_CSS}{LEDGER_LAYOUT_CSS}</style>"

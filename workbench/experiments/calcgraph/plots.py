@@ -86,7 +86,8 @@ def plot_single_model(df: pd.DataFrame, *, verdicts: bool = True):
     for ax in axes:
         ax.set_xticks(x, df["framework"])
         ax.grid(alpha=0.3, axis="y")
-    axes[0].legend()
+    # NOTE: below the axes, not over the bars (inside, it covered the measured bar of the tallest pair)
+    axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     fig.suptitle("Single model: memory (left) and time per round (right), Fig 10")
     return _marked(fig, verdicts)
 

@@ -33,6 +33,18 @@ def _marked(fig, verdicts: bool):
     return fig
 
 
+def _log_ticks(lo: float, hi: float, *, at_least: int = 4) -> list[float]:
+    """Tick values for a log axis from `lo` to `hi`: 1-2-5 steps, or every digit where those give fewer than
+    `at_least`, so a span of one decade still shows a scale to read."""
+    ticks: list[float] = []
+    for steps in ((1, 2, 5), (1, 2, 3, 4, 5, 6, 7, 8, 9)):
+        ticks = [float(f"{m}e{e}") for e in range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+                 for m in steps if lo <= m * 10.0**e <= hi]
+        if len(ticks) >= at_least:
+            break
+    return ticks
+
+
 def plot_memory_vs_depth(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
                          value: str = "activation_peak_bytes", verdicts: bool = True):
     """Peak memory (MiB) against depth per form, linear axes and log-log with fitted exponents."""
@@ -53,10 +65,13 @@ def plot_memory_vs_depth(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
     axes[1].set_yscale("log")
     ticks: list[int] = []
     for t in sorted(int(d) for d in df["depth"].unique()):
-        if not ticks or t >= 1.4 * ticks[-1]:  # readable labels on a log axis
+        if not ticks or t >= 1.2 * ticks[-1]:  # every depth measured where the labels do not collide
             ticks.append(t)
     axes[1].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     axes[1].set_xticks(ticks, [str(t) for t in ticks])
+    axes[1].yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    values = _log_ticks(*axes[1].get_ylim())  # a sweep spans one or two decades: 10^1, 10^2 alone said little
+    axes[1].set_yticks(values, [f"{v:g}" for v in values])
     axes[1].set_title("log-log: slope = growth exponent")
     for ax in axes:
         ax.set_xlabel("depth (layers)")
