@@ -6,6 +6,7 @@
 ``split_merge``: fp32 <-> 16-bit value + extra bits, with stochastic rounding (3.1).
 ``update``: the elementwise merge / fp32 step / split, eager in chunks or ``torch.compile``d.
 ``options``: ``PackedOptions``, the keyword options of every packed optimizer, declared once.
+``quantized``: 8-bit moments (``state_dtype=torch.int8``): codes in groups of 32 with a bf16 scale each.
 ``fused``: the flat buffers of the fused step ("Fused" in 3.1) and ``select_step``, the one place
 where the update's backend (compiled, eager) is chosen.
 ``triton_kernel`` (source: ``triton_source``): the hand-written Triton step, CUDA, every width; ``cpu_kernel``:

@@ -62,7 +62,8 @@ class PackedAdamW(PackedOptimizer):
     """AdamW (torch.optim.AdamW semantics) on fp16/bf16 parameters plus k packed extra bits.
 
     ``decoupled=False`` gives Adam (L2 weight decay added to the gradient); see :class:`PackedAdam`.
-    ``state_dtype=torch.bfloat16`` keeps both moments in bf16 (4 instead of 8 bytes per parameter).
+    ``state_dtype=torch.bfloat16`` keeps both moments in bf16 (4 instead of 8 bytes per parameter),
+    ``torch.int8`` in 8-bit codes with a bf16 scale per 32 values (2.125 bytes; ``workbench.optim.quantized``).
     ``amsgrad=True`` keeps the running max of the second moment as a third state (``max_exp_avg_sq``,
     4 more bytes per parameter in fp32); ``maximize=True`` ascends. Keyword options (``extra_bits``
     required): :class:`PackedOptions`.

@@ -29,7 +29,7 @@ import torch
 __all__ = ["MASTER_ROUNDING", "STATE_DTYPES", "TORCH_ONLY", "PackedOptions", "check_betas", "check_flag", "check_real",
            "takes_options"]
 
-STATE_DTYPES = (torch.float32, torch.bfloat16)
+STATE_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
 MASTER_ROUNDING = ("truncate", "stochastic", "nearest")
 
 #: torch.optim keywords the packed optimizers take only at torch's defaults: name -> (allowed values,
@@ -95,7 +95,8 @@ class PackedOptions:
     #: is the update rounded to nearest; not with ``stochastic_rounding``, see ``split_merge``).
     master_rounding: str = "truncate"
     #: dtype of the optimizer states (momentum, moments): torch.float32, or torch.bfloat16 (torch.optim's
-    #: own behaviour for bf16 parameters; half the bytes).
+    #: own behaviour for bf16 parameters; half the bytes), or torch.int8 (8-bit codes in groups of 32 values
+    #: with a bf16 scale each, 1.0625 bytes per value: ``workbench.optim.quantized``; the eager update).
     state_dtype: torch.dtype = torch.float32
     #: One flat update over the whole group ("Fused" in 3.1; see ``workbench.optim.fused``), run by
     #: the fastest step available on the device (``workbench.optim.fused.select_step``).
@@ -165,7 +166,7 @@ class PackedOptions:
             raise ValueError("master_rounding='nearest' and stochastic_rounding=True: the 16-bit value is rounded "
                              "either to nearest or stochastically; choose one")
         if group["state_dtype"] not in STATE_DTYPES:
-            raise TypeError(f"state_dtype={group['state_dtype']!r}: allowed torch.float32, torch.bfloat16")
+            raise TypeError(f"state_dtype={group['state_dtype']!r}: allowed torch.float32, torch.bfloat16, torch.int8")
 
 
 def takes_options(init: Callable) -> Callable:

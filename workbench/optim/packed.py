@@ -10,8 +10,8 @@ value stochastically (one more stored bit un-rounds it).
 
 The keyword options they share (extra_bits, stochastic_rounding, master_rounding, state_dtype,
 fused, compile, seed) are declared, checked and documented once, in ``PackedOptions``
-(``workbench.optim.options``). Options beyond the paper: ``state_dtype=torch.bfloat16`` keeps the
-moments in bf16, ``master_rounding="stochastic"`` rounds the kept master value stochastically,
+(``workbench.optim.options``). Options beyond the paper: ``state_dtype=torch.bfloat16`` keeps the moments in
+bf16, ``torch.int8`` in 8 bits (``quantized``), ``master_rounding="stochastic"`` rounds the master stochastically,
 ``master_rounding="nearest"`` to nearest (and the 16-bit value the model sees too).
 
 ``fused=True`` ("Fused" in 3.1): a group's halves, extra bits and states live in flat buffers
@@ -52,6 +52,7 @@ from workbench.optim.fused import FlatGroup, StepSpec, select_step
 from workbench.optim.layout import grad_in_order, in_layout, is_dense, memory_order
 from workbench.optim.options import PackedOptions, check_real, takes_options
 from workbench.optim.packing import extra_storage
+from workbench.optim.quantized import expected_states, kind_of, new_quantized, refuse_sharded, stored_keys
 from workbench.optim.rng import mix_key, shift_key
 from workbench.optim.split_merge import merge
 from workbench.optim.state_check import load_checked
@@ -116,6 +117,8 @@ class PackedOptimizer(torch.optim.Optimizer):
                 )
             check_format(p.dtype, k)
             check_shardable(p, self._bits(group), f"parameter {i} of group {gi} (shape {tuple(p.shape)})")
+            if is_sharded(p) and group["state_dtype"] == torch.int8:
+                refuse_sharded(f"parameter {i} of group {gi} (shape {tuple(p.shape)})")
             if not is_dense(local(p)):
                 raise ValueError(f"parameter {i} of group {gi} (shape {tuple(p.shape)}, strides {p.stride()}) has "
                                  "gaps or overlaps in memory: packed optimizers update parameters in their memory "
@@ -181,6 +184,8 @@ class PackedOptimizer(torch.optim.Optimizer):
         shape, dtype = extra_storage(p.numel(), self._bits(group), aligned=True)
         extra = {tuple(shape), (shape[0], *p.shape)} if dtype == torch.uint8 else tuple(shape)
         out: dict[str, Any] = {"step": int, "extra": ({(shape[0], *p.shape)} if is_sharded(p) else extra, dtype)}
+        if group["state_dtype"] == torch.int8:  # 1-D codes in memory order and a bf16 scale per 32 values
+            return dict(out, **expected_states(p.numel(), self._state_keys(group)))
         out.update({k: (tuple(p.shape), group["state_dtype"]) for k in self._state_keys(group)})
         return out
 
@@ -196,9 +201,10 @@ class PackedOptimizer(torch.optim.Optimizer):
             self._made_for[id(p)] = p.dtype, local(p).shape
         else:
             self._check_made_for(p)
+        int8 = group["state_dtype"] == torch.int8
         for k in self._state_keys(group):
             if k not in st:
-                st[k] = new_moment(p, group["state_dtype"])
+                st.update(new_quantized(p.numel(), k, p.device) if int8 else {k: new_moment(p, group["state_dtype"])})
         return st
 
     def _check_made_for(self, p: torch.Tensor) -> None:
@@ -301,6 +307,8 @@ class PackedOptimizer(torch.optim.Optimizer):
         static = dict(math_fn=self._math(), extra_bits=group["extra_bits"],
                       stochastic_rounding=group["stochastic_rounding"], master_rounding=group["master_rounding"],
                       options=self._options(group, step), scaled=scaled)
+        if group["state_dtype"] == torch.int8:  # the (codes, scales) pairs' kinds (``update.packed_update``)
+            static["quantized"] = tuple(map(kind_of, self._state_keys(group)))
         spec = StepSpec(static, self._bits(group), dtype, group["state_dtype"], dynamic)
         return select_step(device, spec, fused=group["fused"], compile=self.compile)
 
@@ -369,8 +377,9 @@ class PackedOptimizer(torch.optim.Optimizer):
             tail = self._tail(grad_scale, clip_value)
             coef = self._coef(group, step + 1, half.device, tail)
             key = shift_key(mix_key(self.seed, gi, step), offset + shard_offset(p)) if self._random(group) else None
-            states = []
-            for k in self._state_keys(group):
+            int8, keys = group["state_dtype"] == torch.int8, self._state_keys(group)
+            states = [st[k] for k in stored_keys(keys)] if int8 else []  # int8: 1-D, in memory order already
+            for k in () if int8 else keys:
                 if local(st[k]).stride() != half.stride():  # a state laid out otherwise (``layout``): once
                     st[k] = in_layout(st[k], p)
                 states.append(memory_order(local(st[k])))

@@ -22,6 +22,7 @@ import torch
 
 from workbench.optim.formats import max_extra_bits, storage_bits
 from workbench.optim.packing import decode, packed_words, store_into
+from workbench.optim.quantized import dequantize_states, quantize_states, slice_states
 from workbench.optim.rng import hash_noise
 from workbench.optim.split_merge import merge_values, nearest_offset, split_values
 
@@ -112,6 +113,7 @@ def packed_update(
     master_rounding: str = "truncate",
     options: dict[str, Any],
     scaled: bool = False,
+    quantized: tuple[str, ...] = (),
     offset: int = 0,
 ) -> None:
     """One in-place update of 1-D ``half`` (and its ``extra`` bits and ``states``): merge, step, split.
@@ -122,6 +124,9 @@ def packed_update(
     nearest over truncate's extra bits, see ``split_merge``); ``offset`` is the index of
     ``half[0]`` in the stream the key numbers. ``scaled``: the last two entries of ``coef`` are
     (1 / loss scale, clip value); the gradient is unscaled and clipped by value in fp32 first.
+    ``quantized``: the states are 8-bit moments (``workbench.optim.quantized``), ``states`` holds a (codes,
+    scales) pair per kind listed; they are read as fp32, stepped and stored back (groups of 32 values from
+    ``half[0]``).
     """
     bits = storage_bits(extra_bits, stochastic_rounding)
     n = half.numel()
@@ -136,7 +141,11 @@ def packed_update(
         # clipping become part of the optimizer when the step is fused.
         clip = coef[-1]
         g = torch.minimum(torch.maximum(g * coef[-2], -clip), clip)
+    if quantized:
+        stored, states = states, dequantize_states(states, quantized)
     master = math_fn(master, g, states, coef, **options)
+    if quantized:
+        quantize_states(states, stored, quantized)
     del g  # freed before the split's temporaries exist (the eager step's peak)
     noise = master_noise = None
     if stochastic_rounding or master_rounding == "stochastic":
@@ -169,7 +178,9 @@ def chunked_update(half, grad, extra, states, coef, key, *, bits: int, **kw) -> 
         else:
             ws = s * bits // 32
             ex = extra[ws : ws + packed_words(e - s, bits)]
-        packed_update(half[s:e], grad[s:e], ex, [t[s:e] for t in states], coef, key, offset=s, **kw)
+        quantized = kw.get("quantized")
+        part = slice_states(states, quantized, s, e) if quantized else [t[s:e] for t in states]
+        packed_update(half[s:e], grad[s:e], ex, part, coef, key, offset=s, **kw)
 
 
 _COMPILED: dict[tuple, Callable] = {}
