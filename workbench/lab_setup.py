@@ -12,7 +12,10 @@ and git"), for the JupyterLab that runs from it:
    `etc/jupyter/jupyter_server_config.d/`) runs after every save: for a tracked file under a clean filter it
    re-enters the index entry with its own mode and blob (`git update-index --cacheinfo`), which stages
    nothing and clears the cached stat data, so git's next look reads the file through the filter and
-   refreshes the entry (`git status` then writes the new size back).
+   refreshes the entry (`git status` then writes the new size back). Refreshes run one at a time in this
+   server, and one that finds another git's `index.lock` (two notebooks saved at once: one was left listed,
+   issue 43) tries again for up to `INDEX_LOCK_WAIT_S`. None of it touches the saved file: its mtime stays
+   the one the save reported to JupyterLab.
 2. **Widget state on save.** A widget's output in a saved notebook names a model that lived in the kernel;
    reopened, each one reads "Error displaying widget: model not found" unless the notebook also holds the
    models' state, which JupyterLab writes only with the widget manager's `saveState` setting. The setting
@@ -40,10 +43,12 @@ import json
 import logging
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["drop_closed_widget_views", "install", "refresh_git_index"]
+__all__ = ["drop_closed_widget_views", "install", "refresh_git_index", "INDEX_LOCK_WAIT_S"]
 
 SERVER_CONFIG = Path("etc/jupyter/jupyter_server_config.d/workbench.json")
 LAB_OVERRIDES = Path("share/jupyter/lab/settings/overrides.d/workbench.json")
@@ -62,12 +67,34 @@ def _git(folder: Path, *args: str) -> str:
                           timeout=30).stdout
 
 
+INDEX_LOCK_WAIT_S = 10.0  # a refresh waits this long for another git's index.lock (git status holds it while it
+# runs the clean filter over each changed notebook: seconds on a loaded machine), then gives up, logged
+
+
+_index_writes = threading.Lock()  # one index write at a time from this process (hooks may run on threads)
+
+
+def _git_writing_index(folder: Path, *args: str, wait_s: float = INDEX_LOCK_WAIT_S) -> str:
+    """`_git` for a command that writes the index: while another git holds `index.lock` ("File exists"), tried
+    again, 50 ms then doubling to 1 s apart, for up to `wait_s`."""
+    deadline, pause = time.monotonic() + wait_s, 0.05
+    while True:
+        try:
+            with _index_writes:
+                return _git(folder, *args)
+        except subprocess.CalledProcessError as exc:
+            if "index.lock" not in (exc.stderr or "") or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, 1.0)
+
+
 def refresh_git_index(os_path: str, **_: Any) -> bool:
     """Make git read `os_path` through its clean filter at its next look, if git tracks it under one.
 
-    A jupyter_server post-save hook (called with `os_path`, `model`, `contents_manager`). Returns whether the
-    index entry was re-entered. Never raises: a failed hook would fail the save (HTTP 500) of a file that is
-    already written, so a git error is logged and left to git's own next look.
+    Returns whether the index entry was re-entered; waits up to `INDEX_LOCK_WAIT_S` for another git's
+    index.lock. Never raises: a failed refresh must not fail the save (HTTP 500) of a file that is already
+    written, so a git error is logged and left to git's own next look.
     """
     path = Path(os_path)
     try:
@@ -86,7 +113,7 @@ def refresh_git_index(os_path: str, **_: Any) -> bool:
         if tag != "H" or stage != "0":
             return False
         top = Path(_git(path.parent, "rev-parse", "--show-toplevel").strip())
-        _git(top, "update-index", "--cacheinfo", f"{mode},{blob},{name}")
+        _git_writing_index(top, "update-index", "--cacheinfo", f"{mode},{blob},{name}")
         return True
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         detail = getattr(exc, "stderr", "") or exc
