@@ -115,3 +115,30 @@ def test_two_notebooks_saved_at_once_leave_git_status_clean(repo):
     for name, model in models.items():  # the hooks never touched the file after the save read its mtime
         on_disk = asyncio.run(manager.get(f"{name}.ipynb", content=False))["last_modified"]
         assert on_disk == model["last_modified"], name
+
+
+def test_git_runs_before_the_write_and_never_between_the_write_and_the_reply(repo, monkeypatch):
+    """JupyterLab saves in two requests (write, then read the hash back); a check between them finds a hash it has
+    not seen ("File Changed", issue 43). Git's work at save time (five commands, seconds on a loaded machine) held
+    the write's reply and widened that window; it now runs before the write."""
+    from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+
+    events = []
+    git = lab_setup._git
+    monkeypatch.setattr(lab_setup, "_git", lambda *args: events.append("git") or git(*args))
+    manager = AsyncLargeFileManager(root_dir=str(repo))
+    write = manager._save_notebook
+
+    async def recorded_write(*args, **kwargs):
+        events.append("write")
+        return await write(*args, **kwargs)
+
+    monkeypatch.setattr(manager, "_save_notebook", recorded_write)
+    lab_setup._load_jupyter_server_extension(SimpleNamespace(contents_manager=manager,
+                                                             log=logging.getLogger("jupyter_server")))
+    model = {"type": "notebook", "format": "json", "content": _notebook(outputs=True)}
+    asyncio.run(manager.save(model, "a.ipynb"))
+    assert "git" in events and events[-1] == "write", events
+    assert _git(repo, "status", "--porcelain") == ""
+    assert lab_setup.refresh_before_save(model, "../outside.ipynb", manager) is False
+    assert lab_setup.refresh_before_save(model, "a.ipynb", object()) is False

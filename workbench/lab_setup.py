@@ -9,13 +9,17 @@ and git"), for the JupyterLab that runs from it:
    runs. A notebook checked out stripped and saved by JupyterLab with outputs is larger while its filtered
    content is the committed blob: `git diff`, which compares content, is empty, yet `git status` lists the
    file until `git add`. A server extension (`workbench.lab_setup`, enabled in
-   `etc/jupyter/jupyter_server_config.d/`) runs after every save: for a tracked file under a clean filter it
+   `etc/jupyter/jupyter_server_config.d/`) runs at every save: for a tracked file under a clean filter it
    re-enters the index entry with its own mode and blob (`git update-index --cacheinfo`), which stages
    nothing and clears the cached stat data, so git's next look reads the file through the filter and
    refreshes the entry (`git status` then writes the new size back). Refreshes run one at a time in this
    server, and one that finds another git's `index.lock` (two notebooks saved at once: one was left listed,
-   issue 43) tries again for up to `INDEX_LOCK_WAIT_S`. None of it touches the saved file: its mtime stays
-   the one the save reported to JupyterLab.
+   issue 43) tries again for up to `INDEX_LOCK_WAIT_S`.
+   It runs before the file is written (`refresh_before_save`), since the entry it clears does not depend on
+   the new content: JupyterLab saves in two requests (write, then read the file's hash back), and a save
+   whose check reads the disk between those two finds a hash it has not seen yet and asks "File Changed ...
+   Overwrite / Revert" (Ctrl+S while an autosave was in flight, issue 43). Run after the write, the refresh's
+   five git commands (seconds on a loaded machine) held the first save's reply and so widened that window.
 2. **Widget state on save.** A widget's output in a saved notebook names a model that lived in the kernel;
    reopened, each one reads "Error displaying widget: model not found" unless the notebook also holds the
    models' state, which JupyterLab writes only with the widget manager's `saveState` setting. The setting
@@ -48,7 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["drop_closed_widget_views", "install", "refresh_git_index", "INDEX_LOCK_WAIT_S"]
+__all__ = ["drop_closed_widget_views", "install", "refresh_git_index", "refresh_before_save", "INDEX_LOCK_WAIT_S"]
 
 SERVER_CONFIG = Path("etc/jupyter/jupyter_server_config.d/workbench.json")
 LAB_OVERRIDES = Path("share/jupyter/lab/settings/overrides.d/workbench.json")
@@ -121,6 +125,17 @@ def refresh_git_index(os_path: str, **_: Any) -> bool:
         return False
 
 
+def refresh_before_save(model: dict | None = None, path: str = "", contents_manager: Any = None, **_: Any) -> bool:
+    """The jupyter_server pre-save hook (called with `model`, `path`, `contents_manager`): `refresh_git_index` of
+    the file the save is about to write, before it writes it. False where the path is not a file of the
+    contents manager's folder."""
+    try:
+        os_path = contents_manager._get_os_path(path)
+    except Exception:  # not a file contents manager, a path outside its root: nothing of git's to refresh
+        return False
+    return refresh_git_index(os_path)
+
+
 def drop_closed_widget_views(model: dict, **_: Any) -> int:
     """Drop the outputs that display a widget missing from the notebook's saved widget state; return how many.
 
@@ -155,7 +170,7 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
     server_app.contents_manager.register_pre_save_hook(drop_closed_widget_views)
-    server_app.contents_manager.register_post_save_hook(refresh_git_index)
+    server_app.contents_manager.register_pre_save_hook(refresh_before_save)
     server_app.log.info("workbench: views of closed widgets dropped on save; git reads each saved file through "
                         "its clean filter")
 
