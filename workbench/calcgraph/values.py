@@ -26,6 +26,8 @@ import torch
 from torch._subclasses import FakeTensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from ..measure import op_tensors
+
 __all__: list[str] = []  # internal to workbench.calcgraph
 
 _aten = torch.ops.aten
@@ -36,24 +38,10 @@ _ONE_DTYPE = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.ba
 _PACK = _aten._pack_padded_sequence.default
 
 
-def _tensors(args, kwargs) -> list[torch.Tensor]:
-    """The tensors among an op's arguments (or outputs), in lists one level deep as aten passes them.
-
-    # NOTE: by hand rather than `torch.utils._pytree`, which cost a tenth of a ResNet-50 trace here (called
-    # for every op of it)."""
-    found = []
-    for value in (*args, *kwargs.values()) if isinstance(args, (list, tuple)) else (args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            found.extend(t for t in value if isinstance(t, torch.Tensor))
-    return found
-
-
 def _refuse_mixed_matmul(func, args) -> None:
     """Raise as the real kernel would for a matrix product of tensors of different dtypes."""
     if func in _ONE_DTYPE:
-        dtypes = [t.dtype for t in _tensors(args, {})]
+        dtypes = [t.dtype for t in op_tensors(args)]
         if len(set(dtypes)) > 1:
             raise RuntimeError(f"{func.__name__} needs one dtype for all its tensors (as the real kernel does), "
                                f"got {', '.join(str(d) for d in dtypes)}")
@@ -83,7 +71,7 @@ class _RealIntegers:
 
     def __call__(self, *args, **kwargs):
         out = self.op(*args, **kwargs)
-        if not any(t.is_floating_point() or t.is_complex() for t in _tensors(out, {})):
+        if not any(t.is_floating_point() or t.is_complex() for t in op_tensors(out)):
             with unset_fake_temporarily():
                 out = self.op(*args, **kwargs)
         return out
@@ -92,7 +80,7 @@ class _RealIntegers:
 def with_known_values(func, args, kwargs) -> tuple[object, bool]:
     """The op to run in a fake trace for `func(*args, **kwargs)`, and whether to run it for real (outside
     the fake mode): ops on real integer or boolean tensors only keep their values."""
-    tensors = _tensors(args, kwargs)
+    tensors = op_tensors((args, kwargs))
     if not tensors:  # a factory: real where it makes integers (`pad_packed_sequence` writes its lengths)
         return (func if torch.Tag.nondeterministic_seeded in func.tags else _RealIntegers(func)), False
     if not any(isinstance(t, FakeTensor) for t in tensors) and not any(
