@@ -85,18 +85,20 @@ class Plan:
         return out
 
 
-def _compile(work: Workload, cfg: Config, segments: Sequence | None) -> CompiledGraph:
+def _compile(work: Workload, cfg: Config, segments: Sequence | None, like: CompiledGraph | None = None
+             ) -> CompiledGraph:
     """CalcGraph's plan of a candidate's program, with `recomputed`: the ids of the allocations its checkpoints'
     recomputation makes (see `workload._recomputation`).
 
     # NOTE: a precision's plain program is traced at batches 2 and 3 and checked at 4 (CalcGraph's default);
-    # its variants (step in backward, checkpoints: the same layers, the same shapes) at 2 and 3 only
+    # its variants (step in backward, checkpoints: the same layers, the same shapes) at 3 only, each allocation's
+    # growth borrowed from the plain program `like` (`calcgraph.derive`), or at 2 and 3 where that cannot place one
     """
     recomputed: set[int] = set()
     plain = not cfg.step_in_backward and cfg.checkpoint == "none" and segments is None
     graph = CompiledGraph(work.program(cfg, segments=segments, recomputed=recomputed), device=work.device,
                           trace_sizes=(2, 3, 4) if plain else (2, 3), input_shape=tuple(work.inputs.shape[1:]),
-                          description=cfg.name)
+                          description=cfg.name, like=None if plain else like)
     graph.recomputed = recomputed
     return graph
 
@@ -133,7 +135,9 @@ class Plans:
         """The traced plan of the program `cfg` runs (traced now if new)."""
         key = self._key(cfg, segments)
         if key not in self._graphs:
-            self._graphs[key] = _compile(self.work, key[0], key[1])
+            plain = replace(key[0], step_in_backward=False, checkpoint="none")
+            like = None if (plain, None) == key else self.graph(plain)
+            self._graphs[key] = _compile(self.work, key[0], key[1], like)
             self.programs += 1
         return self._graphs[key]
 

@@ -34,6 +34,7 @@ from .calibrate import observe as _observe_at
 from .calibrate import transfer as _transfer
 from .calibrate import warm_up as _warm_up
 from .program import _DtypeMismatch
+from .derive import borrowed_slopes, fit
 from .search import search_max
 from .tracker import _Trace, _TraceError, _Tracker, _trace, Unplannable, on_device
 
@@ -53,7 +54,8 @@ class CompiledGraph:
 
     def __init__(self, program: Callable[[int, _Tracker], None], *, device: torch.device | str,
                  trace_sizes: Sequence[int] = (2, 3, 4), description: str = "",
-                 input_shape: Sequence[int] | None = None, input_dtype: torch.dtype | None = None) -> None:
+                 input_shape: Sequence[int] | None = None, input_dtype: torch.dtype | None = None,
+                 like: CompiledGraph | None = None) -> None:
         trace_sizes = tuple(trace_sizes) if isinstance(trace_sizes, (list, tuple)) else (trace_sizes,)
         whole = all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in trace_sizes)
         if (len(trace_sizes) < 2 or not whole or min(trace_sizes) < 1 or len(set(trace_sizes)) != len(trace_sizes)):
@@ -64,32 +66,22 @@ class CompiledGraph:
         self._input_shape = tuple(input_shape) if input_shape is not None else None
         self._input_dtype = input_dtype  # named where the program refuses its input
         self._exact: dict[int, _Trace] = {}
-        s1, s2, *checks = trace_sizes
-        t1, t2 = self._traced(s1), self._traced(s2)
-        self._base, self._base_size = t2, s2
-        self.affine = t1.signature == t2.signature
-        rows = []
-        if self.affine:
-            self.slope = (t2.sizes - t1.sizes) // (s2 - s1)
-            self.intercept = t1.sizes - self.slope * s1
-            exact = (t2.sizes - t1.sizes) % (s2 - s1) == 0
-            for s in checks:
-                t = self._traced(s)
-                if t.signature != t1.signature:
-                    self.affine = False
-                    rows.append({"size": s, "allocation": -1, "op": "sequence differs", "predicted": -1,
-                                 "traced": -1})
-                    continue
-                bad = np.nonzero((self.intercept + self.slope * s != t.sizes) | ~exact)[0]
-                rows += [{"size": s, "allocation": int(i), "op": t.info[i]["op"],
-                          "predicted": int(self.intercept[i] + self.slope[i] * s), "traced": int(t.sizes[i])}
-                         for i in bad]
-            self.affine = self.affine and not rows
+        s1, s2 = trace_sizes[:2]
+        self.derived = False  # traced once, the slopes borrowed from `like` (`derive.borrowed_slopes`)
+        if like is not None and like.affine and like._base_size == s2:
+            slope = borrowed_slopes(self._traced(s2), like._base, like.slope)
+            self.derived = slope is not None
+        if self.derived:
+            self.affine, self.slope, rows = True, slope, []
+            self.intercept = self._exact[s2].sizes - slope * s2
+        else:
+            self.affine, self.slope, self.intercept, rows = fit(self._traced, trace_sizes)
+        self._base, self._base_size = self._exact[s2], s2
         # NOTE: where the program is not affine in the batch size (a different allocation sequence,
         # or sizes off the fitted line) every prediction traces the program at that exact size.
         self.nonaffine = pd.DataFrame(rows, columns=["size", "allocation", "op", "predicted", "traced"])
         # shapes of parameters, buffers and optimizer state: what a `Heap` lays out
-        self.spec = t2.spec
+        self.spec = self._base.spec
         self.evaluations = 0
         self.calibration: Calibration | None = None
         self.calibration_error = pd.DataFrame(columns=_CHECK_COLUMNS)

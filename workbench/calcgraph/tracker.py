@@ -27,6 +27,7 @@ from .values import _refuse_mixed_matmul, with_known_values
 __all__: list[str] = []  # internal to workbench.calcgraph
 
 CALL_PREFIX = "calcgraph.call#"
+_CLONE = torch.ops.aten.clone.default
 
 
 # NOTE: the CUDA caching allocator hands out blocks in multiples of 512 bytes: on CUDA each planned
@@ -97,6 +98,8 @@ class _Tracker(LiveStorageMode):
         self.profiled = False  # mark each op call for torch.profiler (calibration runs)
         self.call_marks: dict[str, int] = {}
         self.fake = False  # traced under fake tensors (a plan), not for real (calibration)
+        self._source: int | None = None  # the allocation a running `clone` copies
+        self.sources: dict[int, int] = {}  # under fake tensors, each clone's allocation -> the one it copies
 
     def _counts(self, tensor: torch.Tensor) -> bool:
         # NOTE: a CUDA program's plan is the GPU's memory: host tensors it makes (AdamW's step counters, which torch
@@ -109,6 +112,8 @@ class _Tracker(LiveStorageMode):
             _refuse_unplannable(op)
             _refuse_mixed_matmul(op, args)
             op, real = with_known_values(op, args, kwargs)
+            if op is _CLONE:
+                self._source = self.live.get(args[0].untyped_storage()._cdata)
         else:
             real = False
         with unset_fake_temporarily() if real else contextlib.nullcontext():
@@ -117,6 +122,7 @@ class _Tracker(LiveStorageMode):
                     out = super()._counted(op, args, kwargs)
             else:
                 out = super()._counted(op, args, kwargs)
+        self._source = None
         self.calls.append((op.__name__, len(self.events)))
         if self.fake:
             self.keys.append(_call_key(op, args))
@@ -135,6 +141,8 @@ class _Tracker(LiveStorageMode):
         self.sizes.append(nbytes)
         self.info.append({"op": op, "module": self._modules[-1], "phase": self._phase, "call": len(self.calls),
                           "zone": None, "kind": None, "name": None})
+        if self._source is not None:
+            self.sources[idx] = self._source
         self.live[key] = idx
         self.events.append(idx)
 
@@ -200,6 +208,7 @@ class _Trace:
     calls: list[tuple[str, int]] = field(repr=False, default_factory=list)
     call_marks: dict[str, int] = field(repr=False, default_factory=dict)
     keys: list[tuple] = field(repr=False, default_factory=list)  # each call's `_call_key` (traces under fake tensors)
+    sources: dict[int, int] = field(repr=False, default_factory=dict)  # a clone's allocation -> the one it copied
 
 
 def _call_key(op, args: tuple) -> tuple:
@@ -279,4 +288,4 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
     signature = tuple((e, tracker.info[e]["op"]) if e >= 0 else (e, "free") for e in events)
     return _Trace(np.asarray(tracker.sizes, dtype=np.int64), tracker.info,
                   np.asarray(events, dtype=np.int64), tracker.marks, tracker.spec, signature,
-                  tracker.calls, tracker.call_marks, tracker.keys)
+                  tracker.calls, tracker.call_marks, tracker.keys, tracker.sources)
