@@ -3,7 +3,8 @@
 The format against its derived error bound (random and special values, every group length); the optimizers
 with int8 moments against fp32 moments and torch.optim.AdamW on a small MLP over several seeds; fused equals
 unfused, step_in_backward equals step, state dicts round-trip, bytes per parameter by ``measure.state_bytes``;
-the backends that do not take int8 moments refuse or run the eager update, never misread the codes.
+the C++ CPU kernel against the eager step bit for bit (every byte-plane format, master rounding and algorithm,
+short last groups, random bytes, gradient segments read in place); FSDP2 parameters refused.
 """
 
 import io
@@ -11,13 +12,18 @@ import math
 
 import pytest
 import torch
+from kernel_cases import BF16, FORMATS, KEY, MATHS, NO_PLANES, assert_same_bits, coef_for, fmt_id, inputs
 from torch import nn
 
 from workbench.measure import state_bytes
-from workbench.optim import PackedAdam, PackedAdamW, PackedSGD, step_in_backward
+from workbench.optim import PackedAdam, PackedAdamW, PackedSGD, cpu_kernel, step_in_backward
+from workbench.optim.formats import storage_bits
+from workbench.optim.kernel_args import GradSegments
 from workbench.optim.quantized import (
-    GROUP, KINDS, LEVELS, code_dtype, dequantize, quantize, scale_key, scales_for,
+    GROUP, KINDS, LEVELS, code_dtype, dequantize, kind_of, new_quantized, quantize, scale_key, scales_for,
+    stored_keys,
 )
+from workbench.optim.update import adam_math, chunked_update
 
 INT8 = torch.int8
 
@@ -216,9 +222,12 @@ def test_fused_and_step_in_backward_give_the_unfused_step_bit_for_bit(name):
         opt = MAKERS[name](model.parameters(), fused=fused)
         _train(model, opt, 0, 5, in_backward=in_backward)
         results.append(_bits_of(model, opt))
-        assert opt.step_backend(per_parameter=in_backward) == "eager"
+    model = _mlp(0)
+    eager = MAKERS[name](model.parameters(), compile=False)
+    _train(model, eager, 0, 5)
     _same(results[0], results[1])
     _same(results[0], results[2])
+    _same(results[0], _bits_of(model, eager))
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -283,14 +292,132 @@ def test_bytes_per_parameter(fused):
     assert counted["gradients"] == 0
 
 
-def test_backends_that_cannot_take_int8_moments_refuse_or_run_the_eager_update():
-    model = _mlp(0)
-    with pytest.raises(RuntimeError, match="compile=True with state_dtype=torch.int8.*compile=None or False"):
-        opt = MAKERS["adamw"](model.parameters(), fused=True, compile=True)
-        _train(model, opt, 0, 1)
-    for fused in (False, True):  # the hand-written kernels (C++ on CPU, Triton on CUDA) are not selected
+def test_the_backends_each_step_runs():
+    """Per parameter and fused: the C++ kernel where it builds, else the eager / compiled update (the Triton
+    kernel does not take 8-bit moments: ``triton_kernel.triton_step`` declines them)."""
+    want = "cpu_kernel" if cpu_kernel.available() else None
+    for fused in (False, True):
         opt = MAKERS["adamw"](_mlp(0).parameters(), fused=fused)
-        assert opt.step_backend() == "eager" and opt.step_backend(per_parameter=True) == "eager"
+        assert opt.step_backend(per_parameter=True) == (want or "eager")
+        assert opt.step_backend() == (want or ("compiled" if fused else "eager"))
+
+
+# ------------------------------------------------------------------ the C++ kernel against the eager step
+def _moments(n, kinds, g, *, garbage=False):
+    """(codes, scales) pairs: random moments quantized, with special values mixed in (or random bytes)."""
+    out = []
+    for kind in kinds:
+        st = new_quantized(n, "exp_avg_sq" if kind == "square" else "exp_avg", "cpu")
+        codes, scales = st.values()
+        if garbage:
+            codes.view(torch.uint8).copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g))
+            scales.view(torch.int16).copy_(torch.randint(-(2**15), 2**15, (scales.numel(),), generator=g))
+        else:
+            x = torch.randn(n, generator=g) * 10.0 ** torch.randint(-12, 2, (n,), generator=g).float()
+            x[torch.randint(0, n, (n // 16,), generator=g)] = torch.tensor([0.0, math.inf, math.nan, 1e-40, 3e38])[
+                torch.randint(0, 5, (n // 16,), generator=g)]
+            quantize(x.abs() if kind == "square" else x, codes, scales, kind)
+        out += [codes, scales]
+    return out
+
+
+def _kernel_compare(n, fmt, master_rounding, math_fn, options, *, steps=3, garbage=False, seed=0):
+    dtype, k, sr = fmt
+    g = torch.Generator().manual_seed(seed)
+    kinds = ("signed", "square") if math_fn is adam_math else ("signed",) * int(options["momentum"])
+    half, grad, planes, _ = inputs(n, dtype, k, sr, torch.float32, 0, g, garbage=garbage)
+    states = _moments(n, kinds, g, garbage=garbage)
+    static = dict(math_fn=math_fn, extra_bits=k, stochastic_rounding=sr, master_rounding=master_rounding,
+                  options=options, quantized=kinds)
+    bits = storage_bits(k, sr)
+    runs = [[half.clone(), [p.clone() for p in planes], [t.clone() for t in states]] for _ in range(2)]
+    for step in range(steps):
+        coef = coef_for(math_fn, step=(1, 1000, 3)[step % 3])
+        for run, fn in zip(runs, ("eager", "kernel"), strict=True):
+            extra = run[1] if bits else torch.zeros(0, dtype=torch.int32)
+            if fn == "eager":
+                chunked_update(run[0], grad, extra, run[2], coef, KEY + step, bits=bits, **static)
+            else:
+                cpu_kernel.packed_update_cpu(run[0], grad, extra, run[2], coef, KEY + step, **static)
+    assert_same_bits([runs[0][0], *runs[0][1], *runs[0][2]], [runs[1][0], *runs[1][1], *runs[1][2]])
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    if not cpu_kernel.available():
+        pytest.skip(f"the C++ kernel could not be built here: {cpu_kernel._STATE['error']}")
+
+
+ADAMW = MATHS[0]
+
+
+@pytest.mark.parametrize("fmt", FORMATS + NO_PLANES, ids=fmt_id)
+def test_the_cpu_kernel_equals_the_eager_step(kernel, fmt):
+    for master_rounding in ("truncate", "stochastic") + (() if fmt[2] else ("nearest",)):
+        for math_fn, options in MATHS if fmt == (BF16, 8, False) else [ADAMW]:
+            _kernel_compare(4133, fmt, master_rounding, math_fn, options)  # a short last group of 5 values
+
+
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 100_003])
+def test_the_cpu_kernel_equals_the_eager_step_on_random_bytes_and_every_length(kernel, n):
+    for math_fn, options in MATHS[:3]:
+        _kernel_compare(n, (BF16, 8, False), "truncate", math_fn, options, garbage=True, seed=n)
+        _kernel_compare(n, (BF16, 8, False), "nearest", math_fn, options, seed=n + 1)
+
+
+def test_the_cpu_kernel_reads_gradient_segments_in_place(kernel):
+    """A fused group: segments on group bounds, gradients read where autograd left them, two threads."""
+    g = torch.Generator().manual_seed(7)
+    sizes, offsets, at = (70, 32, 1000, 5), [], 0
+    for size in sizes:
+        offsets.append(at)
+        at += (size + 31) // 32 * 32
+    half, flat_grad, planes, _ = inputs(at, BF16, 8, False, torch.float32, 0, g)
+    grads = tuple(flat_grad[o : o + size].clone() for o, size in zip(offsets, sizes, strict=True))
+    for o, size in zip(offsets, sizes, strict=True):
+        flat_grad[o + size : o + (size + 31) // 32 * 32] = 0  # padding: a zero gradient, as a fused group has
+        half[o + size : o + (size + 31) // 32 * 32] = 0
+    states = _moments(at, ("signed", "square"), g)
+    for o, size in zip(offsets, sizes, strict=True):  # a fused group's padding holds zero moments
+        pad = slice(o + size, o + (size + 31) // 32 * 32)
+        states[0][pad], states[2][pad] = 0, 0
+        quantize(dequantize(states[0], states[1], "signed"), states[0], states[1], "signed")
+        quantize(dequantize(states[2], states[3], "square"), states[2], states[3], "square")
+    static = dict(math_fn=adam_math, extra_bits=8, stochastic_rounding=False, master_rounding="truncate",
+                  options=ADAMW[1], quantized=("signed", "square"))
+    eager = [half.clone(), [p.clone() for p in planes], [t.clone() for t in states]]
+    kern = [half.clone(), [p.clone() for p in planes], [t.clone() for t in states]]
+    chunked_update(eager[0], flat_grad, eager[1], eager[2], coef_for(adam_math), None, bits=8, **static)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        cpu_kernel.packed_update_cpu(kern[0], GradSegments(tuple(offsets), grads, None), kern[1], kern[2],
+                                     coef_for(adam_math), None, **static)
+    finally:
+        torch.set_num_threads(threads)
+    keep = torch.zeros(at, dtype=torch.bool)
+    for o, size in zip(offsets, sizes, strict=True):
+        keep[o : o + size] = True
+    assert torch.equal(eager[0][keep].view(torch.int16), kern[0][keep].view(torch.int16))
+    assert torch.equal(eager[1][0][keep], kern[1][0][keep])
+    assert torch.equal(eager[2][0][keep], kern[2][0][keep]) and torch.equal(eager[2][2][keep], kern[2][2][keep])
+    assert torch.equal(eager[2][1].view(torch.int16), kern[2][1].view(torch.int16))
+
+
+def test_the_cpu_kernel_refuses_misplaced_segments_and_wrong_codes():
+    n = 64
+    half = torch.zeros(n, dtype=BF16)
+    planes = [torch.zeros(n, dtype=torch.uint8)]
+    good = [t for k in ("exp_avg", "exp_avg_sq") for t in new_quantized(n, k, "cpu").values()]
+    static = dict(math_fn=adam_math, extra_bits=8, stochastic_rounding=False, master_rounding="truncate",
+                  options=ADAMW[1], quantized=("signed", "square"))
+    segments = GradSegments((0, 40), (torch.zeros(8, dtype=BF16), torch.zeros(8, dtype=BF16)), None)
+    assert "groups of 32" in cpu_kernel.unsupported_reason(half, segments, planes, good, coef_for(adam_math),
+                                                           **static)
+    swapped = [good[2], good[1], good[0], good[3]]
+    assert "8-bit state 0" in cpu_kernel.unsupported_reason(half, half, planes, swapped, coef_for(adam_math),
+                                                            **static)
+    assert kind_of("exp_avg_sq") == "square" and stored_keys(["exp_avg"]) == ["exp_avg", "exp_avg_scale"]
 
 
 def _sharded_refusal(rank, world):
@@ -313,3 +440,35 @@ def test_int8_moments_are_refused_for_dtensor_parameters():
     (message,) = run_on_ranks(_sharded_refusal, 1, timeout=120)
     assert message is not None and "DTensor (FSDP2) and state_dtype=torch.int8" in message
     assert "use state_dtype=torch.bfloat16" in message
+
+
+def _linear(x, levels):
+    """The alternative the NOTE in ``quantized`` measured against: codes linear in x / s (same groups, scales)."""
+    rows = nn.functional.pad(x, (0, (-x.numel()) % GROUP)).view(-1, GROUP)
+    s = rows.abs().amax(1, keepdim=True).to(torch.bfloat16).float()
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    return (torch.round(rows / safe * levels).clamp(-levels, levels) * safe / levels).flatten()[: x.numel()]
+
+
+def test_companding_choice():
+    """Re-measures the choice recorded in ``workbench.optim.quantized``'s NOTE on AdamW moments of a trained MLP:
+    sqrt companding of the first moment has a smaller worst update error than linear codes, and the second
+    moment's v**(1/4) codes read no v > 0 back as zero where sqrt(v) linear codes do, or err less."""
+    model = _mlp(0, torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    _train(model, opt, 0, 50)
+    m = torch.cat([opt.state[p]["exp_avg"].flatten() for p in model.parameters()])
+    v = torch.cat([opt.state[p]["exp_avg_sq"].flatten() for p in model.parameters()])
+    bc1, bc2 = 1 - 0.9**50, 1 - 0.999**50
+
+    def worst(mq, vq):
+        u, uq = (m / bc1) / ((v / bc2).sqrt() + 1e-8), (mq / bc1) / ((vq / bc2).sqrt() + 1e-8)
+        return ((uq - u).abs().max() / u.pow(2).mean().sqrt()).item()
+
+    ours_m = worst(_round_trip(m, "signed")[2], v)
+    linear_m = worst(_linear(m, 127), v)
+    assert ours_m < linear_m
+    ours_v = _round_trip(v, "square")[2]
+    linear_v = _linear(v.sqrt(), 255) ** 2
+    assert not ((ours_v == 0) & (v > 0)).any()
+    assert ((linear_v == 0) & (v > 0)).any() or worst(m, ours_v) < worst(m, linear_v)

@@ -6,7 +6,8 @@ group's parameters as one stream of values (the "Fused" optimizers, 8 and 16 ext
 
 The kernel (``csrc/packed_step.cpp``) runs :func:`workbench.optim.update.packed_update` for byte-plane
 formats (8 or 16 stored bits: bf16+8, bf16+16, fp16+8, and bf16+7 / bf16+15 / fp16+7 with stochastic
-rounding; and bf16+0 / fp16+0, no stored bits), Adam(W) or SGD, fp32 or bf16 states, truncated or
+rounding; and bf16+0 / fp16+0, no stored bits), Adam(W) or SGD, fp32, bf16 or 8-bit states (``quantized``, in
+groups of 32: ``csrc/packed_int8.h``), truncated or
 stochastic master rounding, in one vectorised loop (``at::vec::Vectorized``, AVX512 or AVX2) split over threads with
 ``at::parallel_for``, each stream prefetched ahead; on AVX512 CPUs that have them, byte permutes (VBMI)
 assemble and split the bf16 master values and vcvtneps2bf16 (BF16) stores bf16 moments.
@@ -224,10 +225,10 @@ def _static_reason(math_fn: Callable, options: dict[str, Any], scaled: bool) -> 
 
 
 def _tensor_checks(math_fn: Callable, extra_bits: int, stochastic_rounding: bool, master_rounding: str,
-                   options: dict[str, Any]) -> dict[str, Any]:
+                   options: dict[str, Any], quantized: tuple[str, ...] = ()) -> dict[str, Any]:
     """``kernel_args.flat_args_reason``'s keywords for an update the kernel takes by its keywords."""
     return dict(device_type="cpu", extra_bits=extra_bits, stochastic_rounding=stochastic_rounding,
-                master_rounding=master_rounding,
+                master_rounding=master_rounding, quantized=quantized,
                 n_states=2 if math_fn is adam_math else int(bool(options.get("momentum"))),
                 n_coef=9 if math_fn is adam_math else 4, planes=(0, 1, 2))
 
@@ -235,7 +236,7 @@ def _tensor_checks(math_fn: Callable, extra_bits: int, stochastic_rounding: bool
 def unsupported_reason(
     half: torch.Tensor, grad: torch.Tensor, extra: Any, states: Sequence[torch.Tensor], coef: torch.Tensor, *,
     math_fn: Callable, extra_bits: int, stochastic_rounding: bool, master_rounding: str = "truncate",
-    options: dict[str, Any], scaled: bool = False,
+    options: dict[str, Any], scaled: bool = False, quantized: tuple[str, ...] = (),
 ) -> str | None:
     """Why the kernel cannot run this update (None when it can); checks the arguments, builds nothing.
 
@@ -245,7 +246,7 @@ def unsupported_reason(
     """
     return _static_reason(math_fn, options, scaled) or flat_args_reason(
         half, grad, extra, states, coef,
-        **_tensor_checks(math_fn, extra_bits, stochastic_rounding, master_rounding, options))
+        **_tensor_checks(math_fn, extra_bits, stochastic_rounding, master_rounding, options, quantized))
 
 
 def supports(half, grad, extra, states, coef, **static) -> bool:
@@ -257,7 +258,7 @@ def packed_update_cpu(
     half: torch.Tensor, grad: torch.Tensor, extra: Sequence[torch.Tensor] | torch.Tensor,
     states: Sequence[torch.Tensor], coef: torch.Tensor, key: torch.Tensor | int | None, *, math_fn: Callable,
     extra_bits: int, stochastic_rounding: bool, master_rounding: str = "truncate", options: dict[str, Any],
-    scaled: bool = False, offset: int = 0,
+    scaled: bool = False, quantized: tuple[str, ...] = (), offset: int = 0,
 ) -> None:
     """:func:`workbench.optim.update.packed_update` (same arguments, same bits) run by the C++ kernel.
 
@@ -266,7 +267,7 @@ def packed_update_cpu(
     kernel is not available.
     """
     static = dict(math_fn=math_fn, extra_bits=extra_bits, stochastic_rounding=stochastic_rounding,
-                  master_rounding=master_rounding, options=options)
+                  master_rounding=master_rounding, options=options, quantized=quantized)
     reason = unsupported_reason(half, grad, extra, states, coef, scaled=scaled, **static)
     if reason is not None:
         raise ValueError(f"the CPU packed-step kernel does not take this update: {reason}")
@@ -276,7 +277,7 @@ def packed_update_cpu(
 
 
 def _kernel_args(math_fn: Callable, extra_bits: int, stochastic_rounding: bool, master_rounding: str,
-                 options: dict[str, Any], scaled: bool = False) -> tuple:
+                 options: dict[str, Any], scaled: bool = False, quantized: tuple[str, ...] = ()) -> tuple:
     """What the kernel call takes from the keywords: (stored bits, needs a key, the op's trailing arguments)."""
     math = (0 if options.get("decoupled", False) else 1) if math_fn is adam_math else 2  # AdamW, Adam, SGD
     master = ("truncate", "stochastic", "nearest").index(master_rounding)  # the op's int

@@ -12,8 +12,8 @@ Unlike the paper's fused kernels (8 and 16 extra bits only), every width is supp
 
 Which code runs an update is chosen in one place, :func:`select_step`: ``fused=True`` asks for the
 fastest step available on the device (the hand-written Triton kernel on CUDA, every format; the
-hand-written C++ kernel on CPU, byte-plane formats; else the ``torch.compile``d update, with the eager
-update as fallback where compile is unavailable); ``STEP_BACKENDS`` lists the candidates, fastest first.
+hand-written C++ kernel on CPU, byte-plane formats, 8-bit moments too; else the ``torch.compile``d update, with
+the eager update as fallback where compile is unavailable); ``STEP_BACKENDS`` lists the candidates, fastest first.
 The per-parameter step (unfused groups, ``step_in_backward``) runs the same hand-written kernels on one
 parameter, which allocate nothing, else the eager update in bounded chunks.
 """
@@ -196,14 +196,6 @@ def select_step(device: torch.device, spec: StepSpec, *, fused: bool, compile: b
     device = torch.device(device)
     eager = eager_step(device, spec)
     if compile is False:
-        return "eager", eager
-    if spec.state_dtype == torch.int8:
-        # NOTE: 8-bit moments (``quantized``) run the eager update on every device for now: the hand-written
-        # kernels read fp32/bf16 states and would misread codes, and the compiled update is not yet proven
-        # bit-identical to the eager one for them.
-        if compile is True:
-            raise RuntimeError("compile=True with state_dtype=torch.int8: 8-bit moments run the eager update only "
-                               "(not yet compiled or in the hand-written kernels); use compile=None or False")
         return "eager", eager
     if compile is None and not fused:
         # NOTE: one call per parameter: the hand-written kernels have no temporaries and no per-shape

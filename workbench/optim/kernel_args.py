@@ -80,14 +80,16 @@ def _flat_ok(t: Any, dtype: torch.dtype, n: int, device: torch.device) -> bool:
 def flat_args_reason(
     half: torch.Tensor, grad: torch.Tensor, extra: Any, states: Sequence[torch.Tensor], coef: torch.Tensor, *,
     device_type: str, extra_bits: int, stochastic_rounding: bool, master_rounding: str, n_states: int, n_coef: int,
-    planes: tuple[int, ...] = (1, 2), words: bool = False,
+    planes: tuple[int, ...] = (1, 2), words: bool = False, quantized: tuple[str, ...] = (),
 ) -> str | None:
     """Why a kernel on ``device_type`` cannot take these flat tensors (None when it can).
 
     ``half``/``grad``: contiguous bf16/fp16 of one size (or ``grad`` as :class:`GradSegments`); ``extra``: as
     many uint8 byte planes as one of ``planes`` allows (or their 2-D tensor; with 0 planes, k = 0, the empty
     extra storage), or with ``words`` the ``packed_words(n, bits)`` contiguous int32 words of any width;
-    ``n_states`` fp32 or bf16 states; ``coef``: ``n_coef`` fp32 values; all on one device.
+    ``n_states`` fp32 or bf16 states (``quantized``: a pair of 8-bit codes and bf16 scales per kind listed,
+    ``workbench.optim.quantized``, gradient segments on group bounds); ``coef``: ``n_coef`` fp32 values; all on
+    one device.
     """
     if not torch.is_tensor(half) or half.device.type != device_type or half.dtype not in FORMATS:
         return f"half must be a bf16/fp16 {device_type.upper()} tensor"
@@ -113,6 +115,9 @@ def flat_args_reason(
             return f"{bits} stored bits: the kernel takes {takes}{' or dense int32 words' if words else ''} only"
         if not all(_flat_ok(p, torch.uint8, n, device) for p in extra):
             return "byte planes must be contiguous uint8 tensors of the parameters' size on their device"
+    if quantized:
+        return _quantized_reason(half, grad, states, quantized, n_states) or (
+            None if _flat_ok(coef, torch.float32, n_coef, device) else f"coef must be {n_coef} contiguous fp32 values")
     if len(states) != n_states:
         return f"expected {n_states} state tensors, got {len(states)}"
     if states and (states[0].dtype not in (torch.float32, torch.bfloat16)
@@ -120,4 +125,21 @@ def flat_args_reason(
         return "states must be contiguous fp32 or bf16 tensors of one dtype and the parameters' size"
     if not _flat_ok(coef, torch.float32, n_coef, device):
         return f"coef must be a contiguous fp32 tensor of {n_coef} values on the parameters' device"
+    return None
+
+
+def _quantized_reason(half: torch.Tensor, grad: Any, states: Sequence[torch.Tensor], kinds: tuple[str, ...],
+                      n_states: int) -> str | None:
+    """Why these (codes, scales) pairs of 8-bit moments cannot go to a kernel (None when they can)."""
+    from workbench.optim.quantized import GROUP, code_dtype, scales_for
+
+    n, device = half.numel(), half.device
+    if len(kinds) != n_states or len(states) != 2 * n_states:
+        return f"expected {n_states} pairs of 8-bit codes and scales, got {len(states)} tensors for kinds {kinds}"
+    for i, kind in enumerate(kinds):
+        if not (_flat_ok(states[2 * i], code_dtype(kind), n, device)
+                and _flat_ok(states[2 * i + 1], torch.bfloat16, scales_for(n), device)):
+            return f"8-bit state {i} ({kind}) must be contiguous {code_dtype(kind)} codes and bf16 scales"
+    if isinstance(grad, GradSegments) and any(at % GROUP for at in grad.offsets):
+        return f"8-bit moments: gradient segments must start on groups of {GROUP} values"
     return None

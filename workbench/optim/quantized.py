@@ -9,7 +9,10 @@ A moment is held as codes (one byte per value, along the parameter in its memory
 group of 32 consecutive values (the last group of a parameter may be shorter; it is quantized as if padded
 with zeros). The scale ``s`` is the group's largest magnitude rounded to the nearest bf16 value; codes are
 computed against it (and clipped to the code range, which a value at most 2**-8 above ``s`` cannot leave by
-more than rounding). A step dequantizes a chunk to fp32, runs the ordinary fp32 update and requantizes what it keeps.
+more than rounding). A step dequantizes a chunk to fp32, runs the ordinary fp32 update and requantizes what it
+keeps: eagerly (``update.packed_update``), ``torch.compile``d, or in the C++ CPU kernel (``csrc/packed_int8.h``),
+all bit for bit the same; the Triton kernel does not take them yet (on CUDA: the compiled or the eager update).
+The error bound, derived in ``tests/optim/test_int8_moments.py``: ``|x' - x| <= sqrt(|x| s) / L + s / (4 L**2)``.
 
 - ``"signed"`` (first moment, SGD momentum; int8 codes -127..127): sqrt companding,
   ``c = sign(x) * round(sqrt(|x| / s * 127**2))``, read back as ``x' = c * |c| * (s / 127**2)``.
@@ -86,17 +89,37 @@ def new_quantized(n: int, key: str, device: torch.device) -> dict[str, torch.Ten
             scale_key(key): torch.zeros(scales_for(n), dtype=torch.bfloat16, device=device)}
 
 
-def _groups(x: torch.Tensor) -> torch.Tensor:
-    """1-D ``x`` as (groups, 32), zero-padded at the end."""
-    pad = (-x.numel()) % GROUP
-    if pad:
-        x = torch.nn.functional.pad(x, (0, pad))
-    return x.view(-1, GROUP)
-
-
 def _sqrt(x: torch.Tensor) -> torch.Tensor:
-    # correctly rounded fp32 square root (eager CPU fp32 sqrt is not always; see ``update._sqrt``)
+    # correctly rounded fp32 square root on both paths (eager CPU fp32 sqrt is not always; see ``update._sqrt``;
+    # compiled, the float64 detour would be fused away and the rounding to a code would see the float64 root)
+    if torch.compiler.is_compiling():
+        return x.sqrt()
     return x.double().sqrt().float()
+
+
+def _round_bf16(a: torch.Tensor) -> torch.Tensor:
+    """fp32 ``a`` >= 0 rounded to the nearest bf16 value, ties to even (as fp32; NaN stays NaN, overflow is inf).
+
+    # NOTE: in integer arithmetic, as ``.to(torch.bfloat16).float()`` computes it: inductor drops that round trip
+    # (the compiled step would compute codes against the unrounded scale and store the rounded one).
+    """
+    bits = a.view(torch.int32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).view(torch.float32)
+    return torch.where(a.isnan(), a, rounded)
+
+
+def _parts(n: int) -> list[tuple[int, int]]:
+    """(start, end) of the full groups of ``n`` values and of the short last group, each as a 2-D view's rows.
+
+    # NOTE: the short group is viewed as one row of its own length rather than zero-padded to 32: the same
+    # values (zeros change no maximum), and torch.compile (2.13, CPU) dropped the padded row's stores when a
+    # padded reduction was sliced back and copied out."""
+    full = n // GROUP * GROUP
+    return [(a, b) for a, b in ((0, full), (full, n)) if b > a]
+
+
+def _rows(x: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    return x[a:b].view(-1, GROUP) if (b - a) % GROUP == 0 else x[a:b].view(1, -1)
 
 
 def quantize(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, kind: str) -> None:
@@ -105,26 +128,29 @@ def quantize(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, kind: s
     ``codes`` has ``x.numel()`` values, ``scales`` one per group of 32 (``scales_for``)."""
     levels = LEVELS[kind]
     x = x.float()
-    g = _groups(_sqrt(x) if kind == "square" else x)
-    mag = g.abs()
-    s = mag.amax(dim=1, keepdim=True).to(torch.bfloat16).float()  # rounded to nearest: |x| / s <= 1 + 2**-8
-    t = mag / torch.where(s > 0, s, torch.ones_like(s))  # NaN for a NaN scale
-    c = torch.round(_sqrt(t * float(levels * levels))).clamp_(max=levels).nan_to_num_(0.0)
-    if kind == "signed":
-        c = torch.where(g < 0, -c, c)
-    codes.copy_(c.view(-1)[: codes.numel()])
-    scales.copy_(s.view(-1))
+    y = _sqrt(x) if kind == "square" else x
+    for a, b in _parts(x.numel()):
+        g = _rows(y, a, b)
+        mag = g.abs()
+        s = _round_bf16(mag.amax(dim=1, keepdim=True))  # |x| / s <= 1 + 2**-8
+        t = mag / torch.where(s > 0, s, torch.ones_like(s))  # a zero or NaN scale divides by 1
+        c = torch.round(_sqrt(t * float(levels * levels))).clamp_(max=levels).nan_to_num_(0.0)
+        if kind == "signed":
+            c = torch.where(g < 0, -c, c)
+        _rows(codes, a, b).copy_(c)
+        scales[a // GROUP : scales_for(b)].copy_(s.view(-1))
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, kind: str) -> torch.Tensor:
     """The fp32 values ``codes`` and ``scales`` hold (for ``"square"``: the second moment v)."""
     levels = LEVELS[kind]
-    c = _groups(codes.float())
-    step = scales.float().view(-1, 1) / float(levels * levels)  # one rounding per group
-    x = (c * c.abs()) * step
-    if kind == "square":
-        x = x * x
-    return x.view(-1)[: codes.numel()]
+    parts = []
+    for a, b in _parts(codes.numel()):
+        c = _rows(codes, a, b).float()
+        step = scales[a // GROUP : scales_for(b)].float().view(-1, 1) / float(levels * levels)  # once per group
+        x = (c * c.abs()) * step
+        parts.append((x * x if kind == "square" else x).view(-1))
+    return parts[0] if len(parts) == 1 else torch.cat(parts) if parts else codes.float()
 
 
 def dequantize_states(states: list[torch.Tensor], kinds: tuple[str, ...]) -> list[torch.Tensor]:

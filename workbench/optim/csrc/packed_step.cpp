@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "packed_int8.h"
 #include "packed_vec.h"
 
 namespace {
@@ -268,12 +269,22 @@ struct Kernel {
     }
   }
 
-  static void run(const Step& s, int64_t n) {
+  // q: 8-bit moments (packed_int8.h), nq of them, stepped in groups of 32 by this fp32-state kernel's block
+  static void run(const Step& s, int64_t n, const Quantized* q = nullptr, int nq = 0) {
     fvec c[9];
     for (int j = 0; j < 9; j++) c[j] = fvec(s.c[j]);
     const float c5f = s.c[5];
     const DivideByConstant c5{fvec(c5f), fvec(1.0f / c5f)};
     const bool exact = !WB_DIVIDE_PLAIN && std::isnormal(c5f) && c5f > 0.0f && c5f <= 1.0f;
+    if constexpr (!kBf16State) {  // 8-bit moments are stepped as fp32 states
+      if (q != nullptr) {
+        at::parallel_for(0, (n + kGroup - 1) / kGroup, 32768 / kGroup, [&](int64_t g0, int64_t g1) {
+          exact ? quantized_range<Kernel, true>(s, *q, nq, n, g0, g1, c, c5)
+                : quantized_range<Kernel, false>(s, *q, nq, n, g0, g1, c, c5);
+        });
+        return;
+      }
+    }
     const int64_t blocks = (n + kLanes - 1) / kLanes;
     // NOTE: at least 32768 values per task (ATen's grain size): a small group runs on one thread.
     at::parallel_for(0, blocks, 32768 / kLanes, [&](int64_t b0, int64_t b1) {
@@ -282,30 +293,32 @@ struct Kernel {
   }
 };
 
+// q (8-bit moments, nq of them; else nullptr) runs the fp32-state kernel (bf16_state false) group by group
 template <bool kFp16, int kPlanes, bool kSR, int kMaster, bool kBf16State>
-void dispatch_math(const Step& s, int64_t n, int64_t math) {
-  if (math == kAdamW) Kernel<kFp16, kPlanes, kSR, kMaster, kBf16State, kAdamW>::run(s, n);
-  else if (math == kAdam) Kernel<kFp16, kPlanes, kSR, kMaster, kBf16State, kAdam>::run(s, n);
-  else Kernel<kFp16, kPlanes, kSR, kMaster, kBf16State, kSgd>::run(s, n);
+void dispatch_math(const Step& s, int64_t n, int64_t math, const Quantized* q, int nq) {
+  if (math == kAdamW) Kernel<kFp16, kPlanes, kSR, kMaster, kBf16State, kAdamW>::run(s, n, q, nq);
+  else if (math == kAdam) Kernel<kFp16, kPlanes, kSR, kMaster, kBf16State, kAdam>::run(s, n, q, nq);
+  else Kernel<kFp16, kPlanes, kSR, kMaster, kBf16State, kSgd>::run(s, n, q, nq);
 }
 
 template <bool kFp16, int kPlanes, bool kSR>
-void dispatch_format(const Step& s, int64_t n, int64_t math, int64_t master, bool bf16_state) {
+void dispatch_format(const Step& s, int64_t n, int64_t math, int64_t master, bool bf16_state, const Quantized* q,
+                     int nq) {
   // with all 16 bits kept (bf16+16) stochastic master rounding has nothing to round: truncate's instantiation
   constexpr bool kHasDropped = 8 * kPlanes - (kSR ? 1 : 0) < (kFp16 ? 13 : 16);
   if constexpr (!kSR) {
     if (master == 2) {
-      bf16_state ? dispatch_math<kFp16, kPlanes, kSR, 2, true>(s, n, math)
-                 : dispatch_math<kFp16, kPlanes, kSR, 2, false>(s, n, math);
+      bf16_state ? dispatch_math<kFp16, kPlanes, kSR, 2, true>(s, n, math, q, nq)
+                 : dispatch_math<kFp16, kPlanes, kSR, 2, false>(s, n, math, q, nq);
       return;
     }
   }
   if (kHasDropped && master == 1) {
-    bf16_state ? dispatch_math<kFp16, kPlanes, kSR, kHasDropped ? 1 : 0, true>(s, n, math)
-               : dispatch_math<kFp16, kPlanes, kSR, kHasDropped ? 1 : 0, false>(s, n, math);
+    bf16_state ? dispatch_math<kFp16, kPlanes, kSR, kHasDropped ? 1 : 0, true>(s, n, math, q, nq)
+               : dispatch_math<kFp16, kPlanes, kSR, kHasDropped ? 1 : 0, false>(s, n, math, q, nq);
   } else {
-    bf16_state ? dispatch_math<kFp16, kPlanes, kSR, 0, true>(s, n, math)
-               : dispatch_math<kFp16, kPlanes, kSR, 0, false>(s, n, math);
+    bf16_state ? dispatch_math<kFp16, kPlanes, kSR, 0, true>(s, n, math, q, nq)
+               : dispatch_math<kFp16, kPlanes, kSR, 0, false>(s, n, math, q, nq);
   }
 }
 
@@ -347,11 +360,31 @@ void packed_step(const at::Tensor& half, at::TensorList grads, at::IntArrayRef s
   TORCH_CHECK(master_rounding >= 0 && master_rounding <= 2 && !(master_rounding == 2 && stochastic_rounding),
               "master_rounding=", master_rounding, ": 0 (truncate), 1 (stochastic) or 2 (nearest, not with stochastic "
               "rounding)");
-  const int64_t nstates = static_cast<int64_t>(states.size());
+  int64_t nstates = static_cast<int64_t>(states.size());
   const int64_t want = math == kSgd ? (momentum ? 1 : 0) : 2;
-  TORCH_CHECK(nstates == want, "expected ", want, " state tensors, got ", nstates);
+  // 8-bit moments: (codes, bf16 scales) per state, codes int8 (first moment, momentum) or uint8 (second moment)
+  const bool quantized = nstates > 0 && (states[0].scalar_type() == at::kChar || states[0].scalar_type() == at::kByte);
+  Quantized q{};
+  if (quantized) {
+    TORCH_CHECK(nstates == 2 * want, "expected ", want, " pairs of 8-bit codes and scales, got ", nstates, " tensors");
+    for (int64_t m = 0; m < want; m++) {
+      const auto kind = states[2 * m].scalar_type();
+      TORCH_CHECK(kind == (math != kSgd && m == 1 ? at::kByte : at::kChar), "8-bit state ", m, " has codes of ", kind);
+      check_flat(states[2 * m], "codes", kind, n);
+      check_flat(states[2 * m + 1], "scales", at::kBFloat16, (n + kGroup - 1) / kGroup);
+      q.kind[m] = kind == at::kByte ? 1 : 0;
+    }
+    for (size_t i = 0; i < grads.size(); i++) {
+      TORCH_CHECK(seg_offsets[i] % kGroup == 0, "8-bit moments: segment ", i, " starts at ", seg_offsets[i],
+                  ", not on a group of ", kGroup);
+    }
+    nstates = 0;
+  }
+  TORCH_CHECK(quantized || nstates == want, "expected ", want, " state tensors, got ", nstates);
   const bool bf16_state = nstates > 0 && states[0].scalar_type() == at::kBFloat16;
-  for (const auto& t : states) check_flat(t, "state", bf16_state ? at::kBFloat16 : at::kFloat, n);
+  if (!quantized) {
+    for (const auto& t : states) check_flat(t, "state", bf16_state ? at::kBFloat16 : at::kFloat, n);
+  }
   const int64_t ncoef = math == kSgd ? 4 : 9;
   check_flat(coef, "coef", at::kFloat, ncoef);
   const int64_t state_size = bf16_state ? 2 : 4;
@@ -368,6 +401,13 @@ void packed_step(const at::Tensor& half, at::TensorList grads, at::IntArrayRef s
     s.plane1 = nplanes == 2 ? planes[1].data_ptr<uint8_t>() + at : nullptr;
     s.state0 = nstates > 0 ? static_cast<char*>(states[0].data_ptr()) + at * state_size : nullptr;
     s.state1 = nstates > 1 ? static_cast<char*>(states[1].data_ptr()) + at * state_size : nullptr;
+    Quantized qs = q;  // this segment's codes and scales
+    for (int64_t m = 0; quantized && m < want; m++) {
+      qs.codes[m] = static_cast<char*>(states[2 * m].data_ptr()) + at;
+      qs.scales[m] = reinterpret_cast<uint16_t*>(states[2 * m + 1].data_ptr()) + at / kGroup;
+    }
+    const Quantized* qp = quantized ? &qs : nullptr;
+    const int nq = quantized ? static_cast<int>(want) : 0;
     for (int64_t j = 0; j < ncoef; j++) s.c[j] = c[j];
     s.key = static_cast<int32_t>(static_cast<uint32_t>(key));
     s.offset = offset + at;  // the random bits of value j are the stream's at offset + j
@@ -375,17 +415,17 @@ void packed_step(const at::Tensor& half, at::TensorList grads, at::IntArrayRef s
     s.nesterov = nesterov;
     s.first = first;
     if (nplanes == 0) {
-      fp16 ? dispatch_format<true, 0, false>(s, len, math, ms, bf16_state)
-           : dispatch_format<false, 0, false>(s, len, math, ms, bf16_state);
+      fp16 ? dispatch_format<true, 0, false>(s, len, math, ms, bf16_state, qp, nq)
+           : dispatch_format<false, 0, false>(s, len, math, ms, bf16_state, qp, nq);
     } else if (fp16) {
-      sr ? dispatch_format<true, 1, true>(s, len, math, ms, bf16_state)
-         : dispatch_format<true, 1, false>(s, len, math, ms, bf16_state);
+      sr ? dispatch_format<true, 1, true>(s, len, math, ms, bf16_state, qp, nq)
+         : dispatch_format<true, 1, false>(s, len, math, ms, bf16_state, qp, nq);
     } else if (nplanes == 1) {
-      sr ? dispatch_format<false, 1, true>(s, len, math, ms, bf16_state)
-         : dispatch_format<false, 1, false>(s, len, math, ms, bf16_state);
+      sr ? dispatch_format<false, 1, true>(s, len, math, ms, bf16_state, qp, nq)
+         : dispatch_format<false, 1, false>(s, len, math, ms, bf16_state, qp, nq);
     } else {
-      sr ? dispatch_format<false, 2, true>(s, len, math, ms, bf16_state)
-         : dispatch_format<false, 2, false>(s, len, math, ms, bf16_state);
+      sr ? dispatch_format<false, 2, true>(s, len, math, ms, bf16_state, qp, nq)
+         : dispatch_format<false, 2, false>(s, len, math, ms, bf16_state, qp, nq);
     }
   }
 }
