@@ -472,3 +472,20 @@ def test_companding_choice():
     linear_v = _linear(v.sqrt(), 255) ** 2
     assert not ((ours_v == 0) & (v > 0)).any()
     assert ((linear_v == 0) & (v > 0)).any() or worst(m, ours_v) < worst(m, linear_v)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_compiled_step_equals_the_eager_step(fused):
+    """compile=True (inductor's C++ here, Triton on CUDA): the same bits as the eager update, fused (static
+    shapes) and per parameter (dynamic shapes, short last groups)."""
+    from workbench.optim.fused import compile_available
+
+    if not compile_available("cpu"):
+        pytest.skip("torch.compile cannot build code here")
+    runs = []
+    for compile in (False, True):
+        model = _mlp(4)
+        opt = MAKERS["adamw"](model.parameters(), fused=fused, compile=compile)
+        _train(model, opt, 4, 3)
+        runs.append(_bits_of(model, opt))
+    _same(runs[0], runs[1])
