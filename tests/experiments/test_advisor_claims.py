@@ -136,3 +136,30 @@ def test_a_sampled_suite_says_how_many_candidates_of_how_many_were_run():
     records["candidates"]["sampled_from"] = 24  # one model: 3 of its 24 candidates drawn at random
     row = claim_row(claims, "Predicted peak within 5%", records, device_class="cpu")
     assert "3 of 24 candidates run (a seeded random sample per model)" in row["scale"]
+
+
+@pytest.mark.parametrize("prefix", ["Predicted peak within 5%", "Predicted peak within -2%..+5%"])
+def test_the_peak_rows_judge_the_batch_calibration_never_ran(prefix):
+    """Issue 45: at the suite's own batch a plan reads its calibration back (0.00% by construction); the rows
+    judge the held-out batch, and say which batch they judged."""
+    records = _records(peak_errors=(0.0, 0.0, 0.0))
+    assert "in-sample" in claim_row(claims, prefix, records, device_class="cpu")["scale"]
+    records["candidates"] = records["candidates"].assign(held_out_batch=12, held_out_error=[0.07, 0.08, -0.09])
+    row = claim_row(claims, prefix, records, device_class="cpu")
+    assert row["verdict"] == "not reproduced" and "batch 12, which calibration never ran" in row["scale"]
+    records["candidates"]["held_out_error"] = [0.01, 0.02, -0.01]
+    assert claim_row(claims, prefix, records, device_class="cpu")["verdict"] == "reproduced"
+
+
+def test_a_held_out_peak_is_measured_where_calibration_never_ran_and_refused_where_it_did():
+    from workbench.advisor import advise
+
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 16), torch.randint(0, 3, (4,))
+    advice = advise(lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3)),
+                    (x, y), memory_budget=2**40, min_run_time=0.01, candidates=[Config()])
+    with pytest.raises(ValueError, match="held-out batch 4 is one calibration ran"):
+        suite.held_out_peak(advice, "fp32", 4)
+    row = suite.held_out_peak(advice, "fp32", 12)
+    assert row["held_out_batch"] == 12 and row["measured_held_out_bytes"] > 0
+    assert abs(row["predicted_held_out_bytes"] / row["measured_held_out_bytes"] - 1) < 0.05

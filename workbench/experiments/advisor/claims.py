@@ -32,6 +32,25 @@ def _scale(records: Records, params: Mapping) -> str:
             f"{params.get('image_size', '?')} px; {run}")
 
 
+def _peak_errors(df) -> tuple[str, str]:
+    """The column the peak rows judge and what it is: the error at a batch calibration never ran (issue 45: at the
+    suite's own batch, which calibration runs, a plan reads its calibration back), or, in records without one,
+    the error at the suite's batch, said to be in-sample."""
+    if "held_out_error" in df and df["held_out_error"].notna().any():
+        batches = ", ".join(map(str, sorted({int(b) for b in df["held_out_batch"].dropna()})))
+        return "held_out_error", f"peaks at batch {batches}, which calibration never ran"
+    return "peak_error", "peaks at the suite's batch, which calibration ran (in-sample)"
+
+
+def _peak_median(records: Records, params: Mapping) -> Measured | None:
+    df = record_frame(records, "candidates")
+    if df is None:
+        return None
+    column, what = _peak_errors(df)
+    measured = _median_error(column)(records, params)
+    return replace(measured, scale=f"{measured.scale}; {what}")
+
+
 def _median_error(column: str):
     """The median |error| of `column` over every candidate, with its quartiles as the spread."""
     def measure(records: Records, params: Mapping) -> Measured | None:
@@ -63,11 +82,12 @@ def _band(records: Records, params: Mapping) -> Measured | None:
     if df is None:
         return None
     low, high = PEAK_BAND
-    errors = df["peak_error"].astype(float)
+    column, what = _peak_errors(df)
+    errors = df[column].dropna().astype(float)
     worst = errors.loc[(np.maximum(low - errors, errors - high)).idxmax()]
     inside = int(errors.between(low, high).sum())
-    return Measured(float(worst), scale=f"{_scale(records, params)}; {inside} of {len(errors)} inside, errors "
-                                        f"{errors.min():+.2%}..{errors.max():+.2%}")
+    return Measured(float(worst), scale=f"{_scale(records, params)}; {what}; {inside} of {len(errors)} inside, "
+                                        f"errors {errors.min():+.2%}..{errors.max():+.2%}")
 
 
 def _decisions(column: str, reduce: str):
@@ -133,11 +153,12 @@ def _planning(records: Records, params: Mapping) -> Measured | None:
 
 
 CLAIMS = (
-    Claim("Predicted peak within 5% of the allocator, median over the suite and every candidate",
-          unit="|error| (fraction)", paper="goal: <= 0.05", measure=_median_error("peak_error"),
+    Claim("Predicted peak within 5% of the allocator at a batch calibration never ran, median over the suite",
+          unit="|error| (fraction)", paper="goal: <= 0.05", measure=_peak_median,
           rule=at_most(0.05), source="target",
-          definition="|predicted - measured| / measured peak, measured by AllocatorMeter over build + two steps"),
-    Claim("Predicted peak within -2%..+5% of the allocator, every candidate of the suite",
+          definition="|predicted - measured| / measured peak, measured by AllocatorMeter over build + two steps, "
+                     "at a batch no calibration step ran (suite.evaluate's held_out batch)"),
+    Claim("Predicted peak within -2%..+5% of the allocator at a batch calibration never ran, every candidate",
           unit="error (fraction)", paper="goal: -0.02..+0.05", measure=_band, rule=between(*PEAK_BAND),
           source="target", definition="(predicted - measured) / measured peak of the candidate farthest outside "
                                       "the band (nearest its edge when all are inside)"),

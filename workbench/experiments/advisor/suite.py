@@ -30,8 +30,8 @@ from workbench.optim import cpu_kernel
 
 from .models import SUITE, suite_model
 
-__all__ = ["SUITE", "evaluate", "measure_candidate", "paired_regret", "planning_model", "planning_time", "suite_model",
-           "time_candidate"]
+__all__ = ["SUITE", "evaluate", "held_out_peak", "measure_candidate", "paired_regret", "planning_model",
+           "planning_time", "suite_model", "time_candidate"]
 
 PAIRED_SAMPLE_S = 0.03  # the least time one round of `paired_regret` spends on each candidate
 
@@ -46,6 +46,20 @@ def measure_candidate(advice: Advice, config: str, *, repeats: int, min_run_time
     measured = time_candidate(advice, config, repeats=repeats, min_run_time=min_run_time)
     return {"measured_peak_bytes": meter.peak_bytes, "measured_reserved_bytes": meter.reserved_peak_bytes,
             "measured_step_seconds": measured.seconds, "measured_time_reliable": measured.reliable}
+
+
+def held_out_peak(advice: Advice, config: str, batch_size: int) -> dict:
+    """One candidate's predicted and real peak (`measure_candidate`'s meter) at `batch_size`, a batch its plan's
+    calibration never ran (ValueError otherwise): at the suite's own batch, which calibration runs, a plan
+    reads its calibration back (issue 45)."""
+    plan = advice._by_name[config]
+    if batch_size in plan.graph.calibrated_batches:
+        raise ValueError(f"held-out batch {batch_size} is one calibration ran ({plan.graph.calibrated_batches})")
+    gc.collect()
+    with AllocatorMeter(advice.device) as meter:
+        advice.program(config)(batch_size, None)
+    return {"held_out_batch": batch_size, "predicted_held_out_bytes": plan.peak(batch_size),
+            "measured_held_out_bytes": meter.peak_bytes}
 
 
 def time_candidate(advice: Advice, config: str, *, repeats: int, min_run_time: float = 0.05) -> StepTime:
@@ -65,14 +79,16 @@ def _built_step(advice: Advice, config: str) -> Callable[[], object]:
 
 def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size: int, budget_quantile: float,
              repeats: int = 3, min_run_time: float = 0.1, candidates=None, device: torch.device | str = "cpu",
-             progress: bool = True, sample: int = 0, seed: int = 0
+             progress: bool = True, sample: int = 0, seed: int = 0, held_out: int | None = None
              ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Advice]]:
     """Advise on each model, with the budget at the `budget_quantile` of its candidates' predicted peaks (so
     that some fit and some do not), verify the choice, and run its candidates for real, all on `device`: every
     candidate, or (`sample` > 0) a random sample of `sample` of them per model drawn with `seed` before any is
     run (`sampled_from` in each row: how many there were). Each run candidate is timed a second time after all of
-    its model's ran (`repeat_error`: how far the two timings differ). Returns (candidates, decisions, advice per
-    model)."""
+    its model's ran (`repeat_error`: how far the two timings differ), and its peak measured again at `held_out`
+    (default 3 x `batch_size`), a batch calibration never ran (`held_out_error`). Returns (candidates, decisions,
+    advice per model)."""
+    held_out = 3 * batch_size if held_out is None else held_out
     rows, decisions, advices = [], [], {}
     # NOTE: the packed CPU kernel is compiled once per environment (torch's extension cache: about 20 s from a
     # fresh clone, in a compiler process the planning's CPU seconds do not see): here, before any planning clock
@@ -109,7 +125,8 @@ def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size
             rows.append({"model": name, "config": row["config"], "budget_bytes": budget,
                          "predicted_peak_bytes": int(row["predicted_peak_bytes"]),
                          "predicted_step_seconds": float(row["predicted_step_seconds"]), "fits": bool(row["fits"]),
-                         "sampled_from": len(advice.table), **real})
+                         "sampled_from": len(advice.table), **real,
+                         **held_out_peak(advice, row["config"], held_out)})
         # NOTE: each timed again once all were: two timings of the same program at different moments differ too
         # (on the shared 2-core VM, phases of seconds ran a step 35% slower), the floor under the time error
         for row in rows[first:]:
@@ -118,6 +135,8 @@ def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size
         decisions.append(_decision(name, advice, budget, planning, rows, repeats))
     table = pd.DataFrame(rows)
     table["peak_error"] = (table["predicted_peak_bytes"] - table["measured_peak_bytes"]) / table["measured_peak_bytes"]
+    table["held_out_error"] = (table["predicted_held_out_bytes"] - table["measured_held_out_bytes"]) \
+        / table["measured_held_out_bytes"]
     table["time_error"] = (table["predicted_step_seconds"] - table["measured_step_seconds"]) \
         / table["measured_step_seconds"]
     table["repeat_error"] = (table["repeat_step_seconds"] - table["measured_step_seconds"]) \
