@@ -489,3 +489,42 @@ def test_the_compiled_step_equals_the_eager_step(fused):
         _train(model, opt, 4, 3)
         runs.append(_bits_of(model, opt))
     _same(runs[0], runs[1])
+
+
+@pytest.mark.parametrize("name", ["avx512", "avx2", "default-pf0-div"])
+def test_each_build_variant_equals_the_eager_step(kernel, name):
+    """Every vector ISA build and the plain-division one (its scale division takes the divider too)."""
+    from workbench.optim.cpu_variants import parse_variant, unusable_reason
+
+    variant = parse_variant(name)
+    if reason := unusable_reason(variant):
+        pytest.skip(reason)
+    before = cpu_kernel.use_variant(variant)
+    try:
+        for math_fn, options in MATHS[:3]:
+            _kernel_compare(4133, (BF16, 8, False), "nearest", math_fn, options)
+            _kernel_compare(2053, (BF16, 8, False), "truncate", math_fn, options, garbage=True, seed=1)
+        _kernel_compare(4133, FORMATS[2], "stochastic", *ADAMW)
+    finally:
+        cpu_kernel.use_variant(before)
+
+
+def test_the_generic_build_equals_the_eager_step_of_atens_scalar_kernels(kernel):
+    """The generic build against the eager step where ATen runs its scalar kernels (a process started with
+    ATEN_CPU_CAPABILITY=default; a NaN scale is stored as c10's scalar conversion stores it there)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from workbench.optim.cpu_variants import ENV_VARIANT
+
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this process runs ATen's scalar kernels: the tests above checked the generic build")
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_VARIANT, "WORKBENCH_CPU_KERNEL")}
+    env.update(ATEN_CPU_CAPABILITY="default", **{ENV_VARIANT: "generic"})
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "cpu_kernel_equals"], cwd=Path(__file__).resolve().parents[2], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "skipped" not in done.stdout.splitlines()[-1], done.stdout[-2000:]

@@ -114,10 +114,11 @@ struct Kernel {
 
   // kLanes values: merge, the fp32 update, split (split_merge.merge_values / update.*_math /
   // split_merge.split_values); `seed` is hash_seed of the values' indices in the random stream.
-  template <bool kExact>
+  // kRoot: also store sqrt(v) (Adam's new second moment's root) at `root`, for 8-bit moments (packed_int8.h)
+  template <bool kExact, bool kRoot = false>
   static inline void block(uint16_t* half, const uint16_t* grad, uint8_t* plane0, uint8_t* plane1, char* state0,
                            char* state1, const fvec* c, const DivideByConstant& c5, const ivec& seed,
-                           bool momentum, bool nesterov, bool first) {
+                           bool momentum, bool nesterov, bool first, float* root = nullptr) {
     fvec master;
     if constexpr (kFast) {  // bf16 without the rounding flag: the pattern and the extra bits (none: k = 0)
       ivec bits = load_bf16_master<kPlanes>(half, plane0, plane1);
@@ -156,7 +157,9 @@ struct Kernel {
       store_state(state0, m);
       const fvec v = add_t(load_state(state1) * c[3], g * g * c[4]);
       store_state(state1, v);
-      const fvec denom = divide<kExact>(sqrt_t(v), c5) + c[6];  // eps is never NaN
+      const fvec rv = sqrt_t(v);
+      if constexpr (kRoot) rv.store(root);
+      const fvec denom = divide<kExact>(rv, c5) + c[6];  // eps is never NaN
       master = sub_t(master, c[7] * (m / denom));
     }
     if constexpr (kFast) {  // split: the upper half is the pattern, the lower the extra bits
