@@ -1,9 +1,10 @@
 """The advisor's peers on the same model, installed and run in the same process (issue 19).
 
-- Peak at the user's batch (fp32, AdamW: the one configuration every peer models): the advisor's prediction,
-  PyTorch's `MemTracker` under fake tensors (torch.distributed._tools.mem_tracker), DeepSpeed's model-state
-  estimate where deepspeed is installed, each against `AllocatorMeter` over the program it models (the
-  advisor's fp32 row runs torch's fused AdamW, MemTracker's torch's default AdamW).
+- Peak at the user's batch and at 3x it, which calibration never ran (fp32, AdamW: the one configuration every
+  peer models): the advisor's prediction and PyTorch's `MemTracker` under fake tensors
+  (torch.distributed._tools.mem_tracker) on the same program, each against `AllocatorMeter` over it, with the
+  seconds each took per configuration answered (MemTracker answers one per run, the advisor every candidate at
+  every batch from one planning); DeepSpeed's model-state estimate where deepspeed is installed.
 - Largest batch for a budget (fp32's real peak at twice the user's batch, the margin added; the suite's budget
   fits no fp32 batch of most models): the advisor's (zero trials) against accelerate's `find_executable_batch_size`
   and Lightning's `Tuner.scale_batch_size` (power, binsearch), whose trials run under a `BudgetGuard` (it
@@ -19,7 +20,6 @@ import time
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from workbench.advisor import Advice
@@ -29,26 +29,40 @@ from workbench.measure import AllocatorMeter
 
 from .suite import suite_model
 
-__all__ = ["memtracker_peak", "peer_table"]
+__all__ = ["memtracker_program_peak", "peer_table"]
 
 
-def memtracker_peak(build, shape: tuple[int, ...], batch_size: int) -> int:
-    """PyTorch's MemTracker prediction of the fp32 AdamW program (build + two steps) under fake tensors."""
+class _NewIteration:
+    """The hooks `training_program` calls on its `annotate`: none does anything but a new step's, which clears
+    MemTracker's module statistics (it refuses a second iteration's otherwise; the peak is kept)."""
+
+    def __init__(self, tracker) -> None:
+        self.tracker, self.names = tracker, {}
+
+    def mark(self, phase: str) -> None:
+        if phase != "step1":
+            self.tracker.reset_mod_stats()
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def watch_model(self, *_) -> None: ...
+    def tag(self, *_) -> None: ...
+    def tag_grads(self, *_) -> None: ...
+    def tag_state(self, *_) -> None: ...
+    def unwatch(self) -> None: ...
+
+
+def memtracker_program_peak(advice: Advice, config: str, batch_size: int) -> int:
+    """PyTorch's MemTracker prediction of a candidate's own program (as the advisor plans and runs it: build and
+    two steps, the user's rows as inputs, token ids too) under fake tensors, at `batch_size`."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    with FakeTensorMode():
+    with FakeTensorMode(allow_non_fake_inputs=True):
         tracker = MemTracker()
         with tracker:
-            model = build()
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            tracker.track_external(model, opt)
-            for _ in range(2):
-                x, y = torch.randn(batch_size, *shape), torch.zeros(batch_size, dtype=torch.long)
-                F.cross_entropy(model(x), y).backward()
-                opt.step()
-                opt.zero_grad()
-                tracker.reset_mod_stats()  # MemTracker refuses a second iteration's module stats otherwise
-        return int(sum(v["Total"] for v in tracker.get_tracker_snapshot("peak").values()))
+            advice.program(config)(batch_size, _NewIteration(tracker))
+    return int(sum(v["Total"] for v in tracker.get_tracker_snapshot("peak").values()))
 
 
 def _advisor_peak(advice: Advice, batch_size: int) -> int:
@@ -80,30 +94,32 @@ def peer_table(name: str, advice: Advice, *, width: float, image_size: int, star
     model = suite_model(name, width=width, image_size=image_size)
     build, shape = model.build, model.shape
     b = advice.batch_size
-    if model.vocab:  # the peers' programs draw float inputs and class targets
-        return pd.DataFrame([{"model": name, "question": "peers", "method": "all", "answer": None,
-                              "note": "not run: the peers' training programs take float inputs and one class per "
-                                      "example, this model token ids and a target per token"}])
     rows = []
-    # NOTE: each answer against the program it models: the advisor's fp32 row runs torch's fused AdamW (no
-    # temporaries), MemTracker and the trial finders torch's default AdamW (foreach: one temporary per group)
-    mine, default = _advisor_peak(advice, b), _allocator_peak(build, shape, b, "adamw")
-
-    def peak_row(method, value, seconds, note="", measured=default):
-        rows.append({"model": name, "question": f"peak at batch {b}", "method": method, "answer": value,
-                     "trials": 0, "seconds": seconds, "allocator_bytes": measured,
-                     "error": None if value is None else (value - measured) / measured, "note": note})
-
-    fp32 = advice.table.set_index("config").loc["fp32"]
-    peak_row("advisor (fp32 row)", int(fp32["predicted_peak_bytes"]), None, "CalcGraph plan, calibrated; fused AdamW",
-             measured=mine)
-    start = time.perf_counter()
-    try:
-        peak_row("torch MemTracker (fake tensors)", memtracker_peak(build, shape, b), time.perf_counter() - start)
-    except Exception as error:  # noqa: BLE001 - a peer that cannot trace this model is a row that says so
-        peak_row("torch MemTracker (fake tensors)", None, None, f"failed: {type(error).__name__}: {error}"[:200])
-    if importlib.util.find_spec("deepspeed") is None:
-        peak_row("DeepSpeed model-state estimate", None, None, "deepspeed is not installed here")
+    # NOTE: MemTracker traces the advisor's own fp32 program (torch's fused AdamW, the user's rows, token ids too),
+    # so both answer for one program, against one allocator run of it, at the suite's batch and at one calibration
+    # never ran; the advisor's seconds are its whole planning over every candidate, shared out per candidate
+    planned = sum(advice.planning_seconds.values())
+    for size in (b, 3 * b):
+        answers = [("advisor (fp32 row)", advice._by_name["fp32"].peak(size), planned / len(advice.table),
+                    len(advice.table), "CalcGraph plan, calibrated; seconds: planning every candidate, per candidate")]
+        start = time.perf_counter()
+        try:
+            answers.append(("torch MemTracker (fake tensors)", memtracker_program_peak(advice, "fp32", size),
+                            time.perf_counter() - start, 1, "the same program, traced at this batch"))
+        except Exception as error:  # noqa: BLE001 - a peer that cannot trace this model is a row that says so
+            answers.append(("torch MemTracker (fake tensors)", None, None, 0,
+                            f"failed: {type(error).__name__}: {error}"[:200]))
+        if size == b and importlib.util.find_spec("deepspeed") is None:
+            answers.append(("DeepSpeed model-state estimate", None, None, 0, "deepspeed is not installed here"))
+        real = _advisor_peak(advice, size)
+        rows += [{"model": name, "question": f"peak at batch {size}" + (" (held out)" if size != b else ""),
+                  "method": method, "answer": value, "trials": 0, "seconds": seconds, "configurations": answered,
+                  "allocator_bytes": real, "error": None if value is None else (value - real) / real, "note": note}
+                 for method, value, seconds, answered, note in answers]
+    if model.vocab:  # the trial finders' programs draw float inputs and class targets
+        return pd.DataFrame(rows + [{"model": name, "question": "largest batch", "method": "trial finders",
+                                     "answer": None, "note": "not run: their training programs take float inputs "
+                                     "and one class per example, this model token ids and a target per token"}])
     # NOTE: a budget of its own for this question: the suite's (the median candidate's predicted peak) is below what
     # fp32 needs at batch 1 for most models (on 2026-11-29 the advisor answered 0 for ResNet-50 and the ViT, and
     # accelerate "reached zero"), so no answer could be judged; here, the allocator's fp32 peak at twice the batch
