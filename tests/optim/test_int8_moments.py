@@ -528,3 +528,14 @@ def test_the_generic_build_equals_the_eager_step_of_atens_scalar_kernels(kernel)
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
     assert "skipped" not in done.stdout.splitlines()[-1], done.stdout[-2000:]
+
+
+def test_off_the_cpu_int8_moments_take_the_eager_update_unless_compile_is_asked_for():
+    from workbench.optim.fused import StepSpec, select_step
+
+    static = dict(math_fn=adam_math, extra_bits=8, stochastic_rounding=False, master_rounding="truncate",
+                  options=ADAMW[1], scaled=False, quantized=("signed", "square"))
+    spec = StepSpec(static, 8, BF16, INT8, dynamic=True)
+    for fused in (False, True):
+        assert select_step(torch.device("cuda"), spec, fused=fused, compile=None)[0] == "eager"
+        assert select_step(torch.device("cuda"), spec, fused=fused, compile=False)[0] == "eager"
