@@ -75,9 +75,11 @@ def advisor_on_device(device: torch.device | str, profile: str, candidates_csv: 
 def _summary(candidates: pd.DataFrame) -> str:
     if not len(candidates):
         return ""
-    error = candidates["peak_error"].dropna()
-    return (f"advisor: {candidates['model'].nunique()} models, {len(candidates)} candidates, peak error "
-            f"{error.min():+.1%} .. {error.max():+.1%} (median |error| {error.abs().median():.1%})")
+    error, held = candidates["peak_error"].dropna(), candidates.get("held_out_error", pd.Series(dtype=float)).dropna()
+    out = (f"advisor: {candidates['model'].nunique()} models, {len(candidates)} candidates, peak error "
+           f"{error.min():+.1%} .. {error.max():+.1%} (median |error| {error.abs().median():.1%})")
+    return out + (f"; at the held-out batch {held.min():+.1%} .. {held.max():+.1%} (median |error| "
+                  f"{held.abs().median():.1%})" if len(held) else "")
 
 
 def main(argv: list[str] | None = None) -> int:
