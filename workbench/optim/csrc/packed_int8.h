@@ -71,13 +71,11 @@ inline void dequantize_group(const Quantized& q, int m, int64_t g, int64_t i, in
   const float levels = kind ? 255.0f : 127.0f;
   const float step = bf16_bits_to_float(q.scales[m][g]) / (levels * levels);
   alignas(64) int32_t c[kGroup];
-  if (count == kGroup) {  // constant trip counts: vectorised widening
-    if (kind) {
-      const uint8_t* codes = static_cast<const uint8_t*>(q.codes[m]) + i;
-      for (int j = 0; j < kGroup; j++) c[j] = codes[j];
-    } else {
-      const int8_t* codes = static_cast<const int8_t*>(q.codes[m]) + i;
-      for (int j = 0; j < kGroup; j++) c[j] = codes[j];
+  if (count == kGroup) {  // the byte planes' widening load (packed_io.h), sign-extended for int8 codes
+    const uint8_t* codes = static_cast<const uint8_t*>(q.codes[m]) + i;
+    for (int j = 0; j < kGroup; j += kLanes) {
+      const ivec b = load_u8_at<0>(codes + j);
+      (kind ? b : (b << I(24)) >> I(24)).store(c + j);
     }
   } else {
     for (int j = 0; j < kGroup; j++) c[j] = 0;
@@ -123,29 +121,18 @@ inline void group_codes(const Quantized& q, int m, int64_t g, int64_t i, int cou
   const bool markstein = !WB_DIVIDE_PLAIN && safe >= 0x1p-60f && safe <= 0x1p60f;
   const DivideByConstant by{fvec(safe), fvec(1.0f / safe)};
   alignas(64) int32_t c[kGroup];
+  uint8_t* const bytes = static_cast<uint8_t*>(q.codes[m]) + i;  // int8 codes: their two's complement byte
   for (int j = 0; j < kGroup; j += kLanes) {
     const fvec yv = fvec::loadu(y + j);
     const fvec t = markstein ? divide<true>(yv.abs(), by) : yv.abs() / by.c;
     fvec cv = sqrt_t(t * fvec(levels * levels)).round();
     cv = fvec::blendv(at::vec::minimum(cv, fvec(levels)), fvec(0.0f), cv != cv);
     if (!kind) cv = fvec::blendv(cv, fvec(0.0f) - cv, yv < fvec(0.0f));
-    at::vec::convert_to_int_of_same_size<float>(cv).store(c + j);
+    const ivec ci = at::vec::convert_to_int_of_same_size<float>(cv);
+    if (count == kGroup) store_u8_from<0>(bytes + j, ci);  // the byte planes' narrowing store
+    else ci.store(c + j);
   }
-  if (kind) {
-    uint8_t* codes = static_cast<uint8_t*>(q.codes[m]) + i;
-    if (count == kGroup) {
-      for (int j = 0; j < kGroup; j++) codes[j] = static_cast<uint8_t>(c[j]);
-    } else {
-      for (int j = 0; j < count; j++) codes[j] = static_cast<uint8_t>(c[j]);
-    }
-  } else {
-    int8_t* codes = static_cast<int8_t*>(q.codes[m]) + i;
-    if (count == kGroup) {
-      for (int j = 0; j < kGroup; j++) codes[j] = static_cast<int8_t>(c[j]);
-    } else {
-      for (int j = 0; j < count; j++) codes[j] = static_cast<int8_t>(c[j]);
-    }
-  }
+  for (int j = 0; count < kGroup && j < count; j++) bytes[j] = static_cast<uint8_t>(c[j]);
   q.scales[m][g] = float_to_bf16_bits(s);
 }
 
