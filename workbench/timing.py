@@ -90,6 +90,11 @@ def time_interleaved(
 
     warmup, repeats = _count(warmup, "warmup", 0), _count(repeats, "repeats", 1)
     calls = _count(calls, "calls", 1)
+    for name, flag in (("rotate", rotate), ("progress", progress)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"time_interleaved: {name} must be True or False, got {flag!r}")
+    if not isinstance(desc, str):
+        raise TypeError(f"time_interleaved: desc must be a str, got {desc!r}")
     if not isinstance(fns, Mapping):
         raise TypeError(f"time_interleaved: fns must be a mapping of names to callables, got {type(fns).__name__}")
     if not fns:

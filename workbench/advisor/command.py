@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import os
 import re
+import stat
 import sys
 
 import pandas as pd
@@ -117,6 +119,14 @@ def _check_sample(path: str, inputs: torch.Tensor, targets: torch.Tensor) -> Non
 
 
 def _sample(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    # NOTE: a named pipe or a device (/dev/zero) would block torch.load, or feed it without end
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        regular = True  # missing, a loop of links, a NUL byte: torch.load's error says which, below
+    if not regular:
+        raise ValueError(f"--sample {path!r} is not a regular file (a named pipe, a device or a folder); give the "
+                         f"file torch.save((inputs, targets)) wrote")
     try:
         loaded = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as error:  # a missing file, not a torch file, a pickle torch refuses to load safely

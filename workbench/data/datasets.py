@@ -34,6 +34,11 @@ class ImageSet:
     name: str
 
     def __post_init__(self) -> None:
+        for what, value in (("images", self.images), ("labels", self.labels)):
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"ImageSet: {what} must be a torch.Tensor, got {type(value).__name__}")
+        if not isinstance(self.name, str):
+            raise TypeError(f"ImageSet: name must be a str, got {self.name!r}")
         if self.images.dtype != torch.uint8 or self.images.dim() != 4:
             raise ValueError(
                 f"images must be uint8 [N, C, H, W], got {self.images.dtype} {tuple(self.images.shape)}"
@@ -137,6 +142,10 @@ def synthetic_images(
                          f"over MAX_SYNTHETIC_BYTES={MAX_SYNTHETIC_BYTES:,}")
     if isinstance(noise, bool) or not isinstance(noise, Real) or not (math.isfinite(noise) and noise >= 0):
         raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
+    if num_classes * math.prod(shape) * 4 > MAX_SYNTHETIC_BYTES:  # the float32 class prototypes
+        raise ValueError(f"synthetic_images: num_classes={num_classes} prototypes of shape {shape} would take "
+                         f"{num_classes * math.prod(shape) * 4:,} bytes, over "
+                         f"MAX_SYNTHETIC_BYTES={MAX_SYNTHETIC_BYTES:,}")
     c, h, w = shape
     gen = seeded(seed)
     coarse = torch.rand(num_classes, c, 4, 4, generator=gen)
@@ -155,8 +164,12 @@ def synthetic_images(
 
 def normalize(images: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 [0, 255] -> floating `dtype` in [-1, 1]."""
+    if not isinstance(images, torch.Tensor):
+        raise TypeError(f"normalize expects a uint8 tensor of images, got {type(images).__name__}")
     if images.dtype != torch.uint8:
         raise TypeError(f"normalize expects uint8 images, got {images.dtype}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"normalize: dtype must be a floating torch.dtype, got {dtype!r}")
     return images.to(dtype).div_(127.5).sub_(1.0)
 
 
@@ -170,6 +183,12 @@ def make_loader(
     """A DataLoader of (images, labels); images normalised to float unless `normalize=False`."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
         raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    if not isinstance(imageset, ImageSet):
+        raise TypeError(f"make_loader: imageset must be an ImageSet (workbench.data.load), "
+                        f"got {type(imageset).__name__}")
+    for what, flag in (("shuffle", shuffle), ("normalize", normalize), ("drop_last", drop_last)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"make_loader: {what} must be True or False, got {flag!r}")
     generator = seeded(seed)
     images = _normalize(imageset.images) if normalize else imageset.images
     return DataLoader(

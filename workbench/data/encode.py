@@ -287,6 +287,8 @@ class DecodeLayer(nn.Module):
 
     def __init__(self, *, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"DecodeLayer: dtype must be a floating torch.dtype, got {dtype!r}")
         self.dtype = dtype
 
     def forward(self, x: EncodedBatch | torch.Tensor) -> torch.Tensor:
@@ -314,6 +316,13 @@ def capacity_study(
     int64 stops at 8 (it cannot hold more than 64 bits).
     """
     _check_images(images)
+    if isinstance(max_per_element, bool) or not isinstance(max_per_element, int) or not 1 <= max_per_element <= 64:
+        raise ValueError(f"capacity_study: max_per_element must be an int in [1, 64], got {max_per_element!r}")
+    if isinstance(schemes, str) or not isinstance(schemes, (tuple, list)) or not schemes:
+        raise ValueError(f"capacity_study: schemes must be a non-empty tuple of {SCHEMES}, got {schemes!r}")
+    bad = [s for s in schemes if s not in SCHEMES]
+    if bad:
+        raise ValueError(f"capacity_study: schemes must be among {SCHEMES}, got {bad}")
     rows = []
     for scheme in schemes:
         top = min(max_per_element, 8) if scheme == "int64" else max_per_element

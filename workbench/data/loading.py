@@ -44,6 +44,8 @@ def load(
     if name not in DATASETS:
         raise ValueError(f"dataset must be one of {list(DATASETS)}, got {name!r}")
     seeded(seed)
+    if not isinstance(fallback, bool):
+        raise TypeError(f"fallback must be True or False, got {fallback!r}")
     for what, value in (("n_train", n_train), ("n_test", n_test)):
         if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
             raise ValueError(f"{what} must be a whole number >= 1, got {value!r}")

@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from .datasets import ImageSet, normalize, seeded
-from .encode import encode
+from .encode import SCHEMES, encode
 
 __all__ = ["PrefetchLoader", "ShuffledBatchSampler", "benchmark_loaders"]
 
@@ -58,12 +58,17 @@ class ShuffledBatchSampler(Sampler[list[int]]):
             if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
                 raise ValueError(f"{what} must be a whole number >= 1, got {value!r}")
         seeded(seed)  # refused now, naming it, rather than by torch at the first epoch
+        for what, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"ShuffledBatchSampler: {what} must be True or False, got {flag!r}")
         self.n, self.batch_size, self.seed = int(n), int(batch_size), seed
         self.shuffle, self.drop_last = shuffle, drop_last
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        if isinstance(epoch, bool) or not isinstance(epoch, Integral) or epoch < 0:
+            raise ValueError(f"epoch must be a whole number >= 0, got {epoch!r}")
+        self.epoch = int(epoch)
 
     def __len__(self) -> int:
         return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
@@ -102,6 +107,12 @@ class _Producer:
 
     def _prepare(self, idx: list[int] | torch.Tensor) -> tuple[Any, torch.Tensor]:
         idx = torch.as_tensor(idx)
+        if idx.dim() != 1 or idx.is_floating_point() or idx.dtype == torch.bool:
+            raise ValueError(f"batch_sampler gave {idx.tolist()!r}: a batch must be a list of int indices")
+        n = len(self.labels)
+        if len(idx) and not -n <= int(idx.min()) <= int(idx.max()) < n:
+            bad = [i for i in idx.tolist() if not -n <= i < n]
+            raise ValueError(f"batch_sampler gave indices {bad[:5]} outside the data's {n} examples (0..{n - 1})")
         images, labels = self.images[idx], self.labels[idx]
         if self.transform is not None:
             images, labels = self.transform(images, labels)
@@ -167,6 +178,17 @@ class PrefetchLoader:
         if not isinstance(data, ImageSet):
             raise TypeError(f"data must be an ImageSet (workbench.data.load), got {type(data).__name__}")
         self.images, self.labels = data.images, data.labels
+        if scheme is not None and scheme not in SCHEMES:
+            raise ValueError(f"scheme must be None or one of {SCHEMES}, got {scheme!r}")
+        if batch_sampler is not None and (isinstance(batch_sampler, (str, bytes)) or not (
+                hasattr(batch_sampler, "__iter__") and hasattr(batch_sampler, "__len__"))):
+            raise TypeError(f"batch_sampler must be None or a sized iterable of index lists (a torch batch Sampler), "
+                            f"got {type(batch_sampler).__name__}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be None or a callable (images, labels), got {transform!r}")
+        for what, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("pin_memory", pin_memory)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"PrefetchLoader: {what} must be True or False, got {flag!r}")
         self.scheme, self.transform, self.pin_memory = scheme, transform, pin_memory
         self.batch_sampler = batch_sampler or ShuffledBatchSampler(
             len(self.labels), batch_size, seed=seed, shuffle=shuffle, drop_last=drop_last)

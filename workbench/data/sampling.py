@@ -66,9 +66,27 @@ def class_counts(class_weights: Sequence[float], batch_size: int) -> list[int]:
     return counts
 
 
+def _hooks(hooks, num_classes, who: str, *, none: bool) -> dict:
+    """`hooks` as a dict of class index (or None, where `none`) -> callable; refused naming the value otherwise."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"{who}: num_classes must be an int >= 1, got {num_classes!r}")
+    if not isinstance(hooks, Mapping):
+        raise TypeError(f"{who}: hooks must be a mapping of class index -> hook, got {type(hooks).__name__}")
+    bad = [c for c in hooks if not (c is None and none) and not (
+        isinstance(c, int) and not isinstance(c, bool) and 0 <= c < num_classes)]
+    if bad:
+        raise ValueError(f"hook classes must be {'None or ' if none else ''}ints in [0, {num_classes}), got {bad}")
+    uncallable = {c: h for c, h in hooks.items() if not callable(h)}
+    if uncallable:
+        raise TypeError(f"{who}: every hook must be callable, got {uncallable!r}")
+    return dict(hooks)
+
+
 def _class_indices(labels) -> torch.Tensor:
     """`labels` as a non-empty 1-D int64 tensor of class indices in 0..MAX_CLASSES-1; refused naming the
     values otherwise (a float label is not truncated, a stray huge one does not size a table)."""
+    if isinstance(labels, (str, bytes)):
+        raise ValueError(f"labels must be a non-empty 1-D tensor of class indices, got {labels!r}")
     tensor = torch.as_tensor(labels)
     if tensor.ndim != 1 or tensor.numel() == 0:
         raise ValueError(f"labels must be a non-empty 1-D tensor of class indices, got shape {tuple(tensor.shape)}")
@@ -96,8 +114,12 @@ class SelectiveBatchSampler(Sampler[list[int]]):
     ) -> None:
         labels = _class_indices(labels)
         num_classes = int(labels.max()) + 1
+        if not isinstance(class_weights, (Mapping, Sequence)) or isinstance(class_weights, (str, bytes)):
+            raise TypeError(f"class_weights must be a sequence or a mapping of class index -> weight, "
+                            f"got {class_weights!r}")
         if isinstance(class_weights, Mapping):
-            bad = [c for c in class_weights if not 0 <= c < num_classes]
+            bad = [c for c in class_weights
+                   if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < num_classes]
             if bad:
                 raise ValueError(f"class_weights keys must be in [0, {num_classes}), got {bad}")
             class_weights = [float(class_weights.get(c, 0.0)) for c in range(num_classes)]
@@ -256,14 +278,20 @@ class ClassAugmenter:
     """
 
     def __init__(self, hooks: Mapping[int, Hook], num_classes: int, *, seed: int = 0) -> None:
-        bad = [c for c in hooks if not 0 <= c < num_classes]
-        if bad:
-            raise ValueError(f"hook classes must be in [0, {num_classes}), got {bad}")
-        self.hooks = dict(hooks)
+        self.hooks = _hooks(hooks, num_classes, "ClassAugmenter", none=False)
         self.num_classes = num_classes
         self.generator = seeded(seed)
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not isinstance(images, torch.Tensor) or images.dim() < 1:
+            raise TypeError(f"ClassAugmenter: images must be a tensor [N, ...], got {type(images).__name__}")
+        if (not isinstance(labels, torch.Tensor) or labels.dim() != 1 or labels.is_floating_point()
+                or labels.is_complex() or labels.dtype == torch.bool):
+            raise ValueError(f"ClassAugmenter: labels must be a 1-D integer tensor of class indices, got "
+                             f"{labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__}")
+        if len(labels) != len(images):
+            raise ValueError(f"ClassAugmenter: {len(images)} images but {len(labels)} labels")
+        labels = labels.to(torch.int64)
         if len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < self.num_classes:
             raise ValueError(f"labels must be in 0..{self.num_classes - 1} (num_classes={self.num_classes}), "
                              f"found {int(labels.min())}..{int(labels.max())}")
@@ -294,11 +322,17 @@ class FlipCrop:
     def __init__(self, *, padding: int = 2, flip: bool = True) -> None:
         if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
             raise ValueError(f"padding must be an int >= 0, got {padding!r}")
-        self.padding, self.flip = padding, bool(flip)
+        if not isinstance(flip, bool):
+            raise TypeError(f"FlipCrop: flip must be True or False, got {flip!r}")
+        self.padding, self.flip = padding, flip
 
     def __call__(self, rows: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 4:
+            raise TypeError(f"FlipCrop works on image rows [n, C, H, W], got {getattr(rows, 'shape', type(rows))}")
         n, _, h, w = rows.shape
         p = self.padding
+        if p > max(h, w):
+            raise ValueError(f"FlipCrop: padding={p} is more than the images' size {h} x {w} (at most {max(h, w)})")
         out = rows.clone()
         if self.flip:
             flips = torch.rand(n, generator=g) < 0.5
@@ -321,10 +355,7 @@ class ClassImageAugmenter:
     """
 
     def __init__(self, hooks: Mapping[int | None, ImageHook], num_classes: int, *, seed: int = 0) -> None:
-        bad = [c for c in hooks if c is not None and not (isinstance(c, int) and 0 <= c < num_classes)]
-        if bad:
-            raise ValueError(f"hook classes must be None or ints in [0, {num_classes}), got {bad}")
-        self.hooks = dict(hooks)
+        self.hooks = _hooks(hooks, num_classes, "ClassImageAugmenter", none=True)
         self.num_classes = num_classes
         self.generator = seeded(seed)
 

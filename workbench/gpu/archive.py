@@ -31,7 +31,8 @@ from ..report.reference import (
 from ..report.results import _NONBLOCK, NAME_PATTERN, UsageError
 from .place import _write_in, check_target, place_folder
 
-__all__ = ["MAX_MEMBERS", "MAX_ARCHIVE_BYTES", "bundle", "bundle_part", "unpack", "listing_text", "write_listing"]
+__all__ = ["MAX_MEMBERS", "MAX_ARCHIVE_BYTES", "bundle", "bundle_part", "check_archive", "unpack", "listing_text",
+           "write_listing"]
 
 MAX_MEMBERS = 256  # a reference folder holds a dozen files
 MAX_ARCHIVE_BYTES = 64 * 2**20  # the largest reference so far (packed_bit_optimizers on an H100) is 1.8 MiB
@@ -179,7 +180,24 @@ def unpack(archive: str | Path, root: str | Path) -> list[Path]:
     Every member must be a plain file named `<device-slug>/<name>/<file>` with a file name the layout allows,
     and each folder must hold its record (run.json, or a part's part.json) with an `environment`; otherwise
     nothing is written (UsageError naming the member, folder or limit). See the module's docstring."""
+    folders = check_archive(archive, root)
+    return [place_folder(Path(root), slug, name, files) for (slug, name), files in folders.items()]
+
+
+def check_archive(archive: str | Path, root: str | Path) -> dict:
+    """The folders `unpack` would write from `archive` into `root`, read and checked, nothing written: UsageError
+    naming the member, folder or limit otherwise (`unpack` checks every archive of a command before any)."""
     archive, root = Path(archive), Path(root)
+    for what, path in (("archive", archive), ("--reports", root)):
+        if "\0" in str(path):
+            raise UsageError(f"{what} {str(path)!r} holds a NUL byte, which no path can hold; nothing was written")
+    for path in (root.parent, root):
+        try:
+            os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            pass  # made later, or refused by check_target naming what is in the way
+        except OSError as exc:  # a name too long, a loop of links
+            raise UsageError(f"--reports {str(root.parent)!r}: {exc.strerror or exc}; nothing was written") from None
     try:
         folders = _read_members(archive)
     except (OSError, EOFError, tarfile.TarError, zlib.error, lzma.LZMAError) as exc:
@@ -193,7 +211,7 @@ def unpack(archive: str | Path, root: str | Path) -> list[Path]:
                          f"(not a reference folder)")
     for slug, name in folders:
         check_target(root, slug, name)
-    return [place_folder(root, slug, name, files) for (slug, name), files in folders.items()]
+    return folders
 
 
 def listing_text(root: Path) -> str:

@@ -20,7 +20,7 @@ from ..report.folders import locked
 from ..report.index import write_index
 from ..report.reference import REFERENCE
 from ..report.results import PROFILES, UsageError
-from .archive import unpack, write_listing
+from .archive import check_archive, unpack, write_listing
 from .pack import add_pack_parser
 from .parts import add_part_parser
 from .run import environment_restored, run
@@ -79,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _unpack(archives: list[Path], reports: Path) -> None:
+    for archive in archives:  # all checked before any is written: a bad second archive leaves the first unwritten
+        check_archive(archive, reports / REFERENCE)
     for archive in archives:
         for target in unpack(archive, reports / REFERENCE):
             print(f"reference: {target}")

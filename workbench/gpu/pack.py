@@ -173,7 +173,18 @@ def _foreign(dest: Path, ours: set[str]) -> list[str]:
 
 def _check_dest(dest: Path) -> None:
     """Refuse (UsageError) a destination that cannot become a folder: a link, something other than a folder,
-    a path under a regular file."""
+    a path under a regular file, a name no path can hold."""
+    if "\0" in str(dest):
+        raise UsageError(f"{str(dest)!r} holds a NUL byte, which no path can hold; choose another folder")
+    if len(dest.name.encode()) > 255 - len(".incoming-4194304."):  # the pack is staged beside it, under a longer name
+        raise UsageError(f"{dest.name[:40]}...: a folder name of {len(dest.name.encode())} bytes; a file system allows "
+                         f"255, and pack stages it beside under a name {len('.incoming-4194304.')} bytes longer")
+    try:
+        os.lstat(dest)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # made later, or refused below naming what is in the way
+    except OSError as exc:
+        raise UsageError(f"{dest}: {exc.strerror or exc}; choose another folder") from None
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise UsageError(f"{dest} exists and is not a pack; choose another folder (or remove it)")
     for above in dest.parents:

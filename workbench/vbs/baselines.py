@@ -58,7 +58,7 @@ def fbs_peak(layers: LayerProfile, *, batch: int, size: int) -> int:
 def fbs(layers: LayerProfile, *, memory: int, batch: int, request: str = "pieces") -> Plan:
     """Fixed batch size: the largest batch size whose schedule fits in `memory` units, for the
     request handed over sample by sample ("pieces") or kept by the caller ("kept", `vbs.request`)."""
-    check_request(layers, memory, batch)
+    check_request(layers, memory, batch, budget=True)
     return planned(lambda t, m: _fbs(t, m, batch), layers, memory, batch, request)
 
 
@@ -88,7 +88,7 @@ def _greedy_layer(layers: LayerProfile, i: int, g: int, batch: int) -> list[Step
 def greedy_vbs(layers: LayerProfile, *, memory: int, batch: int, request: str = "pieces") -> Plan:
     """Greedy-VBS: layer by layer over all `batch` samples, each with its largest feasible batch;
     `request` as in `fbs`."""
-    check_request(layers, memory, batch)
+    check_request(layers, memory, batch, budget=True)
     return planned(lambda t, m: _greedy(t, m, batch), layers, memory, batch, request)
 
 

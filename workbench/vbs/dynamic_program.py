@@ -143,7 +143,7 @@ class Planner:
     """
 
     def __init__(self, layers: LayerProfile, *, memory: int, request: str = "pieces") -> None:
-        check_request(layers, memory, 1)
+        check_request(layers, memory, 1, budget=True)
         self.request, self.tables = checked_request(request), layers
         if self.request == "kept":
             layers = without_request(layers)
@@ -200,14 +200,15 @@ class Planner:
         return None
 
     def _check_batch(self, batch: int) -> None:
-        if not isinstance(batch, (int, np.integer)) or not 1 <= batch <= self.layers.max_batch:
+        if (isinstance(batch, bool) or not isinstance(batch, (int, np.integer))
+                or not 1 <= batch <= self.layers.max_batch):
             raise ValueError(f"batch must be an int in 1..{self.layers.max_batch} (the tables' B), got {batch!r}")
 
     def plan(self, *, memory: int | None = None, batch: int) -> Plan:
         """The DP's plan (method "vbs") for `batch` samples in `memory` units (default: all)."""
         self._check_batch(batch)
         m = self.memory if memory is None else memory
-        if not isinstance(m, (int, np.integer)) or not 0 <= m <= self.memory:
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 0 <= m <= self.memory:
             raise ValueError(f"memory must be an int in 0..{self.memory} for this Planner, got {m!r}")
         found = self.executable(int(m), int(batch))
         if found is None:
@@ -354,7 +355,7 @@ def plan(layers: LayerProfile, *, memory: int, batch: int, resolution: int | Non
     consumed: the paper's accounting, `Executor` with a list of samples) or "kept" (a tensor the
     caller keeps for the whole call, as `vbs.run(model, plan, x)` does).
     """
-    check_request(layers, memory, batch)
+    check_request(layers, memory, batch, budget=True)
     checked_request(request)
     k = _factor(layers, memory, resolution)
     coarse = layers.coarsen(layers.unit_bytes * k) if k > 1 else layers

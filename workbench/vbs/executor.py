@@ -34,6 +34,7 @@ allocator.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 
 import torch
@@ -136,6 +137,15 @@ class Executor:
                  atol: float | None = None, check_memory: bool = True) -> None:
         if not isinstance(plan, Plan):
             raise TypeError(f"plan must be a workbench.vbs.Plan, got {type(plan).__name__}")
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {model!r} ({type(model).__name__})")
+        for name, flag in (("check", check), ("check_memory", check_memory)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        for name, tol in (("rtol", rtol), ("atol", atol)):
+            if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float))
+                                    or not 0 <= tol < math.inf):
+                raise ValueError(f"{name} must be None or a finite number >= 0, got {tol!r}")
         self.model = model.eval()
         found = decompose(model)
         self.stages: list[Stage] = found.stages

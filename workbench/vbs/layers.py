@@ -162,10 +162,23 @@ class LayerProfile:
 # Measuring the tables of a real model
 
 
+#: The largest batch `measure_layers` measures (its tables hold one column per batch size up to B).
+MAX_MEASURED_BATCH = 2**16
+
+
 def _batch_list(batch_sizes: int | Sequence[int]) -> list[int]:
-    sizes = list(range(1, batch_sizes + 1)) if isinstance(batch_sizes, int) else [int(b) for b in batch_sizes]
+    def whole(b) -> bool:
+        return not isinstance(b, bool) and isinstance(b, (int, np.integer)) and 1 <= b <= MAX_MEASURED_BATCH
+
+    if whole(batch_sizes):
+        sizes = list(range(1, int(batch_sizes) + 1))
+    elif isinstance(batch_sizes, (list, tuple, range, np.ndarray)) and all(whole(b) for b in batch_sizes):
+        sizes = [int(b) for b in batch_sizes]
+    else:
+        sizes = []
     if not sizes or sizes[0] != 1 or any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
-        raise ValueError(f"batch_sizes must be an int B >= 1 or an increasing list starting at 1, got {batch_sizes!r}")
+        raise ValueError(f"batch_sizes must be an int B in 1..{MAX_MEASURED_BATCH} or an increasing list of such ints "
+                         f"starting at 1, got {batch_sizes!r}")
     return sizes
 
 
@@ -302,6 +315,8 @@ def measure_layers(
     """
     from tqdm.auto import tqdm
 
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"measure_layers: model must be an nn.Module, got {model!r} ({type(model).__name__})")
     if not isinstance(sample, torch.Tensor) or sample.dim() < 1:
         raise TypeError("sample must be a tensor of one input without the batch dimension")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
@@ -385,7 +400,10 @@ def measure_layers(
 
 def unit_for(bytes_value: float, units: int) -> int:
     """The unit (bytes, a whole number of KiB) that makes `bytes_value` about `units` units."""
-    if units < 1 or bytes_value <= 0:
-        raise ValueError(f"need units >= 1 and bytes_value > 0, got {units}, {bytes_value}")
+    if (isinstance(units, bool) or not isinstance(units, (int, np.integer)) or units < 1
+            or isinstance(bytes_value, bool) or not isinstance(bytes_value, (int, float, np.integer, np.floating))
+            or not 0 < bytes_value < math.inf):
+        raise ValueError(f"unit_for: need units >= 1 (an int) and bytes_value > 0 (a finite number), got "
+                         f"units={units!r}, bytes_value={bytes_value!r}")
     return max(1024, 1024 * math.ceil(bytes_value / units / 1024))
 

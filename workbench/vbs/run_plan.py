@@ -87,6 +87,11 @@ def run(model: nn.Module, plan: Plan, inputs: torch.Tensor | list[torch.Tensor],
     compared with the model's forward on every sample (`Executor.verify`), outside the timing; a
     mismatch raises `ExecutionMismatch` naming the stage. Both are for the device `inputs` live on.
     """
+    if not isinstance(measure_memory, bool):
+        raise TypeError(f"measure_memory must be True or False, got {measure_memory!r}")
+    if not isinstance(inputs, (torch.Tensor, list)) or (
+            isinstance(inputs, list) and not all(isinstance(x, torch.Tensor) for x in inputs)):
+        raise TypeError(f"inputs must be a tensor or a list of per-sample tensors, got {type(inputs).__name__}")
     ex = Executor(model, plan, check=check, rtol=rtol, atol=atol, check_memory=check_memory)
     kept = isinstance(inputs, torch.Tensor)
     if measure_memory and not kept:

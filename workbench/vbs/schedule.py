@@ -227,14 +227,20 @@ def _conserved(steps: list[Step], layers: range, batch: int, where: str, names: 
             raise ValueError(f"{where}: layer {i}{name} runs {total} samples in its steps, the request has {batch}")
 
 
-def check_request(layers: LayerProfile, memory: int | None, batch: int) -> None:
-    """Raise early for tables that are not a LayerProfile, a batch outside 1..B or a negative budget."""
+def check_request(layers: LayerProfile, memory: int | None, batch: int, *, budget: bool = False) -> None:
+    """Raise early for tables that are not a LayerProfile, a batch outside 1..B or a negative budget (or none,
+    where `budget` says the planner needs one)."""
     if not isinstance(layers, LayerProfile):
         raise TypeError(f"layers must be a workbench.vbs.LayerProfile, got {type(layers).__name__}")
-    if not isinstance(batch, (int, np.integer)) or not 1 <= batch <= layers.max_batch:
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or not 1 <= batch <= layers.max_batch:
         raise ValueError(f"batch must be an int in 1..{layers.max_batch} (the tables' B), got {batch!r}")
-    if memory is not None and (not isinstance(memory, (int, np.integer)) or memory < 0):
+    if memory is None and budget:
+        raise ValueError(f"memory must be an int >= 0 (units of {layers.unit_bytes} bytes), got None")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, np.integer)) or memory < 0):
         raise ValueError(f"memory must be an int >= 0 (units of {layers.unit_bytes} bytes), got {memory!r}")
+    if memory is not None and memory * layers.unit_bytes > 2**63 - 1:  # numpy's int64 tables hold no more
+        raise ValueError(f"memory must be at most 2**63-1 bytes ({(2**63 - 1) // layers.unit_bytes} units of "
+                         f"{layers.unit_bytes} bytes), got {memory!r}")
 
 
 def uniform_step(layers: LayerProfile, layer: int, q: int, reserved: int) -> Step:
