@@ -395,7 +395,13 @@ class Executor:
             else:
                 want = self.model(inputs[k:k + 1])
             detail = mismatch(outputs[k:k + 1], want, self.rtol, self.atol)
+            nan = detail and want.is_floating_point() and bool(want.isnan().any())
             del want
+            if nan:  # NaN never compares close: the model's own output for this sample cannot be checked
+                raise ValueError(
+                    f"workbench.vbs: model(x) is NaN for sample {k} of the first batch (NaN or inf in the inputs?), "
+                    f"and NaN outputs cannot be checked against the plan's: give finite inputs, or run with "
+                    f"check=False. No outputs are returned.")
             if detail:
                 where = (diagnose(self, inputs, self.rtol, self.atol) if inputs is not None else
                          "the request was handed over and consumed: run it as one tensor to find the stage")
