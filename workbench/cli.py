@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -30,10 +31,8 @@ def _folder(text: str) -> str:
 def _workers(text: str) -> int:
     from .report.cluster import MAX_WORKERS
 
-    try:
-        count = int(text)
-    except ValueError:
-        count = 0
+    # NOTE: ASCII digits only: int() also takes '٢' (Arabic-Indic) or '２' (fullwidth) as 2
+    count = int(text) if re.fullmatch(r"\s*[0-9]{1,6}\s*", text) else 0
     if not 1 <= count <= MAX_WORKERS:
         raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of worker processes in 1..{MAX_WORKERS}")
     return count

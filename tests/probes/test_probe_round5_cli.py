@@ -1,13 +1,15 @@
-"""Hostile inputs, round 5 (issue 43), command-line family: `workbench advise` options, and the paths given to
-`python -m workbench.gpu pack` and `unpack`. Each is refused in one line naming the option (or path) and the
-value, exit status 2, before any work; no file is lost and nothing is written outside the folder given (the
-listing of the test's folder is compared before and after).
+"""Hostile inputs, round 5 (issue 43), command-line family: `workbench advise` options, `workbench report` options
+(--workers, --scheduler, --out, names, --profile), and the paths given to `python -m workbench.gpu pack` and
+`unpack`. Each is refused in one line naming the option (or path) and the value, exit status 2, before any work;
+no file is lost and nothing is written outside the folder given (the listing of the test's folder is compared
+before and after).
 
 Found by this round and fixed here: `advise --sample` given a named pipe waited for ever (and /dev/zero would be
 read without end); `pack` to a path holding a NUL byte or a name too long ended in a ValueError or OSError
 traceback; `unpack` with a NUL byte in the archive's or the reports' path, or a reports name too long, ended in a
 traceback; `unpack a.tar.gz b.tar.gz` with a damaged second archive unpacked the first, then failed before the
-listing and the index were rewritten (now every archive is checked before any is written).
+listing and the index were rewritten (now every archive is checked before any is written); `report --workers ٢`
+(Arabic-Indic two, which int() reads as 2) started a cluster of 2 workers.
 """
 
 from __future__ import annotations
@@ -377,3 +379,71 @@ def test_a_damaged_second_archive_leaves_the_first_unwritten(tmp_path, capsys):
     assert not (tmp_path / "reports").exists()
     assert _gpu(["unpack", str(first), "--reports", str(tmp_path / "reports")], capsys)[0] == 0  # alone, it unpacks
     assert json.loads((tmp_path / "reports" / "reference" / SLUG / NAME / "run.json").read_text())["name"] == NAME
+
+
+# ------------------------------------------------------------------ report options
+
+
+@pytest.fixture
+def report_cli(tmp_path, monkeypatch, capsys):
+    """`workbench report --notebooks NB --out OUT good --profile smoke ARGS` with papermill faked; returns the
+    status and the last line of stderr, after checking that no notebook ran and nothing changed in tmp_path."""
+    from probe_cases import make_notebooks, use_fake
+
+    fake = use_fake(monkeypatch)
+    notebooks = make_notebooks(tmp_path)
+
+    def run(out: str, *args: str) -> str:
+        capsys.readouterr()
+        before = _listing(tmp_path)
+        try:
+            status = main(["report", "--notebooks", str(notebooks), "--out", out, *args])
+        except SystemExit as exit_:
+            status = exit_.code
+        err = capsys.readouterr().err.strip()
+        assert status == 2 and not fake.calls, err
+        assert "Traceback" not in err and err.splitlines()[-1].startswith("workbench report: error: "), err
+        assert _listing(tmp_path) == before
+        return err.splitlines()[-1]
+
+    return run
+
+
+@pytest.mark.parametrize("workers", ["0", "-1", "abc", "1.5", "100000", "٢", "２", "", "1e2", "2_0"])
+def test_a_worker_count_that_is_not_a_whole_number_in_range_is_refused(report_cli, tmp_path, workers):
+    """'٢' (Arabic-Indic two) was read as 2 by int(), and a cluster of 2 workers started."""
+    err = report_cli(str(tmp_path / "r"), "good", "--profile", "smoke", f"--workers={workers}")
+    assert f"--workers: {workers!r}" in err and "1..256" in err, err
+
+
+@pytest.mark.parametrize("address, needles", [("::::", ["'::::'", "brackets"]), ("127.0.0.1:99999", ["1..65535"]),
+                                              ("", ["scheduler=''"]), ("tcp://", ["scheduler='tcp://'"])])
+def test_a_scheduler_address_that_cannot_be_reached_is_refused_naming_it(report_cli, tmp_path, address, needles):
+    err = report_cli(str(tmp_path / "r"), "good", "--profile", "smoke", f"--scheduler={address}")
+    assert "--scheduler" in err and all(n in err for n in needles), err
+
+
+OUT_CASES = {
+    "a regular file": (lambda w: (w / "F").write_text("mine"), "F", ["is a file, not a folder"]),
+    "under a regular file": (lambda w: (w / "F").write_text("mine"), "F/r", ["Not a directory"]),
+    "a named pipe": (lambda w: os.mkfifo(w / "Q"), "Q", ["is a file, not a folder"]),
+    "a link loop": (lambda w: (w / "L").symlink_to(w / "L"), "L", ["Too many levels of symbolic links"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUT_CASES))
+def test_an_out_folder_that_cannot_be_one_is_refused_and_kept(report_cli, tmp_path, case):
+    setup, out, needles = OUT_CASES[case]
+    setup(tmp_path)
+    err = report_cli(str(tmp_path / out), "good", "--profile", "smoke")
+    assert all(n in err for n in needles), err
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["good", "--profile", "nosuch"], ["--profile", "'nosuch'"]), (["gööd", "--profile", "smoke"], ["'gööd'"]),
+    (["../good", "--profile", "smoke"], ["'../good'", "choose from good"]),
+    (["good.ipynb", "--profile", "smoke"], ["'good.ipynb'"]),
+])
+def test_a_notebook_name_or_profile_not_offered_is_refused(report_cli, tmp_path, args, needles):
+    err = report_cli(str(tmp_path / "r"), *args)
+    assert all(n in err for n in needles), err
