@@ -9,7 +9,9 @@ read without end); `pack` to a path holding a NUL byte or a name too long ended 
 traceback; `unpack` with a NUL byte in the archive's or the reports' path, or a reports name too long, ended in a
 traceback; `unpack a.tar.gz b.tar.gz` with a damaged second archive unpacked the first, then failed before the
 listing and the index were rewritten (now every archive is checked before any is written); `report --workers ٢`
-(Arabic-Indic two, which int() reads as 2) started a cluster of 2 workers.
+(Arabic-Indic two, which int() reads as 2) started a cluster of 2 workers; `gpu run` checked its -p values and
+its folders (--out, --reference, --bundle, --site, --wheels: a file, a pipe, a link loop, a NUL byte) only after
+installing the wheels, in build_reports, although it promises that everything is checked before any work.
 """
 
 from __future__ import annotations
@@ -447,3 +449,62 @@ def test_an_out_folder_that_cannot_be_one_is_refused_and_kept(report_cli, tmp_pa
 def test_a_notebook_name_or_profile_not_offered_is_refused(report_cli, tmp_path, args, needles):
     err = report_cli(str(tmp_path / "r"), *args)
     assert all(n in err for n in needles), err
+
+
+# ------------------------------------------------------------------ gpu run
+
+
+RUN_CASES = {
+    "--deadline -1": (None, ["--deadline", "-1"], ["--deadline -1.0", "0..86400"]),
+    "--deadline nan": (None, ["--deadline", "nan"], ["--deadline nan"]),
+    "--deadline inf": (None, ["--deadline", "inf"], ["--deadline inf"]),
+    "--deadline 0": (None, ["--deadline", "0"], ["--deadline 0.0"]),
+    "-p without a name": (None, ["-p", "=1"], ["-p '=1'", "name=value"]),
+    "-p a value of the wrong type": (None, ["-p", "batch_size=abc"], ["batch_size='abc'", "not a whole number"]),
+    "-p a value out of range": (None, ["-p", "batch_size=0"], ["batch_size=0", "out of range"]),
+    "-p a parameter not declared": (None, ["-p", "nosuch=1"], ["declares no parameter nosuch"]),
+    "-p a choice not declared": (None, ["-p", "model_name=vgg"], ["model_name='vgg'", "resnet18"]),
+    "--out a regular file": (lambda w: (w / "F").write_text("mine"), ["--out", "F"], ["--out", "not a folder"]),
+    "--reference a regular file": (lambda w: (w / "F").write_text("mine"), ["--reference", "F"],
+                                   ["--reference", "not a folder"]),
+    "--bundle under a regular file": (lambda w: (w / "F").write_text("mine"), ["--bundle", "F/b"],
+                                      ["--bundle", "F is not a folder"]),
+    "--site a named pipe": (lambda w: os.mkfifo(w / "Q"), ["--site", "Q"], ["--site", "not a folder"]),
+    "--wheels a link loop": (lambda w: (w / "L").symlink_to(w / "L"), ["--wheels", "L"],
+                             ["--wheels", "Too many levels of symbolic links"]),
+    "--out with a NUL byte": (None, ["--out", "o\0x"], ["--out", "NUL byte"]),
+    "--commit that is not one": (None, ["--commit", "HEAD; rm -rf"], ["--commit", "hexadecimal"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RUN_CASES))
+def test_gpu_run_refuses_a_bad_option_before_installing_anything(tmp_path, capsys, monkeypatch, case):
+    """-p values and paths were checked only once the wheels were installed (minutes on a bare GPU machine), in
+    build_reports; `run` promises that everything is checked before any work."""
+    from workbench.gpu import run as gpu_run
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr(gpu_run, "install_wheels", no_work)
+    monkeypatch.setattr("workbench.report.runner.build_reports", no_work)
+    setup, args, needles = RUN_CASES[case]
+    work = tmp_path / "w"
+    work.mkdir()
+    if setup is not None:
+        setup(work)
+    monkeypatch.chdir(work)
+    base = {"--out": "o", "--reference": "ref", "--bundle": "b", "--site": "site", "--wheels": "wheels"}
+    for option, value in zip(args[::2], args[1::2], strict=True):
+        if option in base:
+            base[option] = value
+    extra = [a for option, value in zip(args[::2], args[1::2], strict=True) if option not in base
+             for a in (option, value)]
+    argv = ["run", "tour", "--profile", "smoke", "--device", "cpu",
+            *[a for option, value in base.items() for a in (option, str(work / value))], *extra]
+    before = _listing(tmp_path)
+    status, err = _gpu(argv, capsys)
+    assert status == 2, err
+    _one_line(err)
+    assert all(n in err for n in needles), err
+    assert _listing(tmp_path) == before

@@ -119,6 +119,24 @@ def _shown_paths(out: Path, scratch: Path, profile: str, name: str) -> dict[str,
             built: "reports", re.escape(str(scratch.resolve())): "build"}
 
 
+def _check_folder(option: str, path: Path) -> None:
+    """UsageError naming `option` when `path` cannot be a folder: a NUL byte, a name too long, a loop of links,
+    something there that is not a folder, or a regular file above it (checked before any work)."""
+    if "\0" in str(path):
+        raise UsageError(f"{option} {str(path)!r} holds a NUL byte, which no path can hold")
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None
+    if os.path.lexists(path) and not path.is_dir():
+        raise UsageError(f"{option} {path} exists and is not a folder; choose another path (or move it away)")
+    above = next((p for p in path.absolute().parents if os.path.lexists(p)), None)
+    if above is not None and not above.is_dir():
+        raise UsageError(f"{option} {path}: {above} is not a folder, so no folder can be made under it")
+
+
 def run(names: list[str], *, profile: str = "gpu", device: str | None = None, commit: str | None = None,
         out: Path | None = None, reference: Path | None = None, bundle_dir: Path | None = None,
         wheels: Path | None = None, site: Path | None = None, deadline: float | None = None,
@@ -146,6 +164,13 @@ def run(names: list[str], *, profile: str = "gpu", device: str | None = None, co
     for chosen in devices.values():
         if chosen:
             check_device(chosen)
+    from ..report.runner import _plan
+
+    _plan(list(dict.fromkeys(names)), profile, overrides, repo_root() / "notebooks")  # each -p, before any work
+    for option, path in (("--out", out), ("--reference", reference), ("--bundle", bundle_dir), ("--wheels", wheels),
+                         ("--site", site)):
+        if path is not None:
+            _check_folder(option, Path(path))
     os.environ["WORKBENCH_COMMIT"] = commit = check_commit(commit)  # devices.environment records it
     scratch = Path(tempfile.mkdtemp(prefix="workbench-gpu-"))
     try:
