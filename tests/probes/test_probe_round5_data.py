@@ -10,18 +10,22 @@ kept; `normalize` of a list or to an integer or str dtype, `make_loader`/`ImageS
 comparison TypeError; a hook that cannot be called and `num_classes=2.5` were kept until the first batch;
 `PrefetchLoader(scheme='int32')`, `transform=5` and a sampler's index past the data failed only in the producer
 thread (IndexError); `capacity_study(max_per_element=0)` returned an empty table and `schemes='int64'` was read
-letter by letter; `DecodeLayer(dtype=torch.int64)` was kept; `FlipCrop(padding=10**9)` padded by 10**9.
+letter by letter; `DecodeLayer(dtype=torch.int64)` was kept; `FlipCrop(padding=10**9)` padded by 10**9; the readers
+said "not found ... download it" for a root that is a file, a pipe or a link loop, or holds a NUL byte.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from workbench.data import ImageSet, load, make_loader, synthetic_images
+from workbench.data import ImageSet, load, load_cifar10, load_mnist, make_loader, synthetic_images
 from workbench.data.datasets import load_digits, normalize
 from workbench.data.encode import DecodeLayer, capacity_study, decode, encode
 from workbench.data.prefetch import PrefetchLoader, ShuffledBatchSampler
+from workbench.data.readers import load_cifar100
 from workbench.data.sampling import (
     ClassAugmenter, ClassImageAugmenter, CutMix, FlipCrop, MixUp, SelectiveBatchSampler, beta_sample, class_counts,
 )
@@ -293,3 +297,36 @@ def test_the_good_calls_still_answer(images):
     mixed, targets = ClassAugmenter({0: MixUp()}, 10)(images.images.float(), images.labels)
     assert mixed.shape == images.images.shape and targets.shape == (8, 10)
     assert len(capacity_study(U8, schemes=("int64",), max_per_element=2)) == 2
+
+
+# ------------------------------------------------------------------ the readers' root folder
+
+
+ROOTS = {
+    "a regular file": (lambda t: (t / "F").write_text("mine"), "F", ValueError, ["is not a folder"]),
+    "a named pipe": (lambda t: os.mkfifo(t / "Q"), "Q", ValueError, ["is not a folder"]),
+    "a link loop": (lambda t: (t / "L").symlink_to(t / "L"), "L", ValueError, ["Too many levels of symbolic links"]),
+    "a NUL byte": (None, "a\0b", ValueError, ["NUL byte"]),
+    "a name too long": (None, "x" * 300, ValueError, ["File name too long"]),
+    "a number": (None, 5, TypeError, ["root", "5"]),
+    "a file where the set's folder goes": (lambda t: (t / "R").mkdir(), "R/SUB", ValueError, ["is not a folder"]),
+}
+
+
+@pytest.mark.parametrize("reader, sub", [(load_cifar10, "cifar-10-batches-py"), (load_cifar100, "cifar-100-python"),
+                                         (load_mnist, "mnist")])
+@pytest.mark.parametrize("case", sorted(ROOTS))
+def test_a_root_that_cannot_hold_the_data_is_named_not_reported_missing(tmp_path, reader, sub, case):
+    """Each was "... not found at <root>/...: Download it yourself and place it there" (a NUL byte shown as a
+    space), or a raw OSError (a name too long) or TypeError ("expected str, bytes or os.PathLike object")."""
+    setup, root, kind, needles = ROOTS[case]
+    if setup is not None:
+        setup(tmp_path)
+    if root == "R/SUB":
+        (tmp_path / "R" / sub).write_text("mine")
+        root = "R"
+    given = str(tmp_path / root) if isinstance(root, str) else root
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    message = _refused(lambda: reader(given), needles, types=(kind,))
+    assert "Download it yourself" not in message and "root" in message, message
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before

@@ -36,6 +36,28 @@ MAX_GZIP_RATIO = 64  # most a gzipped IDX body may expand, plus 1 MiB (real MNIS
 _CHUNK = 2**20  # bytes read at a time into an IDX array
 
 
+def _folder(root, sub: str) -> Path:
+    """`<root>/<sub>` (root None: `data_dir()`), refused naming `root` when no folder can be there: not a path, a
+    NUL byte, a name too long, a loop of links, or a file where the folder should be."""
+    if root is None or root == "":
+        root = data_dir()
+    if not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"root must be a folder (str or Path) or None, got {root!r} ({type(root).__name__})")
+    if "\0" in str(root):
+        raise ValueError(f"root={str(root)!r} holds a NUL byte, which no path can hold")
+    root = Path(root)
+    for path in (root, root / sub):
+        try:
+            os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # missing: the file's own error says where to put it
+        except OSError as exc:  # a name too long, a loop of links
+            raise ValueError(f"root={str(root)!r}: {path}: {exc.strerror or exc}") from None
+        if not path.is_dir():
+            raise ValueError(f"root={str(root)!r}: {path} is not a folder (the data sets live in <root>/{sub}/)")
+    return root / sub
+
+
 def _require(path: Path, what: str) -> Path:
     if os.path.lexists(path) and not path.exists():
         raise ValueError(f"{path}: a symbolic link that leads nowhere (dangling, or a loop); {what} must be a file")
@@ -104,14 +126,14 @@ def _cifar(folder: Path, files: dict[str, list[str]], label_key: str, classes: i
 
 def load_cifar10(root: str | Path | None = None) -> tuple[ImageSet, ImageSet]:
     """CIFAR-10 python batches from `<root>/cifar-10-batches-py/` (data_batch_1..5, test_batch)."""
-    folder = Path(root or data_dir()) / "cifar-10-batches-py"
+    folder = _folder(root, "cifar-10-batches-py")
     files = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
     return _cifar(folder, files, "labels", 10, "cifar10")
 
 
 def load_cifar100(root: str | Path | None = None) -> tuple[ImageSet, ImageSet]:
     """CIFAR-100 python files from `<root>/cifar-100-python/` (train, test; fine labels)."""
-    folder = Path(root or data_dir()) / "cifar-100-python"
+    folder = _folder(root, "cifar-100-python")
     return _cifar(folder, {"train": ["train"], "test": ["test"]}, "fine_labels", 100, "cifar100")
 
 
@@ -169,7 +191,7 @@ def _read_idx(path: Path, shape: tuple[int | None, ...], what: str) -> np.ndarra
 
 def load_mnist(root: str | Path | None = None) -> tuple[ImageSet, ImageSet]:
     """MNIST IDX files (optionally .gz) from `<root>/mnist/`: 28 x 28 images, one label in 0..9 per image."""
-    folder = Path(root or data_dir()) / "mnist"
+    folder = _folder(root, "mnist")
     sets = []
     for prefix in ("train", "t10k"):
         paths = []
