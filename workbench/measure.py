@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .inplace import InPlace, as_the_user_runs
 from .allocator import AllocatorMeter, allocator_events, allocator_trace  # re-exported: the measures in one place
-from .measure_args import _device, check_device
+from .measure_args import _device, check_device, check_flag
 from .timing import Timing, calls_for, time_callable, time_interleaved
 
 __all__ = [
@@ -244,6 +244,8 @@ class MemoryMeter:
     def __init__(self, device: torch.device | str | None = None, *, trace: bool = False,
                  allocator: bool = False) -> None:
         self.device = _device(device, "MemoryMeter")
+        check_flag("trace", trace)
+        check_flag("allocator", allocator)
         self.peak_bytes = 0
         self.end_bytes = 0
         self.allocator_peak_bytes: int | None = None

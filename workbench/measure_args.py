@@ -3,12 +3,14 @@ device: each error names the function, the argument and the value."""
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["check_device"]
+__all__ = ["check_device", "check_flag"]
 
 
 def check_device(device, who: str = "device") -> torch.device:
@@ -62,3 +64,10 @@ def _seconds(value, name: str) -> float:
     if not np.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value}")
     return float(value)
+
+
+def check_flag(name: str, value: Any) -> None:
+    """TypeError unless ``value`` is True or False (or 1 or 0): a string such as 'False' or 'no' is truthy, and
+    taking it as True would silently run another optimizer than the one asked for."""
+    if not (isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1))):
+        raise TypeError(f"{name}={value!r} must be True or False, got {type(value).__name__}")

@@ -11,7 +11,7 @@ on 10**12, and a model that is not a module ended in AttributeError; `vbs.run` t
 error for `rtol=-1`/`nan` and in `add_()` for `atol='x'`; `unit_for` said "cannot convert float NaN";
 `time_interleaved` took `rotate='no'`, `progress='no'` and `desc=5`; inputs holding NaN or inf made `vbs.run`
 raise ExecutionMismatch blaming torch.fx's trace (NaN never compares close), now a ValueError saying the
-model's own output is NaN. The rest are recorded as strict xfails.
+model's own output is NaN; `MemoryMeter` took trace='no' and allocator='no' as True.
 """
 
 from __future__ import annotations
@@ -138,8 +138,6 @@ def test_memory_meter_refuses_bad_devices(device, needles):
     _refused(lambda: MemoryMeter(device), needles)
 
 
-@pytest.mark.xfail(strict=True, reason="MemoryMeter takes trace='no' and allocator='no' as True (truthiness, "
-                                       "no check in workbench/measure.py)")
 @pytest.mark.parametrize("kw", [{"trace": "no"}, {"allocator": "no"}])
 def test_memory_meter_refuses_flags_that_are_not_bools(kw):
     _refused(lambda: MemoryMeter("cpu", **kw), [next(iter(kw)), "'no'"])

@@ -23,8 +23,9 @@ import numbers
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
+
+from ..measure_args import check_flag  # re-exported: the packed optimizers' switches
 
 __all__ = ["MASTER_ROUNDING", "STATE_DTYPES", "TORCH_ONLY", "PackedOptions", "check_betas", "check_flag", "check_real",
            "takes_options"]
@@ -56,13 +57,6 @@ def check_real(name: str, value: Any, *, low: float = 0.0, high: float = math.in
     if not (math.isfinite(value) and value >= low and upper_ok):
         bracket = ")" if high_open else "]"
         raise ValueError(f"{name}={value!r} out of range: allowed finite values in [{low}, {high}{bracket}")
-
-
-def check_flag(name: str, value: Any) -> None:
-    """TypeError unless ``value`` is True or False (or 1 or 0): a string such as 'False' or 'no' is truthy, and
-    taking it as True would silently run another optimizer than the one asked for."""
-    if not (isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1))):
-        raise TypeError(f"{name}={value!r} must be True or False, got {type(value).__name__}")
 
 
 def check_betas(betas: Any) -> tuple:

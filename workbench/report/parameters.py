@@ -313,6 +313,8 @@ def _typed(name: str, value, declared: Declared, where: str):
         return value
     if isinstance(value, str) and kind is not str:
         text = value.strip()
+        if kind in (int, float) and not text.isascii():  # int() and float() read '٣' and '１' as 3 and 1
+            raise refuse("a whole number" if kind is int else "a number")
         if kind is bool:
             if text.lower() not in ("true", "false"):
                 raise refuse("true or false")
