@@ -19,7 +19,8 @@ sys.path.insert(0, str(REPO / "tests" / "report"))
 
 from runner_cases import FakeExecutor, run_cli, write_notebook  # noqa: E402
 
-__all__ = ["FakeExecutor", "run_cli", "write_notebook", "make_notebooks", "use_fake", "within", "python"]
+__all__ = ["FakeExecutor", "run_cli", "write_notebook", "make_notebooks", "use_fake", "within", "python",
+           "refused"]
 
 
 def make_notebooks(tmp_path: Path) -> Path:
@@ -76,3 +77,14 @@ def python(code: str, *, timeout: float = 60, cwd: Path | None = None) -> subpro
                               env=env, cwd=cwd)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the child process still ran after {timeout} s (a hang)")
+
+
+def refused(call, needles, types=(ValueError, TypeError)) -> str:
+    """The error `call()` raises (one of `types`): its message names every one of `needles`, and is no traceback."""
+    with pytest.raises(types) as info:
+        call()
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, message
+    assert "\n" not in message.strip() or "Traceback" not in message, message
+    return message

@@ -20,6 +20,7 @@ import os
 
 import pytest
 import torch
+from probe_cases import refused
 
 from workbench.data import ImageSet, load, load_cifar10, load_mnist, make_loader, synthetic_images
 from workbench.data.datasets import load_digits, normalize
@@ -39,13 +40,6 @@ def images():
     return synthetic_images(8, (1, 8, 8))
 
 
-def _refused(call, needles, types=(ValueError, TypeError)):
-    with pytest.raises(types) as info:
-        call()
-    message = str(info.value)
-    for needle in needles:
-        assert needle in message, message
-    return message
 
 
 # ------------------------------------------------------------------ load
@@ -72,7 +66,7 @@ def _refused(call, needles, types=(ValueError, TypeError)):
     (("synthetic", 4, 2), {"seed": -2**63 - 1}, ["seed", str(-2**63 - 1)]),
 ])
 def test_load_refuses_naming_the_argument(args, kw, needles):
-    _refused(lambda: load(*args, **kw), needles)
+    refused(lambda: load(*args, **kw), needles)
 
 
 @pytest.mark.parametrize("args, kw, needles", [
@@ -84,7 +78,7 @@ def test_load_refuses_naming_the_argument(args, kw, needles):
     ((4, (3, 64, 64), 10**9), {}, ["num_classes=1000000000", "MAX_SYNTHETIC_BYTES"]),
 ])
 def test_synthetic_images_refuses_naming_the_argument(args, kw, needles):
-    _refused(lambda: synthetic_images(*args, **kw), needles)
+    refused(lambda: synthetic_images(*args, **kw), needles)
 
 
 @pytest.mark.parametrize("size, channels, needles", [
@@ -92,7 +86,7 @@ def test_synthetic_images_refuses_naming_the_argument(args, kw, needles):
     (True, 1, ["size", "True"]), (8, 2, ["channels", "2"]), (8, 0, ["channels", "0"]), (8, "3", ["channels"]),
 ])
 def test_load_digits_refuses_sizes_and_channels(size, channels, needles):
-    _refused(lambda: load_digits(size, channels), needles)
+    refused(lambda: load_digits(size, channels), needles)
 
 
 # ------------------------------------------------------------------ ImageSet, normalize, make_loader
@@ -111,7 +105,7 @@ def test_load_digits_refuses_sizes_and_channels(size, channels, needles):
     (U8, torch.tensor([0, 1]), 2, 5, ["name", "5"]),
 ])
 def test_imageset_refuses_what_is_not_a_set_of_images(images_, labels, classes, name, needles):
-    _refused(lambda: ImageSet(images_, labels, classes, name), needles)
+    refused(lambda: ImageSet(images_, labels, classes, name), needles)
 
 
 @pytest.mark.parametrize("value, kw, needles", [
@@ -119,7 +113,7 @@ def test_imageset_refuses_what_is_not_a_set_of_images(images_, labels, classes, 
     (U8, {"dtype": torch.int32}, ["dtype", "torch.int32"]), (U8, {"dtype": "float32"}, ["dtype", "'float32'"]),
 ])
 def test_normalize_refuses_what_it_cannot_scale(value, kw, needles):
-    _refused(lambda: normalize(value, **kw), needles, types=(TypeError,))
+    refused(lambda: normalize(value, **kw), needles, types=(TypeError,))
 
 
 @pytest.mark.parametrize("arg, kw, needles", [
@@ -131,7 +125,7 @@ def test_normalize_refuses_what_it_cannot_scale(value, kw, needles):
 ])
 def test_make_loader_refuses_naming_the_argument(images, arg, kw, needles):
     args = {"batch_size": 2, **kw}
-    _refused(lambda: make_loader(images if arg is None else arg, **args), needles)
+    refused(lambda: make_loader(images if arg is None else arg, **args), needles)
 
 
 # ------------------------------------------------------------------ encode, decode
@@ -149,17 +143,17 @@ def test_make_loader_refuses_naming_the_argument(images, arg, kw, needles):
     (torch.zeros(2, 1, 4, 4, dtype=torch.long), {}, ["uint8", "int64"]),
 ])
 def test_encode_refuses_naming_the_argument(value, kw, needles):
-    _refused(lambda: encode(value, **kw), needles)
+    refused(lambda: encode(value, **kw), needles)
 
 
 @pytest.mark.parametrize("value", [U8, None, "batch"])
 def test_decode_refuses_what_encode_did_not_make(value):
-    _refused(lambda: decode(value), ["EncodedBatch", type(value).__name__], types=(TypeError,))
+    refused(lambda: decode(value), ["EncodedBatch", type(value).__name__], types=(TypeError,))
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, "float32", torch.bool, None])
 def test_decode_layer_refuses_a_dtype_that_is_not_floating(dtype):
-    _refused(lambda: DecodeLayer(dtype=dtype), ["DecodeLayer", "dtype", repr(dtype)], types=(TypeError,))
+    refused(lambda: DecodeLayer(dtype=dtype), ["DecodeLayer", "dtype", repr(dtype)], types=(TypeError,))
 
 
 @pytest.mark.parametrize("kw, needles", [
@@ -169,7 +163,7 @@ def test_decode_layer_refuses_a_dtype_that_is_not_floating(dtype):
     ({"schemes": ()}, ["schemes", "()"]),
 ])
 def test_capacity_study_refuses_before_an_empty_or_misread_table(kw, needles):
-    _refused(lambda: capacity_study(U8, **kw), needles)
+    refused(lambda: capacity_study(U8, **kw), needles)
 
 
 # ------------------------------------------------------------------ loaders and samplers
@@ -186,7 +180,7 @@ def test_capacity_study_refuses_before_an_empty_or_misread_table(kw, needles):
 ])
 def test_prefetch_loader_refuses_before_its_thread_starts(images, kw, needles):
     args = {"batch_size": 2, **kw}
-    _refused(lambda: PrefetchLoader(images, **args), needles)
+    refused(lambda: PrefetchLoader(images, **args), needles)
 
 
 @pytest.mark.parametrize("batches, needles", [([[0, 99]], ["99", "8 examples"]), ([[0, -9]], ["-9"]),
@@ -195,7 +189,7 @@ def test_prefetch_loader_names_a_sampler_index_past_the_data(images, batches, ne
     def iterate():
         with PrefetchLoader(images, 2, batch_sampler=batches) as loader:
             list(loader)
-    _refused(iterate, needles, types=(ValueError,))
+    refused(iterate, needles, types=(ValueError,))
 
 
 @pytest.mark.parametrize("args, kw, needles", [
@@ -204,13 +198,13 @@ def test_prefetch_loader_names_a_sampler_index_past_the_data(images, batches, ne
     ((4, 2), {"drop_last": "no"}, ["drop_last", "'no'"]), ((4, 2), {"seed": NAN}, ["seed", "nan"]),
 ])
 def test_shuffled_sampler_refuses_naming_the_argument(args, kw, needles):
-    _refused(lambda: ShuffledBatchSampler(*args, **kw), needles)
+    refused(lambda: ShuffledBatchSampler(*args, **kw), needles)
 
 
 @pytest.mark.parametrize("epoch", [-1, 1.5, "a", None, True])
 def test_set_epoch_refuses_what_is_not_an_epoch(epoch):
     sampler = ShuffledBatchSampler(4, 2)
-    _refused(lambda: sampler.set_epoch(epoch), ["epoch", repr(epoch)])
+    refused(lambda: sampler.set_epoch(epoch), ["epoch", repr(epoch)])
     assert sorted(i for b in sampler for i in b) == [0, 1, 2, 3]  # still a whole epoch
 
 
@@ -225,7 +219,7 @@ def test_set_epoch_refuses_what_is_not_an_epoch(epoch):
     ([0, 1], {0: NAN}, 2, {}, ["class_weights", "nan"]), ([0, 1], "11", 2, {}, ["class_weights", "'11'"]),
 ])
 def test_selective_sampler_refuses_naming_the_argument(labels, weights, batch, kw, needles):
-    _refused(lambda: SelectiveBatchSampler(labels, weights, batch, **kw), needles)
+    refused(lambda: SelectiveBatchSampler(labels, weights, batch, **kw), needles)
 
 
 @pytest.mark.parametrize("weights, batch, needles", [
@@ -233,7 +227,7 @@ def test_selective_sampler_refuses_naming_the_argument(labels, weights, batch, k
     ([], 4, ["class_weights", "[]"]), ("ab", 4, ["class_weights", "'a'"]),
 ])
 def test_class_counts_refuses_naming_the_argument(weights, batch, needles):
-    _refused(lambda: class_counts(weights, batch), needles)
+    refused(lambda: class_counts(weights, batch), needles)
 
 
 # ------------------------------------------------------------------ augmenters
@@ -242,13 +236,13 @@ def test_class_counts_refuses_naming_the_argument(weights, batch, needles):
 @pytest.mark.parametrize("make, alpha", [(MixUp, 0), (MixUp, -1), (MixUp, NAN), (MixUp, INF), (MixUp, "1"),
                                          (MixUp, True), (CutMix, 0), (CutMix, NAN), (CutMix, "x")])
 def test_mixers_refuse_an_alpha_outside_their_range(make, alpha):
-    _refused(lambda: make(alpha), ["alpha", "> 0", repr(alpha)])
+    refused(lambda: make(alpha), ["alpha", "> 0", repr(alpha)])
 
 
 @pytest.mark.parametrize("alpha, beta, needles", [(0, None, ["alpha", "0"]), (1.0, -1.0, ["beta", "-1.0"]),
                                                   (NAN, None, ["alpha", "nan"])])
 def test_beta_sample_refuses_bad_parameters(alpha, beta, needles):
-    _refused(lambda: beta_sample(alpha, torch.Generator(), beta=beta), needles)
+    refused(lambda: beta_sample(alpha, torch.Generator(), beta=beta), needles)
 
 
 @pytest.mark.parametrize("hooks, classes, needles", [
@@ -257,7 +251,7 @@ def test_beta_sample_refuses_bad_parameters(alpha, beta, needles):
     ({0: MixUp()}, 2.5, ["num_classes", "2.5"]), ({True: MixUp()}, 4, ["[True]"]),
 ])
 def test_class_augmenter_refuses_bad_hooks_when_made(hooks, classes, needles):
-    _refused(lambda: ClassAugmenter(hooks, classes), needles)
+    refused(lambda: ClassAugmenter(hooks, classes), needles)
 
 
 @pytest.mark.parametrize("images_, labels, needles", [
@@ -268,17 +262,17 @@ def test_class_augmenter_refuses_bad_hooks_when_made(hooks, classes, needles):
     (torch.zeros(2, 1, 4, 4), torch.tensor([0, 7]), ["0..3", "0..7"]),
 ])
 def test_class_augmenter_names_a_bad_batch(images_, labels, needles):
-    _refused(lambda: ClassAugmenter({0: MixUp()}, 4)(images_, labels), needles)
+    refused(lambda: ClassAugmenter({0: MixUp()}, 4)(images_, labels), needles)
 
 
 @pytest.mark.parametrize("kw, needles", [({"padding": -1}, ["padding", "-1"]), ({"padding": 1.5}, ["padding", "1.5"]),
                                          ({"padding": "2"}, ["padding", "'2'"]), ({"flip": "no"}, ["flip", "'no'"])])
 def test_flip_crop_refuses_naming_the_argument(kw, needles):
-    _refused(lambda: FlipCrop(**kw), needles)
+    refused(lambda: FlipCrop(**kw), needles)
 
 
 def test_flip_crop_refuses_padding_past_the_image_before_allocating():
-    _refused(lambda: FlipCrop(padding=10**9)(U8, torch.Generator()), ["padding=1000000000", "4 x 4"])
+    refused(lambda: FlipCrop(padding=10**9)(U8, torch.Generator()), ["padding=1000000000", "4 x 4"])
     assert FlipCrop(padding=4)(U8, torch.Generator()).shape == U8.shape  # up to the image's size
 
 
@@ -286,7 +280,7 @@ def test_flip_crop_refuses_padding_past_the_image_before_allocating():
                                                      ({0: FlipCrop()}, -1, ["num_classes", "-1"]),
                                                      ("flip", 4, ["hooks", "str"])])
 def test_class_image_augmenter_refuses_bad_hooks_when_made(hooks, classes, needles):
-    _refused(lambda: ClassImageAugmenter(hooks, classes), needles)
+    refused(lambda: ClassImageAugmenter(hooks, classes), needles)
 
 
 def test_the_good_calls_still_answer(images):
@@ -327,6 +321,6 @@ def test_a_root_that_cannot_hold_the_data_is_named_not_reported_missing(tmp_path
         root = "R"
     given = str(tmp_path / root) if isinstance(root, str) else root
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    message = _refused(lambda: reader(given), needles, types=(kind,))
+    message = refused(lambda: reader(given), needles, types=(kind,))
     assert "Download it yourself" not in message and "root" in message, message
     assert sorted(p.name for p in tmp_path.rglob("*")) == before

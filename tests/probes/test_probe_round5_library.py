@@ -21,6 +21,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from probe_cases import refused
 from torch import nn
 
 from workbench import vbs
@@ -34,14 +35,6 @@ def noop():
     return None
 
 
-def _refused(call, needles, types=(ValueError, TypeError)):
-    with pytest.raises(types) as info:
-        call()
-    message = str(info.value)
-    for needle in needles:
-        assert needle in message, message
-    assert "\n" not in message.strip() or "Traceback" not in message, message
-    return message
 
 
 # ------------------------------------------------------------------ timing
@@ -58,13 +51,13 @@ def _refused(call, needles, types=(ValueError, TypeError)):
 ])
 def test_time_callable_refuses_bad_counts_and_devices(kw, needles):
     calls = []
-    _refused(lambda: time_callable(lambda: calls.append(1), **kw), needles)
+    refused(lambda: time_callable(lambda: calls.append(1), **kw), needles)
     assert not calls  # refused before the first call
 
 
 @pytest.mark.parametrize("fn", ["noop", b"x", [noop], 3.5])
 def test_time_callable_refuses_what_cannot_be_called(fn):
-    _refused(lambda: time_callable(fn), ["time_callable: fn", repr(fn)])
+    refused(lambda: time_callable(fn), ["time_callable: fn", repr(fn)])
 
 
 @pytest.mark.parametrize("kw, needles", [
@@ -75,7 +68,7 @@ def test_time_callable_refuses_what_cannot_be_called(fn):
 ])
 def test_time_interleaved_refuses_bad_settings_before_timing(kw, needles):
     calls = []
-    _refused(lambda: time_interleaved({"a": lambda: calls.append(1)}, **kw), needles)
+    refused(lambda: time_interleaved({"a": lambda: calls.append(1)}, **kw), needles)
     assert not calls
 
 
@@ -84,7 +77,7 @@ def test_time_interleaved_refuses_bad_settings_before_timing(kw, needles):
     ({"a": noop, "b": None}, ["fns['b']", "None"]), ({1: "x"}, ["fns[1]", "'x'"]),
 ])
 def test_time_interleaved_refuses_bad_mappings(fns, needles):
-    _refused(lambda: time_interleaved(fns), needles)
+    refused(lambda: time_interleaved(fns), needles)
 
 
 @pytest.mark.parametrize("sample_s, needles", [
@@ -92,7 +85,7 @@ def test_time_interleaved_refuses_bad_mappings(fns, needles):
     ("1", ["sample_s", "'1'"]), (True, ["sample_s", "True"]), (None, ["sample_s", "None"]),
 ])
 def test_calls_for_refuses_bad_seconds(sample_s, needles):
-    _refused(lambda: calls_for(noop, sample_s), needles)
+    refused(lambda: calls_for(noop, sample_s), needles)
 
 
 @pytest.mark.parametrize("kw, needles", [
@@ -100,11 +93,11 @@ def test_calls_for_refuses_bad_seconds(sample_s, needles):
     ({"device": "tpu"}, ["kernel_seconds", "'tpu'"]), ({"device": 0}, ["kernel_seconds", "0"]),
 ])
 def test_kernel_seconds_refuses_bad_settings_before_profiling(kw, needles):
-    _refused(lambda: kernel_seconds(noop, **kw), needles)
+    refused(lambda: kernel_seconds(noop, **kw), needles)
 
 
 def test_kernel_seconds_refuses_what_cannot_be_called():
-    _refused(lambda: kernel_seconds(5), ["kernel_seconds: fn", "5"])
+    refused(lambda: kernel_seconds(5), ["kernel_seconds: fn", "5"])
 
 
 # ------------------------------------------------------------------ measure
@@ -112,7 +105,7 @@ def test_kernel_seconds_refuses_what_cannot_be_called():
 
 @pytest.mark.parametrize("value", [None, True, 1j, [1], torch.tensor(5), __import__("decimal").Decimal(5), b"12"])
 def test_format_bytes_refuses_what_is_not_a_number(value):
-    _refused(lambda: format_bytes(value), ["format_bytes", repr(value)], types=(TypeError,))
+    refused(lambda: format_bytes(value), ["format_bytes", repr(value)], types=(TypeError,))
 
 
 @pytest.mark.parametrize("value, shown", [(-INF, "-inf B"), (-2048, "-2.0 KiB"), (0, "0 B"), (np.int64(3 * 2**30),
@@ -127,7 +120,7 @@ def test_format_bytes_answers_edge_numbers_as_text(value, shown):
     ("model", None, ["model", "str"]),
 ])
 def test_state_bytes_refuses_what_is_not_a_module_or_optimizer(model, optimizer, needles):
-    _refused(lambda: state_bytes(model, optimizer), needles, types=(TypeError,))
+    refused(lambda: state_bytes(model, optimizer), needles, types=(TypeError,))
 
 
 @pytest.mark.parametrize("device, needles", [
@@ -135,12 +128,12 @@ def test_state_bytes_refuses_what_is_not_a_module_or_optimizer(model, optimizer,
     (["cpu"], ["MemoryMeter", "['cpu']"]), ("cpu:x", ["MemoryMeter", "'cpu:x'"]),
 ])
 def test_memory_meter_refuses_bad_devices(device, needles):
-    _refused(lambda: MemoryMeter(device), needles)
+    refused(lambda: MemoryMeter(device), needles)
 
 
 @pytest.mark.parametrize("kw", [{"trace": "no"}, {"allocator": "no"}])
 def test_memory_meter_refuses_flags_that_are_not_bools(kw):
-    _refused(lambda: MemoryMeter("cpu", **kw), [next(iter(kw)), "'no'"])
+    refused(lambda: MemoryMeter("cpu", **kw), [next(iter(kw)), "'no'"])
 
 
 def test_memory_meter_entered_twice_is_refused_and_leaves_no_mode_behind():
@@ -186,7 +179,7 @@ def kept_plan(layers):
 ])
 def test_plan_refuses_bad_budgets_batches_and_settings(layers, kw, needles):
     args = {"memory": 10**7, "batch": 4, **kw}
-    _refused(lambda: vbs.plan(layers, **args), needles)
+    refused(lambda: vbs.plan(layers, **args), needles)
 
 
 @pytest.mark.parametrize("planner", ["dp", "fbs", "greedy_vbs", "least_memory_plan"])
@@ -194,12 +187,12 @@ def test_plan_refuses_bad_budgets_batches_and_settings(layers, kw, needles):
                                          ({"batch": True}, ["batch", "True"])])
 def test_every_planner_refuses_the_same_bad_request(layers, planner, kw, needles):
     args = {"memory": 10**3, "batch": 4, **kw}
-    _refused(lambda: getattr(vbs, planner)(layers, **args), needles)
+    refused(lambda: getattr(vbs, planner)(layers, **args), needles)
 
 
 @pytest.mark.parametrize("tables", [{"a": 1}, None, "layers", np.zeros((2, 4))])
 def test_plan_refuses_tables_that_are_not_a_layer_profile(tables):
-    _refused(lambda: vbs.plan(tables, memory=10**7, batch=4), ["LayerProfile", type(tables).__name__])
+    refused(lambda: vbs.plan(tables, memory=10**7, batch=4), ["LayerProfile", type(tables).__name__])
 
 
 @pytest.mark.parametrize("call, needles", [
@@ -212,13 +205,13 @@ def test_plan_refuses_tables_that_are_not_a_layer_profile(tables):
     (lambda p: vbs.fbs_peak(p, batch=4, size=-1), ["size", "-1"]),
 ])
 def test_budget_and_baseline_helpers_refuse_bad_sizes(layers, call, needles):
-    _refused(lambda: call(layers), needles)
+    refused(lambda: call(layers), needles)
 
 
 @pytest.mark.parametrize("batch_sizes", [0, -3, 2.5, "4", True, [2, 4], [1, 4, 2], [1, 2, 2], [], [1, NAN],
                                          10**12, [1, 2.0], None, {1: 1}])
 def test_measure_layers_refuses_bad_batch_sizes_before_measuring(cnn, batch_sizes):
-    _refused(lambda: vbs.measure_layers(cnn, torch.randn(1, 4, 4), batch_sizes, repeats=1, min_run_time=0.0),
+    refused(lambda: vbs.measure_layers(cnn, torch.randn(1, 4, 4), batch_sizes, repeats=1, min_run_time=0.0),
              ["batch_sizes", repr(batch_sizes)[:20]])
 
 
@@ -229,12 +222,12 @@ def test_measure_layers_refuses_bad_batch_sizes_before_measuring(cnn, batch_size
     ({"min_run_time": "0"}, ["min_run_time", "'0'"]), ({"device": "meta"}, ["measure_layers", "meta"]),
 ])
 def test_measure_layers_refuses_bad_settings(cnn, kw, needles):
-    _refused(lambda: vbs.measure_layers(cnn, torch.randn(1, 4, 4), 2, **kw), needles)
+    refused(lambda: vbs.measure_layers(cnn, torch.randn(1, 4, 4), 2, **kw), needles)
 
 
 @pytest.mark.parametrize("model", ["cnn", lambda x: x, None, torch.zeros(2)])
 def test_measure_layers_refuses_a_model_that_is_not_a_module(model):
-    _refused(lambda: vbs.measure_layers(model, torch.randn(1, 4, 4), 2), ["model", "nn.Module"], types=(TypeError,))
+    refused(lambda: vbs.measure_layers(model, torch.randn(1, 4, 4), 2), ["model", "nn.Module"], types=(TypeError,))
 
 
 @pytest.mark.parametrize("sample, needles", [
@@ -244,7 +237,7 @@ def test_measure_layers_refuses_a_model_that_is_not_a_module(model):
     (torch.tensor(1.0), ["sample"]),
 ])
 def test_measure_layers_names_a_sample_the_model_cannot_take(cnn, sample, needles):
-    _refused(lambda: vbs.measure_layers(cnn, sample, 2, repeats=1, min_run_time=0.0), needles)
+    refused(lambda: vbs.measure_layers(cnn, sample, 2, repeats=1, min_run_time=0.0), needles)
 
 
 @pytest.mark.parametrize("make, needles", [
@@ -268,7 +261,7 @@ def test_measure_layers_names_a_sample_the_model_cannot_take(cnn, sample, needle
      ["plan was made for layers"]),
 ])
 def test_run_refuses_bad_arguments_before_executing(cnn, kept_plan, make, needles):
-    _refused(lambda: make(cnn, kept_plan), needles)
+    refused(lambda: make(cnn, kept_plan), needles)
 
 
 @pytest.mark.parametrize("value", [NAN, INF])
@@ -287,7 +280,7 @@ def test_run_names_nan_outputs_rather_than_blaming_the_trace(cnn, kept_plan, val
     (None, ["Plan.from_json", "NoneType"]), ('"plan"', ["JSON object", "str"]),
 ])
 def test_plan_from_json_refuses_what_to_json_did_not_write(text, needles):
-    _refused(lambda: vbs.Plan.from_json(text), needles, types=(ValueError,))
+    refused(lambda: vbs.Plan.from_json(text), needles, types=(ValueError,))
 
 
 @pytest.mark.parametrize("old, new, needles", [
@@ -297,7 +290,7 @@ def test_plan_from_json_refuses_what_to_json_did_not_write(text, needles):
 def test_plan_from_json_refuses_edited_counts(kept_plan, old, new, needles):
     text = kept_plan.to_json()
     assert old in text
-    _refused(lambda: vbs.Plan.from_json(text.replace(old, new)), needles, types=(ValueError,))
+    refused(lambda: vbs.Plan.from_json(text.replace(old, new)), needles, types=(ValueError,))
 
 
 @pytest.mark.parametrize("bytes_value, units, needles", [
@@ -305,7 +298,7 @@ def test_plan_from_json_refuses_edited_counts(kept_plan, old, new, needles):
     ("5", 10, ["bytes_value", "'5'"]), (100.0, 2.5, ["units", "2.5"]), (INF, 10, ["bytes_value", "inf"]),
 ])
 def test_unit_for_refuses_bad_sizes(bytes_value, units, needles):
-    _refused(lambda: vbs.unit_for(bytes_value, units), needles, types=(ValueError,))
+    refused(lambda: vbs.unit_for(bytes_value, units), needles, types=(ValueError,))
 
 
 def test_the_good_calls_still_answer(cnn, layers, kept_plan):
