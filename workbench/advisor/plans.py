@@ -98,7 +98,7 @@ def _compile(work: Workload, cfg: Config, segments: Sequence | None, like: Compi
     plain = not cfg.step_in_backward and cfg.checkpoint == "none" and segments is None
     graph = CompiledGraph(work.program(cfg, segments=segments, recomputed=recomputed), device=work.device,
                           trace_sizes=(2, 3, 4) if plain else (2, 3), input_shape=tuple(work.inputs.shape[1:]),
-                          description=cfg.name, like=None if plain else like)
+                          description=cfg.name, like=like)
     graph.recomputed = recomputed
     return graph
 

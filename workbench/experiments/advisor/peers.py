@@ -27,7 +27,7 @@ from workbench.calcgraph import search_max, training_program
 from workbench.experiments.calcgraph.peers import _accelerate, _lightning
 from workbench.measure import AllocatorMeter
 
-from .suite import suite_model
+from .suite import metered_run, suite_model
 
 __all__ = ["memtracker_program_peak", "peer_table"]
 
@@ -67,10 +67,7 @@ def memtracker_program_peak(advice: Advice, config: str, batch_size: int) -> int
 
 def _advisor_peak(advice: Advice, batch_size: int) -> int:
     """The allocator's peak of the advisor's own fp32 program (torch's fused AdamW) at `batch_size`."""
-    gc.collect()
-    with AllocatorMeter("cpu") as meter:
-        advice.program("fp32")(batch_size, None)
-    return meter.peak_bytes
+    return metered_run(advice, "fp32", batch_size).peak_bytes
 
 
 def _allocator_peak(build, shape, batch_size: int, optimizer: str) -> int:

@@ -30,19 +30,26 @@ from workbench.optim import cpu_kernel
 
 from .models import SUITE, suite_model
 
-__all__ = ["SUITE", "evaluate", "held_out_peak", "measure_candidate", "paired_regret", "planning_model",
+__all__ = ["SUITE", "evaluate", "held_out_peak", "measure_candidate", "metered_run", "paired_regret", "planning_model",
            "planning_time", "suite_model", "time_candidate"]
 
 PAIRED_SAMPLE_S = 0.03  # the least time one round of `paired_regret` spends on each candidate
+
+
+def metered_run(advice: Advice, config: str, batch_size: int) -> AllocatorMeter:
+    """One real run of the very program the plan traced for `config` (build + two steps) at `batch_size`, under
+    `AllocatorMeter` on the advice's device (on CUDA it also reads the caching allocator's reserved peak)."""
+    gc.collect()
+    with AllocatorMeter(advice.device) as meter:
+        advice.program(config)(batch_size, None)
+    return meter
 
 
 def measure_candidate(advice: Advice, config: str, *, repeats: int, min_run_time: float = 0.05) -> dict:
     """The real peak (AllocatorMeter over the very program the plan traced: build + two steps; on CUDA also
     the caching allocator's reserved peak) and the step time of one candidate (timed outside the meter: the
     median of at least `repeats` (>= 3) samples whose threads did not wait for a CPU, after a warm-up step)."""
-    gc.collect()
-    with AllocatorMeter(advice.device) as meter:
-        advice.program(config)(advice.batch_size, None)
+    meter = metered_run(advice, config, advice.batch_size)
     measured = time_candidate(advice, config, repeats=repeats, min_run_time=min_run_time)
     return {"measured_peak_bytes": meter.peak_bytes, "measured_reserved_bytes": meter.reserved_peak_bytes,
             "measured_step_seconds": measured.seconds, "measured_time_reliable": measured.reliable}
@@ -55,11 +62,8 @@ def held_out_peak(advice: Advice, config: str, batch_size: int) -> dict:
     plan = advice._by_name[config]
     if batch_size in plan.graph.calibrated_batches:
         raise ValueError(f"held-out batch {batch_size} is one calibration ran ({plan.graph.calibrated_batches})")
-    gc.collect()
-    with AllocatorMeter(advice.device) as meter:
-        advice.program(config)(batch_size, None)
     return {"held_out_batch": batch_size, "predicted_held_out_bytes": plan.peak(batch_size),
-            "measured_held_out_bytes": meter.peak_bytes}
+            "measured_held_out_bytes": metered_run(advice, config, batch_size).peak_bytes}
 
 
 def time_candidate(advice: Advice, config: str, *, repeats: int, min_run_time: float = 0.05) -> StepTime:
