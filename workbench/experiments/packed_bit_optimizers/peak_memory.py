@@ -13,6 +13,7 @@ created inside the metered region (a fresh optimizer per run), so peaks include 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -47,24 +48,35 @@ class Format:
     extra_bits: int | None = None
     stochastic_rounding: bool = False
     autocast: torch.dtype | None = None
+    state_dtype: torch.dtype | None = None  # packed formats: the optimizer state's dtype (None: fp32)
 
     @property
     def packed(self) -> bool:
         return self.extra_bits is not None
 
 
+_STATES = " bf16 states"
+
+
 def parse_format(name: str) -> Format:
-    """'fp32', 'amp' (fp32 master + fp16 autocast), 'fp16', 'bf16', 'fp16+8', 'bf16+16', 'fp16+13 SR'."""
+    """'fp32', 'amp' (fp32 master + fp16 autocast), 'fp16', 'bf16', 'fp16+8', 'bf16+16', 'fp16+13 SR'; a packed
+    format may end in ' bf16 states' (its momentum or moments in bf16: 'fp16+8 bf16 states')."""
     text = name.strip()
     if text == "amp":
         return Format("amp", torch.float32, autocast=torch.float16)
+    states = text.endswith(_STATES)
+    if states:
+        fmt = parse_format(text[: -len(_STATES)])
+        if not fmt.packed:
+            raise ValueError(f"format {name!r}: ' bf16 states' applies to packed formats (fp16+K, bf16+K) only")
+        return dataclasses.replace(fmt, name=text, state_dtype=torch.bfloat16)
     sr = text.endswith(" SR")
     base = text[:-3].strip() if sr else text
     dtype_name, _, k = base.partition("+")
     if dtype_name not in _DTYPES or (k and not k.isdigit()) or (sr and not k):
         raise ValueError(
             f"format {name!r} not understood: use fp32, amp, fp16, bf16, fp16+K or bf16+K "
-            "(K = 0..13 for fp16, 0..16 for bf16), optionally followed by ' SR'"
+            "(K = 0..13 for fp16, 0..16 for bf16), optionally followed by ' SR' and ' bf16 states'"
         )
     dtype = _DTYPES[dtype_name]
     if dtype == torch.float32 and k:
@@ -113,6 +125,7 @@ def make_optimizer(
         raise ValueError(f"optimizer={optimizer!r}: allowed 'sgd' or 'adamw'")
     if amsgrad and optimizer != "adamw":
         raise ValueError(f"amsgrad=True applies to optimizer='adamw' only, not {optimizer!r}")
+    state_dtype = state_dtype if state_dtype is not None else fmt.state_dtype
     if state_dtype is not None and not fmt.packed:
         raise ValueError(f"state_dtype={state_dtype} applies to packed formats (fp16+k, bf16+k) only, "
                          f"not {fmt.name!r}")
@@ -138,12 +151,13 @@ def analytic_bytes_per_param(fmt: Format, *, optimizer: str = "sgd", in_backward
     With the step inside backward a gradient lives only until its parameter is updated, so
     gradients count as zero per parameter (one layer's gradient remains, not counted here) unless
     ``accumulate`` > 1 keeps them over micro-batches. ``amsgrad`` (AdamW) adds the running max of
-    the second moment: one more state (4 bytes for the packed optimizers' fp32 states).
+    the second moment: one more state (4 bytes for the packed optimizers' fp32 states, 2 for bf16 states).
     """
     size = torch.tensor([], dtype=fmt.param_dtype).element_size()
     n_states = 1 if optimizer == "sgd" else (3 if amsgrad else 2)
     if fmt.packed:
-        total = size + 4 * n_states + storage_bits(fmt.extra_bits, fmt.stochastic_rounding) / 8
+        state = 4 if fmt.state_dtype is None else torch.tensor([], dtype=fmt.state_dtype).element_size()
+        total = size + state * n_states + storage_bits(fmt.extra_bits, fmt.stochastic_rounding) / 8
     else:
         total = size + size * n_states
     total += 0 if in_backward and accumulate == 1 else size

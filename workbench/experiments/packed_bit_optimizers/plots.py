@@ -2,9 +2,10 @@
 Mixed Precision Optimizers": Fig 2 and its timeline panels, Fig 3, Fig 4 / Table 3, Fig 6, Table 2),
 plus the side-by-side comparison with other low-memory optimizers.
 
-Each takes the DataFrame its benchmark returns and gives back a matplotlib Figure. ``note`` (e.g.
-"toy scale: not evidence") is added to the figure's title: a figure measured at a scale where the
-notebook gives no verdicts says so on itself, since a toy run can show the opposite of the paper.
+Each takes the DataFrame its benchmark returns and gives back a matplotlib Figure. ``scale`` (model, input
+size, batch, device) is a line under the title; ``note`` (e.g. "toy scale: not evidence") is added to the
+figure's title: a figure measured at a scale where the notebook gives no verdicts says so on itself, since a
+toy run can show the opposite of the paper.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ from matplotlib.figure import Figure
 __all__ = ["plot_memory", "plot_timeline", "plot_throughput", "plot_accuracy", "plot_addition_error",
            "plot_fused_backward", "plot_peers"]
 
-def _noted(fig: Figure, note: str) -> Figure:
-    """``fig`` with ``note`` appended to its suptitle (or as its suptitle), in red; laid out."""
+def _noted(fig: Figure, note: str, scale: str = "") -> Figure:
+    """``fig`` with ``scale`` (model, input size, batch, device: issue 44) as a line under its suptitle and ``note``
+    appended to it (or as its suptitle), in red; laid out."""
+    if scale:
+        title = fig.get_suptitle()
+        fig.suptitle(f"{title}\n{scale}" if title else scale, fontsize=9)
     if note:
         title = fig.get_suptitle()
         fig.suptitle(f"{title} [{note}]" if title else f"[{note}]", color="C3", fontsize=10)
@@ -36,7 +41,7 @@ def _ran(df: pd.DataFrame, fmt: str) -> str:
     return f"{fmt}\n(ran {ran})" if isinstance(ran, str) and ran != fmt else fmt
 
 
-def plot_memory(df: pd.DataFrame, *, note: str = "") -> Figure:
+def plot_memory(df: pd.DataFrame, *, note: str = "", scale: str = "") -> Figure:
     """Fig 2: measured peak bytes per parameter by format, +- step in backward, analytic beside."""
     fig, ax = plt.subplots(figsize=(10, 4))
     formats = list(dict.fromkeys(df["format"]))
@@ -56,10 +61,10 @@ def plot_memory(df: pd.DataFrame, *, note: str = "") -> Figure:
     params = int(df["params"].iloc[0])
     ax.set_title(f"Peak tensor memory of {df['steps'].iloc[0]} training steps, {params / 1e6:.1f}M params")
     ax.legend(fontsize=8)
-    return _noted(fig, note)
+    return _noted(fig, note, scale)
 
 
-def plot_timeline(df: pd.DataFrame, *, note: str = "") -> Figure:
+def plot_timeline(df: pd.DataFrame, *, note: str = "", scale: str = "") -> Figure:
     """Fig 2's panels: live tensor memory over the steps, stacked by category, one panel per
     (format, step in backward) block of :func:`step_timeline`; forward / backward / step shaded."""
     blocks = list(dict.fromkeys(zip(df["format"], df["step_in_backward"], strict=True)))
@@ -84,10 +89,10 @@ def plot_timeline(df: pd.DataFrame, *, note: str = "") -> Figure:
         ax.set_xlabel("allocation / free event (f = forward, b = backward, s = optimizer step)")
         ax.set_ylabel("live tensor memory (MiB)")
     axes[0][0].legend(fontsize=7, loc="upper left")
-    return _noted(fig, note)
+    return _noted(fig, note, scale)
 
 
-def plot_throughput(df: pd.DataFrame, *, note: str = "") -> Figure:
+def plot_throughput(df: pd.DataFrame, *, note: str = "", scale: str = "") -> Figure:
     """Fig 3: update throughput as % of the measured in-place update bandwidth, per method."""
     fig, ax = plt.subplots(figsize=(8, 3.5))
     pct = 100 * df["bandwidth_fraction"]
@@ -97,10 +102,10 @@ def plot_throughput(df: pd.DataFrame, *, note: str = "") -> Figure:
     ax.set_xlabel("bytes moved per second (% of measured in-place update bandwidth)")
     ax.set_title(f"AdamW step, {df['numel'].iloc[0] / 1e6:.1f}M params on {df['device'].iloc[0]}")
     ax.set_xlim(0, max(100.0, float(pct.max()) * 1.4))
-    return _noted(fig, note)
+    return _noted(fig, note, scale)
 
 
-def plot_accuracy(df: pd.DataFrame, *, note: str = "") -> Figure:
+def plot_accuracy(df: pd.DataFrame, *, note: str = "", scale: str = "") -> Figure:
     """Table 3 / Fig 4: test accuracy by format, one panel per regime; bar = mean over seeds,
     whisker = lowest to highest seed."""
     regimes = list(dict.fromkeys(df["regime"]))
@@ -114,10 +119,10 @@ def plot_accuracy(df: pd.DataFrame, *, note: str = "") -> Figure:
         ax.set_title(f"{regime} (lr={sub['lr'].iloc[0]:g}, {sub['seed'].nunique()} seeds)", fontsize=9)
         ax.tick_params(axis="x", rotation=45)
         ax.set_ylim(0, 100)
-    return _noted(fig, note)
+    return _noted(fig, note, scale)
 
 
-def plot_addition_error(df: pd.DataFrame, *, note: str = "") -> Figure:
+def plot_addition_error(df: pd.DataFrame, *, note: str = "", scale: str = "") -> Figure:
     """Fig 6: relative forward error of 16-bit in-place additions vs size and vs number of ops."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for ax, (panel, xcol, xlabel) in zip(
@@ -134,10 +139,10 @@ def plot_addition_error(df: pd.DataFrame, *, note: str = "") -> Figure:
         ax.set_ylabel("relative error ||x16 - exact|| / ||exact||")
         ax.set_title(f"error after {panel}")
         ax.legend(fontsize=8)
-    return _noted(fig, note)
+    return _noted(fig, note, scale)
 
 
-def plot_fused_backward(df: pd.DataFrame, *, note: str = "") -> Figure:
+def plot_fused_backward(df: pd.DataFrame, *, note: str = "", scale: str = "") -> Figure:
     """Table 2: peak tensor memory (phase of the peak, and the ordinary run's saving ceiling: its gradient
     bytes at the peak) and step time with and without the step in backward; time whiskers = paired
     per-round extremes of the ratio, applied to the median. An empty ``df`` (transformers absent, so Table 2's
@@ -147,7 +152,7 @@ def plot_fused_backward(df: pd.DataFrame, *, note: str = "") -> Figure:
         for ax in axes:
             ax.axis("off")
         fig.text(0.5, 0.5, "Table 2 not run: its T5 needs transformers (pip install transformers)", ha="center")
-        return _noted(fig, note)
+        return _noted(fig, note, scale)
     labels = [f"{f}\n{'in backward' if s else 'ordinary'}"
               for f, s in zip(df["format"], df["step_in_backward"], strict=True)]
     axes[0].bar(labels, df["peak_bytes"] / 2**20, color="C1")
@@ -167,10 +172,10 @@ def plot_fused_backward(df: pd.DataFrame, *, note: str = "") -> Figure:
     model = df["model"].iloc[0] if "model" in df else "transformer"
     fig.suptitle(f"{model}: {df['params'].iloc[0] / 1e6:.1f}M params, {int(df['tokens'].iloc[0])} tokens per batch",
                  fontsize=10)
-    return _noted(fig, note)
+    return _noted(fig, note, scale)
 
 
-def plot_peers(df: pd.DataFrame, *, note: str = "") -> Figure:
+def plot_peers(df: pd.DataFrame, *, note: str = "", scale: str = "") -> Figure:
     """Side by side: bytes per parameter by kind, optimizer-step speed vs torch fp32 (median,
     whiskers = paired per-round extremes) and test accuracy over seeds (mean, lowest..highest).
     Methods that could not run are listed with their reason."""
@@ -199,6 +204,6 @@ def plot_peers(df: pd.DataFrame, *, note: str = "") -> Figure:
     axes[0].set_yticks(y, ok["method"], fontsize=8)
     axes[0].invert_yaxis()
     missing = df[~df["available"]]
-    note = "; ".join(f"{m}: {n}" for m, n in zip(missing["method"], missing["note"], strict=True))
-    fig.suptitle("AdamW side by side, same model and data" + (f"\nnot run: {note}" if note else ""), fontsize=9)
-    return _noted(fig, note)
+    gaps = "; ".join(f"{m}: {n}" for m, n in zip(missing["method"], missing["note"], strict=True))
+    fig.suptitle("AdamW side by side, same model and data" + (f"\nnot run: {gaps}" if gaps else ""), fontsize=9)
+    return _noted(fig, note, scale)

@@ -188,7 +188,7 @@ def sharded_bytes_per_param(world_sizes: Sequence[int] = (1, 2, 4), *, widths: S
     return pd.DataFrame(rows)
 
 
-def plot_sharded_bytes(df: pd.DataFrame, *, note: str = "") -> Figure:
+def plot_sharded_bytes(df: pd.DataFrame, *, note: str = "", scale: str = "") -> Figure:
     """Per-rank bytes per parameter against world size, one colour per method: measured (line), predicted
     by the formula (open circles) and by CalcGraph's plan (crosses, where planned); the optimizer state alone
     on the right."""
@@ -213,7 +213,7 @@ def plot_sharded_bytes(df: pd.DataFrame, *, note: str = "") -> Figure:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"Per-rank memory under FSDP2 (rank {int(df['rank'].iloc[0])}, "
-                 f"{int(df['params'].iloc[0]):,} parameters)")
+                 f"{int(df['params'].iloc[0]):,} parameters)" + (f"\n{scale}" if scale else ""))
     if note:
         fig.suptitle(f"{fig.get_suptitle()} [{note}]", color="C3", fontsize=10)
     fig.tight_layout()

@@ -20,10 +20,12 @@ from workbench.timing import HOST_BOUND, host_bound
 
 from .peak_memory import find_row
 from .dtypes import TWIN_STEP_BYTES
+from .paper_scale import PAPER_T3
 from .step_times import rounds_ratio
 
-__all__ = ["CEILING_RULE", "HARD_REGIME", "LIKE_RULE", "NOT_COMPARABLE", "TABLE2_REL", "TABLE2_SAVING", "apply_gates",
-           "below_ceiling", "fused_name", "half_precision_alone", "round_ratio", "step_shares", "table2",
+__all__ = ["CEILING_RULE", "HARD_REGIME", "LIKE_RULE", "LIKE_STATES", "NOT_COMPARABLE", "PLAN_RECORD", "STATES_RULE",
+           "TABLE2_REL", "TABLE2_SAVING", "apply_gates", "below_ceiling", "fp32_momentum", "fused_name",
+           "half_precision_alone", "paper_size", "round_ratio", "step_shares", "table2",
            "table2_shares", "table3_memory", "twins_said", "vs_amp"]
 
 #: The verdict of a row whose run cannot show the claim (its ceiling, or a like-with-like baseline, rules it out)
@@ -49,50 +51,107 @@ def twins_said(*rows) -> str:
 
 
 _UNITS = {"tensor": ("peak_bytes", "tensor peak"), "device": ("device_peak_bytes", "device's used memory")}
+PLAN_RECORD = "memory_resnet18_plan"  # `paper_scale.planned_memory`: Table 3's sizes planned under fake tensors
+LIKE_STATES = "fp16+8 bf16 states"  # fp16+8 with its momentum in 16 bits, as plain fp16's (like with like)
 
 
-def table3_memory(baseline: str, unit: str = "tensor") -> Callable[[Records, Mapping], Measured | None]:
-    """1 - fp16+8 (step in backward) / ``baseline`` (ordinary) in ``unit``: the tensor peak or the device's
-    used memory (CUDA only). Against fp32 the same run's plain fp16 must be there (like with like)."""
-    column, what = _UNITS[unit]
+def paper_size(params: Mapping) -> bool:
+    """True when the Table 3 memory run (``memory_resnet18``) ran at the paper's ResNet-18, batch and images."""
+    return (params.get("t3_width") == PAPER_T3["width"] and params.get("t3_batch") == PAPER_T3["batch"]
+            and params.get("t3_size") == PAPER_T3["size"])
+
+
+def _t3_source(records: Records, params: Mapping, unit: str) -> tuple[object, str, str]:
+    """(rows, their column, 'measured' | 'planned' | 'toy') for Table 3's memory in ``unit``: the run itself at the
+    paper's size, else (tensor peak) the plan at the paper's size, else the toy run (never judged)."""
+    df, column = record_frame(records, "memory_resnet18"), _UNITS[unit][0]
+    if df is not None and paper_size(params):
+        return df, column, "measured"
+    plan = record_frame(records, PLAN_RECORD)
+    if unit == "tensor" and plan is not None:
+        return plan, "planned_bytes", "planned"
+    return df, column, "toy"
+
+
+def _planned_scale(base, ours, baseline: str) -> tuple[str, float]:
+    """The scale of a planned saving (the plan's check beside it) and its spread: +- the difference between the
+    saving planned and the saving the allocator gave at the check batch."""
+    cb = int(ours["check_batch"])
+    at = {r: 1 - ours[c] / base[c] for r, c in (("plan", "planned_check_bytes"), ("alloc", "allocator_check_bytes"))}
+    text = (f"planned (CalcGraph, fake tensors) at the paper's size: {ours['model']} ({base['params'] / 1e6:.2f}M "
+            f"params), batch {int(ours['batch'])}, state included; planner checked in this run on the same model at "
+            f"batch {cb} against AllocatorMeter: plan / allocator {ours['plan_error']:+.1%} ({ours['format']}), "
+            f"{base['plan_error']:+.1%} ({baseline}); saving at batch {cb}: planned {at['plan']:.1%}, allocator "
+            f"{at['alloc']:.1%} (spread: +- their difference)")
+    return text, abs(at["plan"] - at["alloc"])
+
+
+def table3_memory(baseline: str, unit: str = "tensor", ours_format: str = "fp16+8"
+                  ) -> Callable[[Records, Mapping], Measured | None]:
+    """1 - ``ours_format`` (step in backward) / ``baseline`` (ordinary) in ``unit``: the tensor peak or the device's
+    used memory (CUDA only), at the paper's size: measured there (the gpu profile), else planned (`_t3_source`);
+    a toy run's value is said in the scale, never judged. Against fp32 the same run's plain fp16 must be there
+    (like with like); an ``ours_format`` the records lack falls back to fp16+8 (its gate then says why)."""
+    what = _UNITS[unit][1]
 
     def measure(records: Records, params: Mapping) -> Measured | None:
-        df = record_frame(records, "memory_resnet18")
+        df, column, kind = _t3_source(records, params, unit)
         base = find_row(df, format=baseline, step_in_backward=False)
-        ours = find_row(df, format="fp16+8", step_in_backward=True)
+        ours = find_row(df, format=ours_format, step_in_backward=True)
+        ours = find_row(df, format="fp16+8", step_in_backward=True) if ours is None else ours
         fp16 = find_row(df, format="fp16", step_in_backward=False)
         if base is None or ours is None or (baseline == "fp32" and fp16 is None):
             return None
-        size = params.get("t3_size")
         amp, ordinary = (find_row(df, format=f, step_in_backward=False) for f in ("amp", "fp16+8"))
         named = (base, ours, ordinary) + ((fp16, amp) if baseline == "fp32" else ())
-        scale = (f"ResNet-18 width x{params.get('t3_width')} ({base['params'] / 1e6:.2f}M params), batch "
-                 f"{params.get('t3_batch')} x 3 x {size}^2, {params.get('optimizer', 'sgd')}, state included"
-                 f"{twins_said(*named)}; {what}")
+        spread = None
+        if kind == "planned":
+            scale, spread = _planned_scale(base, ours, baseline)
+        else:
+            scale = (f"ResNet-18 width x{params.get('t3_width')} ({base['params'] / 1e6:.2f}M params), batch "
+                     f"{params.get('t3_batch')} x 3 x {params.get('t3_size')}^2, {params.get('optimizer', 'sgd')}, "
+                     f"state included")
+        scale += f"{twins_said(*named)}; {what}; {ours['format']} in backward"
         if column not in df or finite(ours[column]) is None or finite(base[column]) is None:
             return Measured(None, scale=scale + ": read on CUDA only (torch.cuda.mem_get_info), none on this device")
-        scale += f"; peak in {ours['peak_phase']} ({baseline}: {base['peak_phase']})"
+        value = float(1 - ours[column] / base[column])
+        if kind == "toy":
+            return Measured(None, scale=scale + f": {value:.1%} at this toy size, not judged (Table 3 is ResNet-18 "
+                            f"x1, batch 256, 32x32: the planned rows judge it where this run planned them)")
+        if "peak_phase" in df:
+            scale += f"; peak in {ours['peak_phase']} ({baseline}: {base['peak_phase']})"
         if ordinary is not None:
             scale += f"; without the step in backward: {1 - ordinary[column] / base[column]:.1%}"
+        if ours["format"] != "fp16+8" and (fp32_states := find_row(df, format="fp16+8", step_in_backward=True)) \
+                is not None:
+            scale += f"; with fp32 momentum (the paper's fp16+8): {1 - fp32_states[column] / base[column]:.1%}"
         if baseline == "fp32":
             scale += f"; same run vs fp32: plain fp16 {1 - fp16[column] / base[column]:.1%}" + (
                 "" if amp is None else f", AMP {1 - amp[column] / base[column]:.1%}")
         if unit == "device":
             scale += f" (CUDA context and handles {ours['context_bytes'] / 2**20:,.0f} MiB in each)"
-        return Measured(float(1 - ours[column] / base[column]), scale=scale)
+        return Measured(value, spread=None if spread is None else (value - spread, value + spread),
+                        scale=scale)
     return measure
 
 
 def half_precision_alone(unit: str) -> Callable[[Records, Mapping], str | None]:
     """`NOT_COMPARABLE` when plain fp16 saves at least as much against fp32 as fp16+8 (in backward) does."""
-    column = _UNITS[unit][0]
-
     def gate(records: Records, params: Mapping) -> str | None:
-        df = record_frame(records, "memory_resnet18")
+        df, column, _ = _t3_source(records, params, unit)
         rows = [find_row(df, format=f, step_in_backward=s) for f, s in (("fp16", False), ("fp16+8", True))]
         if any(r is None or finite(r.get(column)) is None for r in rows):
             return None
         return NOT_COMPARABLE if rows[0][column] <= rows[1][column] else None
+    return gate
+
+
+def fp32_momentum(unit: str) -> Callable[[Records, Mapping], str | None]:
+    """`NOT_COMPARABLE` when the records hold no fp16+8 with 16-bit momentum (`LIKE_STATES`): fp16+8's fp32
+    momentum against plain fp16's fp16 momentum compares two state sizes, not the extra bits."""
+    def gate(records: Records, params: Mapping) -> str | None:
+        df, _, _ = _t3_source(records, params, unit)
+        return NOT_COMPARABLE if find_row(df, format=LIKE_STATES, step_in_backward=True) is None else None
     return gate
 
 
@@ -216,6 +275,8 @@ def table2_shares(records: Records, params: Mapping) -> str | None:
 CEILING_RULE = (f"'{NOT_COMPARABLE}' where the ordinary peak's gradients are under "
                  f"{TABLE2_SAVING * (1 - TABLE2_REL):.1%} of it (the ceiling)")
 LIKE_RULE = f"'{NOT_COMPARABLE}' where plain fp16 saves at least as much against fp32 in the same run"
+STATES_RULE = (f"'{NOT_COMPARABLE}' without an fp16+8 run whose momentum is 16-bit as plain fp16's "
+               f"('{LIKE_STATES}'): fp32 against fp16 momentum compares state sizes, not the extra bits")
 # claim text -> (the rule text it adds, the verdict it gives instead of the rule's, or None)
 _JUDGED = {"better than claimed", "reproduced", "partly", "not reproduced", "refuted", "inconclusive"}
 
