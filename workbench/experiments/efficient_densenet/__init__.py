@@ -26,11 +26,13 @@ from .budget import (
     PAPER_BATCH_SIZE,
     PAPER_BUDGET_BYTES,
     PAPER_MODELS,
+    STEP_BYTES,
     cifar_bc_params,
     deepest_within_budget,
     extrapolate_to_budget,
     memory_budget,
     parameter_counts,
+    with_state,
 )
 from .memory import LABELS, VARIANTS, fit_growth_exponents, memory_table, memory_vs_depth, parity, step_memory
 from .plots import plot_budget, plot_conv_contiguity, plot_memory_vs_depth, plot_time_per_minibatch
@@ -38,8 +40,8 @@ from .timing import bn_time_share, contiguity_ratio, conv_contiguity, time_per_m
 
 __all__ = [
     "claims", "VARIANTS", "LABELS", "parity", "step_memory", "memory_vs_depth", "fit_growth_exponents",
-    "memory_table", "PAPER_BUDGET_BYTES", "PAPER_BATCH_SIZE", "PAPER_MODELS", "memory_budget",
-    "deepest_within_budget", "extrapolate_to_budget", "parameter_counts", "cifar_bc_params",
+    "memory_table", "PAPER_BUDGET_BYTES", "PAPER_BATCH_SIZE", "PAPER_MODELS", "STEP_BYTES", "with_state",
+    "memory_budget", "deepest_within_budget", "extrapolate_to_budget", "parameter_counts", "cifar_bc_params",
     "time_per_minibatch", "bn_time_share", "conv_contiguity", "contiguity_ratio", "plot_memory_vs_depth",
     "plot_budget", "plot_time_per_minibatch", "plot_conv_contiguity",
 ]

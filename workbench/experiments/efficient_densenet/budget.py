@@ -22,7 +22,8 @@ from workbench.models import densenet_bc
 from .memory import _forms
 
 __all__ = [
-    "PAPER_BUDGET_BYTES", "PAPER_BATCH_SIZE", "PAPER_MODELS", "memory_budget", "deepest_within_budget",
+    "PAPER_BUDGET_BYTES", "PAPER_BATCH_SIZE", "PAPER_MODELS", "STEP_BYTES", "with_state", "memory_budget",
+    "deepest_within_budget",
     "cifar_bc_params", "parameter_counts", "extrapolate_to_budget",
 ]
 
@@ -40,15 +41,39 @@ PAPER_MODELS = ((40, 12, 10, False), (136, 12, 10, False), (160, 12, 10, False),
                 (264, 48, 1000, True))
 
 
+STEP_BYTES = "step_bytes"  # the column `with_state` adds: a whole training step's bytes at the paper's batch
+
+
+def with_state(df: pd.DataFrame, *, batch_size: int = PAPER_BATCH_SIZE, state_copies: int = 3) -> pd.DataFrame:
+    """`df` (a `memory_vs_depth` sweep) with `STEP_BYTES`: a whole training step at `batch_size`, the paper's
+    budget (Section 5: 12 GB holds everything), namely the measured feature maps and workspace per sample x
+    `batch_size` + `state_copies` x the parameter bytes (3: weights, gradients, SGD momentum), and
+    `step_batch_size`. Per sample as `extrapolate_to_budget` does: at the measured batch the factor is 1."""
+    if batch_size < 1 or state_copies < 0:
+        raise ValueError(f"batch_size={batch_size} (>= 1), state_copies={state_copies} (>= 0)")
+    out = df.copy()
+    out[STEP_BYTES] = (out["activation_peak_bytes"] / out["batch_size"] * batch_size
+                       + state_copies * out["param_bytes"])
+    out["step_batch_size"], out["state_copies"] = batch_size, state_copies
+    return out
+
+
 def memory_budget(df: pd.DataFrame, budget_depth: int, *, baseline: str = "luatorch",
                   value: str = "activation_peak_bytes") -> pd.DataFrame:
     """`deepest_within_budget` with the budget set to the `baseline` form's measured peak at
-    `budget_depth` (a column of the result); an empty frame when that point is not in the sweep."""
+    `budget_depth` (a column of the result); an empty frame when that point is not in the sweep.
+    `value` (also a column of the result) is the bytes compared: `STEP_BYTES` of `with_state` for the
+    paper's budget, parameters included."""
     at = df[(df["form"] == baseline) & (df["depth"] == budget_depth)][value].dropna()
     if at.empty:
         return pd.DataFrame()
     out = deepest_within_budget(df, float(at.iloc[0]), value=value, baseline=baseline)
-    out["budget_depth"] = int(budget_depth)
+    out["budget_depth"], out["value"] = int(budget_depth), value
+    if value == STEP_BYTES:
+        out["step_batch_size"] = int(df["step_batch_size"].iloc[0])
+    out["depth_max"] = int(df["depth"].max())
+    for column in ("growth_rate", "batch_size", "image_size"):  # the sweep's scale, for the figure
+        out[column] = int(df[column].iloc[0]) if column in df else None
     return out
 
 

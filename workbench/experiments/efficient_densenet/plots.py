@@ -18,7 +18,7 @@ _MIB = 2**20
 TOY_SCALE = "toy scale: verdicts off, not evidence (see the ledger)"
 
 
-def _marked(fig, verdicts: bool):
+def _marked(fig, verdicts: bool, scale: str = ""):
     """`fig` laid out and, where `verdicts` is False, marked `TOY_SCALE` above its top edge.
 
     `verdicts` is the notebook parameter that also turns the ledger's verdicts on: a figure made at
@@ -30,6 +30,8 @@ def _marked(fig, verdicts: bool):
     if not verdicts:
         fig.text(0.5, 1.0, TOY_SCALE, ha="center", va="bottom", fontsize=9, color="white", fontweight="bold",
                  bbox={"boxstyle": "round", "facecolor": "C3", "edgecolor": "none"})
+    if scale:  # issue 44: every figure says at which scale and on which device it was measured
+        fig.text(0.01, 0.0, f"scale: {scale}", ha="left", va="top", fontsize=8, color="0.35", wrap=True)
     return fig
 
 
@@ -46,7 +48,7 @@ def _log_ticks(lo: float, hi: float, *, at_least: int = 4) -> list[float]:
 
 
 def plot_memory_vs_depth(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
-                         value: str = "activation_peak_bytes", verdicts: bool = True):
+                         value: str = "activation_peak_bytes", verdicts: bool = True, scale: str = ""):
     """Peak memory (MiB) against depth per form, linear axes and log-log with fitted exponents."""
     import matplotlib.pyplot as plt
     import matplotlib.ticker
@@ -78,10 +80,10 @@ def plot_memory_vs_depth(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
         ax.set_ylabel(f"peak {value.replace('_bytes', '').replace('_', ' ')} (MiB)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
 
 
-def plot_budget(budget_df: pd.DataFrame, *, verdicts: bool = True):
+def plot_budget(budget_df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
     """Deepest measured depth per form within the memory budget."""
     import matplotlib.pyplot as plt
 
@@ -94,11 +96,16 @@ def plot_budget(budget_df: pd.DataFrame, *, verdicts: bool = True):
                     va="bottom")
     ax.set_ylabel("deepest depth that fits (layers)")
     ax.set_xlabel("implementation")
-    ax.set_title(f"budget {budget_df['budget_bytes'].iloc[0] / _MIB:.1f} MiB ('+': sweep limit)")
-    return _marked(fig, verdicts)
+    r = budget_df.iloc[0]
+    what = (f"training step at batch {r['step_batch_size']} (measured at {r.get('batch_size', '?')}), state included"
+            if "step_batch_size" in budget_df else "feature maps")
+    ax.set_title(f"DenseNet-BC k={r.get('growth_rate', '?')}, {r.get('image_size', '?')}px: budget = naive "
+                 f"{what} at depth {r.get('budget_depth', '?')}, {r['budget_bytes'] / _MIB:,.1f} MiB "
+                 f"('+': sweep limit)", fontsize=9)
+    return _marked(fig, verdicts, scale=scale)
 
 
-def plot_time_per_minibatch(df: pd.DataFrame, *, verdicts: bool = True):
+def plot_time_per_minibatch(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
     """Median seconds per training step per form, min-max bars, ratio to naive on top."""
     import matplotlib.pyplot as plt
 
@@ -111,13 +118,13 @@ def plot_time_per_minibatch(df: pd.DataFrame, *, verdicts: bool = True):
                     ha="center", va="center", color="white", fontweight="bold")
     r = df.iloc[0]
     ax.set_title(f"DenseNet-BC-{r['depth']} k={r['growth_rate']}, batch {r['batch_size']}, "
-                 f"{r['device']}")
+                 f"{r.get('image_size', '?')}px, {r['device']}")
     ax.set_ylabel("time per minibatch (s)")
     ax.set_xlabel("implementation")
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
 
 
-def plot_conv_contiguity(df: pd.DataFrame, *, verdicts: bool = True):
+def plot_conv_contiguity(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
     """3x3 convolution time (ms) against input channels, contiguous vs strided input."""
     import matplotlib.pyplot as plt
 
@@ -131,4 +138,4 @@ def plot_conv_contiguity(df: pd.DataFrame, *, verdicts: bool = True):
     ax.set_ylabel("time per convolution (ms)")
     ax.legend()
     ax.grid(alpha=0.3)
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
