@@ -17,7 +17,7 @@ MIB = 2**20
 TOY_SCALE = "toy scale: verdicts off, not evidence (see the ledger)"
 
 
-def _marked(fig, verdicts: bool):
+def _marked(fig, verdicts: bool, scale: str = ""):
     """`fig` laid out and, where `verdicts` is False, marked `TOY_SCALE` above its top edge.
 
     `verdicts` is the notebook parameter that also turns the ledger's verdicts on: a figure made at
@@ -29,10 +29,12 @@ def _marked(fig, verdicts: bool):
     if not verdicts:
         fig.text(0.5, 1.0, TOY_SCALE, ha="center", va="bottom", fontsize=9, color="white", fontweight="bold",
                  bbox={"boxstyle": "round", "facecolor": "C3", "edgecolor": "none"})
+    if scale:  # issue 44: every figure says at which scale and on which device it was measured
+        fig.text(0.01, 0.0, f"scale: {scale}", ha="left", va="top", fontsize=8, color="0.35", wrap=True)
     return fig
 
 
-def plot_prediction_error(df: pd.DataFrame, *, verdicts: bool = True):
+def plot_prediction_error(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
     """Predicted vs measured peak per model (left) and the relative error per batch size (right)."""
     import matplotlib.pyplot as plt
 
@@ -52,10 +54,10 @@ def plot_prediction_error(df: pd.DataFrame, *, verdicts: bool = True):
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle("Memory known before execution: predicted vs measured peak of a training step")
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
 
 
-def plot_accuracy(df: pd.DataFrame, *, verdicts: bool = True):
+def plot_accuracy(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
     """Fig 9: train (left) and test (right) accuracy per round, heap-bound vs plain PyTorch."""
     import matplotlib.pyplot as plt
 
@@ -68,10 +70,10 @@ def plot_accuracy(df: pd.DataFrame, *, verdicts: bool = True):
         ax.grid(alpha=0.3)
         ax.legend()
     axes[0].set_ylabel("accuracy (%)")
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
 
 
-def plot_single_model(df: pd.DataFrame, *, verdicts: bool = True):
+def plot_single_model(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
     """Fig 10: peak tensor memory, predicted and measured (left), and time per round (right)."""
     import matplotlib.pyplot as plt
 
@@ -89,10 +91,10 @@ def plot_single_model(df: pd.DataFrame, *, verdicts: bool = True):
     # NOTE: below the axes, not over the bars (inside, it covered the measured bar of the tallest pair)
     axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     fig.suptitle("Single model: memory (left) and time per round (right), Fig 10")
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
 
 
-def plot_multi_model(df: pd.DataFrame, *, verdicts: bool = True):
+def plot_multi_model(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
     """Fig 11: total time against models x rounds, both axes logarithmic."""
     import matplotlib.pyplot as plt
 
@@ -107,10 +109,10 @@ def plot_multi_model(df: pd.DataFrame, *, verdicts: bool = True):
     ax.set_title("Many models (Fig 11)")
     ax.grid(alpha=0.3, which="both")
     ax.legend()
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
 
 
-def plot_parallel(df: pd.DataFrame, *, verdicts: bool = True):
+def plot_parallel(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
     """Fig 12: models in parallel per mode and budget: CalcGraph's plan, its layout found by trials,
     and plain PyTorch found by trials (the paper's comparison)."""
     import matplotlib.pyplot as plt
@@ -131,10 +133,10 @@ def plot_parallel(df: pd.DataFrame, *, verdicts: bool = True):
     ax.set_title("Models that fit in a budget (Fig 12)")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
 
 
-def plot_peers(df: pd.DataFrame, *, verdicts: bool = True):
+def plot_peers(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
     """Trial runs (left) and wall time (right) each method needs to find the largest batch."""
     import matplotlib.pyplot as plt
 
@@ -151,4 +153,4 @@ def plot_peers(df: pd.DataFrame, *, verdicts: bool = True):
     axes[0].set_ylabel("method -> largest batch found")
     axes[1].set_yticklabels([])
     fig.suptitle("Largest batch for a budget: plan vs trial-based finders")
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
