@@ -95,3 +95,26 @@ def test_agreement_compares_like_with_like():
     assert exp.agreement(frame, statistic="min").set_index("method").loc["vbs", "time_ratio_median"] == 1.5
     assert median.loc["vbs", "memory_ratio_max"] == 1.5 and median.loc["vbs", "over_budget"] == 1
     assert median.loc["greedy", "points"] == 0 and list(median.refused) == [0, 1, 0]
+
+
+def test_agreement_spread_is_repeat_noise_not_the_range_over_budgets():
+    """Issue 44: the time ratios' spread is their noise over rounds (the median over budgets, round by round),
+    while `_min` and `_max` stay the dispersion over budgets (settings)."""
+    rows = []
+    for budget, fbs_rounds, vbs_rounds in ((10, [1.0, 1.2, 1.1], [1.5, 1.8, 1.5]), (20, [2.0, 2.0, 2.2, 9.0],
+                                                                                   [3.0, 3.2, 3.0, 9.0])):
+        for method, rounds in (("fbs", fbs_rounds), ("vbs", vbs_rounds)):
+            rows.append({"network": "n", "request": 2, "budget_units": budget, "budget_bytes": 1e9, "method": method,
+                         "feasible": True, "refused": False, "time_per_image_s": budget / 10, "rounds": rounds,
+                         "executed_s": float(np.median(rounds)), "executed_min_s": min(rounds),
+                         "executed_peak_bytes": 1.0, "peak_bytes": 1.0, "steps": 2, "max_abs_diff": 0.0})
+    agree = exp.agreement(pd.DataFrame(rows)).set_index("method")
+    vbs_row = agree.loc["vbs"]
+    assert vbs_row.noise_rounds == 3  # the fewest rounds any budget ran; the 4th (9.0) is left out
+    # round by round over budgets: vbs/pred = (1.5, 1.5), (1.8, 1.6), (1.5, 1.5) -> medians 1.5, 1.7, 1.5
+    assert (vbs_row.time_ratio_rounds_lo, vbs_row.time_ratio_rounds_hi) == pytest.approx((1.5, 1.7))
+    assert (vbs_row.time_ratio_min, vbs_row.time_ratio_max) == pytest.approx((1.5, 1.55))  # over budgets
+    # paired with FBS's same round: (1.5, 1.5), (1.5, 1.6), (1.36, 1.36) -> medians 1.5, 1.55, 1.36
+    assert (vbs_row.time_ratio_vs_fbs_rounds_lo, vbs_row.time_ratio_vs_fbs_rounds_hi) == pytest.approx(
+        (1.5 / 1.1, 1.55))
+    assert agree.loc["fbs", "time_ratio_vs_fbs_rounds_lo"] == agree.loc["fbs", "time_ratio_vs_fbs_rounds_hi"] == 1.0

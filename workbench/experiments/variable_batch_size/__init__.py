@@ -18,6 +18,8 @@ reproduced:
   FBS against VBS, for GoogLeNet at the paper's 20 MB (`layer_batches`, `table_iii`).
 - The planner's own speed, a target of ours (`planner_timing`).
 - The explore widget: one budget and request at a time (`explore_budget`).
+- The memory-only rows at the paper's 224x224, full width, from meta-tensor shapes (`paper_scale_sweep`,
+  `fbs_unused`): beside the rows as context where the notebook ran smaller (working space not seen).
 
 Figures made where the notebook's `verdicts` is False are marked `TOY_SCALE` on themselves.
 """
@@ -30,6 +32,7 @@ from .explore import explore_budget
 from .gains import (
     PAPER_BUDGET_MB, TABLE_II, TABLE_III, gains, layer_batches, reduction_pct, table_ii, table_iii, unused_memory,
 )
+from .paper_scale import SHAPES, fbs_unused, paper_scale_sweep, shape_tables
 from .planner import example_tables, planner_timing, random_layers, worked_example
 from .plots import (
     plot_budget_sweep, plot_layer_batches, plot_layer_memory, plot_planner_timing, plot_request_sizes,
@@ -49,4 +52,5 @@ __all__ = [
     "execute_sweep", "agreement", "TABLE_II", "TABLE_III", "PAPER_BUDGET_MB", "reduction_pct", "gains", "table_ii",
     "unused_memory", "table_iii", "layer_batches", "plot_time_vs_batch", "plot_layer_memory", "plot_budget_sweep",
     "plot_request_sizes", "plot_layer_batches", "plot_planner_timing", "TOY_SCALE", "explore_budget",
+    "SHAPES", "shape_tables", "paper_scale_sweep", "fbs_unused",
 ]

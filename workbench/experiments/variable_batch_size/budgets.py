@@ -192,6 +192,36 @@ def _handed_over(x: torch.Tensor, plan: vbs.Plan) -> torch.Tensor | list[torch.T
     return [x[k:k + 1].clone() for k in range(x.shape[0])] if plan.request == "pieces" else x
 
 
+def _round_noise(ok: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Repeat noise of the time ratios, per method: round r's executed time over the prediction at every budget,
+    the median over budgets, for each of the first n rounds (n: the fewest any budget ran); `<ratio>_rounds_lo`
+    and `_hi` are the least and largest of those medians, `noise_rounds` is n. The vs-FBS ratio pairs round r
+    of a plan with round r of FBS at the same budget (the rounds interleave the methods)."""
+    if "rounds" not in ok:
+        return pd.DataFrame()
+    timed = ok[ok["rounds"].map(lambda r: isinstance(r, (list, tuple, np.ndarray)) and len(r) > 0)]
+    if timed.empty:
+        return pd.DataFrame()
+    n = int(timed["rounds"].map(len).min())
+    per_round = np.stack([np.asarray(r[:n], dtype=float) for r in timed["rounds"]]) / timed[
+        ["time_per_image_s"]].to_numpy()
+    fbs = {tuple(k): row for k, row, m in zip(timed[keys].itertuples(index=False), per_round, timed["method"],
+                                              strict=True) if m == "fbs"}
+    rows = []
+    for method in timed["method"].unique():
+        mine = (timed["method"] == method).to_numpy()
+        ratio = np.median(per_round[mine], axis=0)
+        row = {"method": method, "noise_rounds": n, "time_ratio_rounds_lo": ratio.min(),
+               "time_ratio_rounds_hi": ratio.max()}
+        paired = [r / fbs[tuple(k)] for k, r in zip(timed[mine][keys].itertuples(index=False), per_round[mine],
+                                                     strict=True) if tuple(k) in fbs]
+        if paired:
+            vs = np.median(np.stack(paired), axis=0)
+            row["time_ratio_vs_fbs_rounds_lo"], row["time_ratio_vs_fbs_rounds_hi"] = vs.min(), vs.max()
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("method")
+
+
 def agreement(executed: pd.DataFrame, *, statistic: str = "median") -> pd.DataFrame:
     """Per method: executed / predicted time and memory over the feasible points of `executed`.
 
@@ -200,6 +230,8 @@ def agreement(executed: pd.DataFrame, *, statistic: str = "median") -> pd.DataFr
     the FBS plan's at the same budget, so what the machine does to every method alike cancels.
     `memory_ratio` is the measured peak, the request included, over the predicted peak; `over_budget`
     counts the plans whose measured peak exceeded their budget, `refused` those the executor refused.
+    `_min` and `_max` are the dispersion over budgets (settings, not uncertainty); the repeat noise of the time
+    ratios is `_rounds_lo` and `_rounds_hi` (`_round_noise`: the same median over budgets, round by round).
     """
     ok = executed[executed.feasible & ~executed.refused.astype(bool)].copy()
     executed_t = ok.executed_min_s if statistic == "min" else ok.executed_s
@@ -213,6 +245,7 @@ def agreement(executed: pd.DataFrame, *, statistic: str = "median") -> pd.DataFr
     grouped = ok.groupby("method")
     frame = grouped[[*ratios, "steps"]].median().add_suffix("_median")
     frame = frame.join(grouped[ratios].min().add_suffix("_min")).join(grouped[ratios].max().add_suffix("_max"))
+    frame = frame.join(_round_noise(ok, keys))
     frame["points"] = grouped.size()
     frame["over_budget"] = grouped.over_budget.sum()
     refused = executed[executed.feasible & executed.refused.astype(bool)].groupby("method").size()

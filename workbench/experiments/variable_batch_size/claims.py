@@ -10,8 +10,9 @@ Every measured value is read from the notebook's records, so `results.json` alon
 Which hardware a claim was made on: the image experiments ran in PyTorch with CUDA and cuDNN
 ("a simulated low resource environment where the memory was restricted"), so every time, gain
 and speed-up claim is made_on="gpu", and so is Fig 2's memory range, whose working space is
-cuDNN's (`CUDNN_LOGINFO_DBG`). Batch sizes and unused memory follow from the activation sizes
-and the budget (the DP's accounting), the same on any device: made_on="any".
+cuDNN's (`CUDNN_LOGINFO_DBG`). The batch sizes (Figs 7 and 9), Greedy-VBS's feasibility and the unused memory
+(Table III) count the same working space at 224x224, full width: made_on="gpu", and read only at that size
+(`readings`: elsewhere "not run at this scale", with what the 224x224 shapes alone give beside them).
 
 Budgets are shown in paper-equivalent MB (15 MB x budget / floor, see `budgets`); a claim about a
 named budget (20, 25, 30 MB) is read at the swept budget within 1 MB of it, else not measured.
@@ -28,20 +29,19 @@ from workbench.report import Claim, Ledger, Measured, Records, at_least, at_most
 
 from .budgets import LOOSE_MB, TIGHT_MB
 from .gains import PAPER_BUDGET_MB, TABLE_II, TABLE_III
-from .tables import LABELS, PAPER_IMAGE_SIZE
+from .readings import (
+    PAPER_REQUEST, agreement, at_paper_scale, fig7_batch, fig9, greedy_infeasible, scale_text, table_iii,
+)
+from .tables import LABELS
 
 __all__ = ["CLAIMS", "PAPER_REQUEST", "ledger"]
 
-PAPER_REQUEST = 12  # Section IV: "In all these experiments, the input request size is set to 12"
 _MIB = 2**20
 _GAIN = ("Section IV: 'the overall throughput gain, which is defined as the percentage reduction in per image "
          "inference time for our algorithm over the baseline': (t_FBS - t_VBS) / t_FBS x 100, at most 100%.")
 
 
-def _scale(params: Mapping) -> str:
-    return (f"{params.get('image_size')}x{params.get('image_size')} images, width x{params.get('width')}, "
-            f"request {params.get('request')}, tables: {params.get('layer_statistic')} of "
-            f"{params.get('layer_repeats')} runs")
+_scale = scale_text
 
 
 def _spread(params: Mapping, lo, hi) -> tuple[float, float] | None:
@@ -68,8 +68,7 @@ FIG2_LAYERS = {"conv1": "conv1", "res2a_branch2a": "layer1_0.body"}
 
 def _fig2_frame(records: Records, params: Mapping) -> pd.DataFrame | None:
     df = record_frame(records, "layer_memory")
-    paper_scale = params.get("image_size") == PAPER_IMAGE_SIZE and params.get("width") == 1.0
-    if df is None or not paper_scale or set(df.network) != {"resnet50"}:
+    if df is None or not at_paper_scale(params) or set(df.network) != {"resnet50"}:
         return None  # the MB of Fig 2 exist only at 224x224 and full width
     return df
 
@@ -142,31 +141,6 @@ def _fig7_faster(records: Records, params: Mapping) -> Measured | None:
                     scale=f"{len(d)} (network, budget) points where the DP's plan differs from FBS; {_scale(params)}")
 
 
-def _near(df: pd.DataFrame, mb: float) -> pd.DataFrame:
-    """Rows at the swept budget within 1 MB (paper-equivalent) of `mb`, or none."""
-    if df.empty:
-        return df
-    best = (df.paper_mb - mb).abs().min()
-    return df[(df.paper_mb - mb).abs() == best] if best <= 1.0 else df.iloc[:0]
-
-
-def _fig7_batch(mb: float, method: str):
-    def measure(records: Records, params: Mapping) -> Measured | None:
-        df = record_frame(records, "sweep")
-        if df is None or params.get("request") != PAPER_REQUEST:
-            return None
-        rows = _near(df[(df.network == "resnet50") & (df.request == PAPER_REQUEST)], mb)
-        rows = rows[rows.method == method]
-        if rows.empty:
-            return None
-        row = rows.iloc[0]
-        note = "" if row.feasible else f"; {method.upper()} cannot serve the request (0)"
-        return Measured(float(row.max_batch) if row.feasible else 0.0,
-                        scale=f"ResNet-50 at {row.paper_mb:.1f} paper-equivalent MB ({row.ratio:.2f} x floor){note}; "
-                              f"{_scale(params)}")
-    return measure
-
-
 # --- Fig 8: request sizes ---------------------------------------------------------------------
 
 
@@ -183,15 +157,6 @@ def _vbs_beats_greedy(records: Records, params: Mapping) -> Measured | None:
                     scale=f"GoogLeNet, requests {sorted(set(df.request))}, {len(both)} points; {_scale(params)}")
 
 
-def _greedy_infeasible(records: Records, params: Mapping) -> Measured | None:
-    df = _requests(records)
-    if df is None:
-        return None
-    big = df[(df.request == df.request.max()) & (df.paper_mb < TIGHT_MB)]
-    return Measured(float((~big.greedy_feasible.astype(bool)).mean()) if len(big) else None,
-                    scale=f"GoogLeNet, request {int(df.request.max())}, {len(big)} tight budgets; {_scale(params)}")
-
-
 def _greedy_beats_fbs(records: Records, params: Mapping) -> Measured | None:
     df = _requests(records)
     if df is None:
@@ -204,45 +169,6 @@ def _greedy_beats_fbs(records: Records, params: Mapping) -> Measured | None:
     return Measured(float((d.greedy_vs_fbs_pct > 1e-9).mean()),
                     scale=f"GoogLeNet, {len(d)} points (memory > {LOOSE_MB:g} MB or request "
                           f"{int(df.request.min())}; FBS below the full request), predicted; {_scale(params)}")
-
-
-# --- Fig 9 and Table III: GoogLeNet at 20 MB --------------------------------------------------
-
-
-def _at_20mb(records: Records, name: str, params: Mapping) -> pd.DataFrame | None:
-    df = record_frame(records, name)
-    if df is None or params.get("request") != PAPER_REQUEST or set(df.network) != {"googlenet"}:
-        return None
-    return df if abs(float(df.paper_mb.iloc[0]) - PAPER_BUDGET_MB) <= 1.0 else None
-
-
-def _fig9(what: str):
-    def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _at_20mb(records, "layer_batches", params)
-        if df is None:
-            return None
-        scale = f"GoogLeNet at {df.paper_mb.iloc[0]:.1f} paper-equivalent MB; {_scale(params)}"
-        if what == "fbs":
-            return Measured(finite(df.fbs_batch.iloc[0]), scale=scale)
-        if what == "inception_5b":
-            row = df[df.name == "inception_5b"]
-            return Measured(float(row.max_batch.iloc[0]), scale=scale) if len(row) else None
-        ranks = df[["need_bytes_per_sample", "max_batch"]].rank()
-        rho = ranks.need_bytes_per_sample.corr(ranks.max_batch)
-        return Measured(finite(rho), scale=f"{len(df)} main-path layers; {scale}")
-    return measure
-
-
-def _table_iii(method: str):
-    def measure(records: Records, params: Mapping) -> Measured | None:
-        df = _at_20mb(records, "table_iii", params)
-        if df is None:
-            return None
-        rows = df[df[f"paper_{method}_unused_fraction"].notna()]
-        return Measured(finite(rows[f"{method}_unused_fraction"].mean()) if len(rows) else None,
-                        scale=f"GoogLeNet at {df.paper_mb.iloc[0]:.1f} paper-equivalent MB, mean over the "
-                              f"{len(rows)} layers Table III lists; {_scale(params)}")
-    return measure
 
 
 # --- checks and targets -----------------------------------------------------------------------
@@ -284,22 +210,6 @@ def _planner(records: Records, params: Mapping) -> Measured | None:
     return Measured(float(row.cpu_s), spread=(float(row.cpu_min_s), float(row.cpu_max_s)),
                     scale=f"{int(row.layers)} layers x {int(row.batch)} batch sizes x {int(row.memory_units)} memory "
                           f"units, synthetic tables; wall {row.median_s:.2f} s on this shared CPU")
-
-
-def _agreement(column: str, spread: bool = True):
-    def measure(records: Records, params: Mapping) -> Measured | None:
-        df = record_frame(records, "agreement")
-        if df is None or "vbs" not in set(df.method) or f"{column}_max" not in df:
-            return None
-        row = df.set_index("method").loc["vbs"]
-        stat = "max" if column.startswith("memory") else "median"
-        value = finite(row[f"{column}_{stat}"])
-        lo, hi = finite(row[f"{column}_min"]), finite(row[f"{column}_max"])
-        extra = (f", {int(row.over_budget)} over their budget, {int(row.refused)} refused by the executor"
-                 if column.startswith("memory") and "refused" in row else "")
-        return Measured(value, spread=(lo, hi) if spread and value is not None and lo is not None else None,
-                        scale=f"{int(row.points)} budgets{extra}; {_scale(params)}")
-    return measure
 
 
 # --- the claims -------------------------------------------------------------------------------
@@ -355,11 +265,12 @@ CLAIMS: tuple[Claim, ...] = (
                      "the share of budgets where the executed gain (median of paired rounds) is above 0; spread: "
                      "the same share from the rounds' min and max."),
     *(Claim(f"ResNet-50 at {mb} MB: {who} (Fig 7 caption)", unit="samples per phase", paper=value,
-            measure=_fig7_batch(mb, method), rule=within(value, rel=0.2, partly_rel=0.5),
+            measure=fig7_batch(mb, method), rule=within(value, rel=0.2, partly_rel=0.5), made_on="gpu",
             definition="Fig 7 caption: 'maximum batch size (that can be processed by any layer) in case of ResNet50 "
                        "with 25MB and 30MB memory sizes are 6 and 8 respectively. At these memory values the baseline "
                        "is able to do only 1 and 2 batch sizes'. Read from the plans at request 12, at the swept "
-                       "budget within 1 MB of it in paper-equivalent MB (15 MB x budget / floor).")
+                       "budget within 1 MB of it in paper-equivalent MB (15 MB x budget / floor); only at 224x224, "
+                       "full width, each layer's cuDNN working space counted (`readings`).")
       for mb, method, value, who in ((25, "vbs", 6, "VBS's largest batch at any layer is 6"),
                                      (25, "fbs", 1, "FBS runs batch 1"),
                                      (30, "vbs", 8, "VBS's largest batch at any layer is 8"),
@@ -372,10 +283,10 @@ CLAIMS: tuple[Claim, ...] = (
                      "time at most Greedy-VBS's wherever Greedy-VBS is feasible. The prediction sums the profiled "
                      "layer times, so it is a speed claim of the paper's GPU: judged only on a GPU."),
     Claim("Greedy-VBS is infeasible at tight memory for the largest request (Fig 8)", unit="fraction of tight budgets",
-          paper="practically infeasible", measure=_greedy_infeasible, rule=at_least(0.75, partly=0.5),
+          paper="practically infeasible", measure=greedy_infeasible, rule=at_least(0.75, partly=0.5), made_on="gpu",
           definition="Section IV: Greedy-VBS stores the activations of all requested samples at a layer, so 'for "
                      "smaller memory ranges ... or larger input request sizes (10 and 12), the Greedy-VBS approach "
-                     "becomes practically infeasible'. Budgets < 30 MB at the largest request."),
+                     "becomes practically infeasible'. Budgets < 30 MB at the largest request, 224x224, full width."),
     Claim("Greedy-VBS beats FBS at large memory or small requests (Fig 8)",
           unit="fraction of points, predicted", paper="Greedy-VBS faster", measure=_greedy_beats_fbs,
           rule=at_least(0.75, partly=0.5), made_on="gpu",
@@ -383,28 +294,29 @@ CLAIMS: tuple[Claim, ...] = (
                      "large, or when the input request size is small' (layers with small needs run larger batches). "
                      "Points > 35 MB or at the smallest request, where FBS runs less than the whole request."),
     Claim("GoogLeNet at 20 MB: FBS runs 2 images per phase (Fig 9)", unit="samples per phase", paper=2,
-          measure=_fig9("fbs"), rule=within(2, rel=0.2, partly_rel=0.5),
+          measure=fig9("fbs"), rule=within(2, rel=0.2, partly_rel=0.5), made_on="gpu",
           definition="Section IV, Fig 9: 'The baseline is able to process only 2 images across every layer in each "
                      "phase' (GoogLeNet, 20 MB, request 12)."),
     Claim("GoogLeNet at 20 MB: VBS runs inception_5b with 8 samples per phase (Fig 9)", unit="samples per phase",
-          paper=8, measure=_fig9("inception_5b"), rule=within(8, rel=0.2, partly_rel=0.5),
+          paper=8, measure=fig9("inception_5b"), rule=within(8, rel=0.2, partly_rel=0.5), made_on="gpu",
           definition="Section IV, Fig 9: 'the layer inception_5b/output can process 8 samples at a time'. Measured: "
                      "the largest phase of inception_5b in the DP's plan."),
     Claim("Layers needing more memory run smaller batches under VBS (Fig 9)",
-          unit="rank correlation (need per sample vs largest batch)", paper="negative", measure=_fig9("rank"),
-          rule=at_most(-0.3, partly=0.0),
+          unit="rank correlation (need per sample vs largest batch)", paper="negative", measure=fig9("rank"),
+          rule=at_most(-0.3, partly=0.0), made_on="gpu",
           definition="Section IV: 'layers requiring large memory for input/output activations should be computed "
                      "with smaller batch sizes and vice-versa'. Spearman correlation over GoogLeNet's main-path layers "
                      "at 20 MB between in + ws + out per sample and the layer's largest phase."),
     Claim("GoogLeNet at 20 MB: FBS leaves most memory unused (Table III)", unit="fraction of the budget (mean)",
-          paper=round(_T3["fbs"], 3), measure=_table_iii("fbs"), rule=within(_T3["fbs"], rel=0.25, partly_rel=0.5),
+          paper=round(_T3["fbs"], 3), measure=table_iii("fbs"), rule=within(_T3["fbs"], rel=0.25, partly_rel=0.5),
+          made_on="gpu",
           definition="Table III: un-utilised memory while processing each layer, baseline, at 20 MB ('more than 15MB "
                      "for many layers'); mean over the ten layers it lists, as a fraction of the budget. Unused = "
                      "budget - (activations held + the layer's in + ws + out) in its fullest phase (the DP's "
                      "accounting; the paper does not say whether held activations count)."),
     Claim("GoogLeNet at 20 MB: VBS leaves little memory unused (Table III)", unit="fraction of the budget (mean)",
-          paper=round(_T3["vbs"], 3), measure=_table_iii("vbs"),
-          rule=within(_T3["vbs"], rel=0.25, partly_rel=0.5, better="lower"),
+          paper=round(_T3["vbs"], 3), measure=table_iii("vbs"),
+          rule=within(_T3["vbs"], rel=0.25, partly_rel=0.5, better="lower"), made_on="gpu",
           definition="Table III: un-utilised memory per layer with the DP's plan ('mostly below 2MB'); mean over the "
                      "ten layers it lists, as a fraction of the 20 MB budget; unused as for FBS above."),
     Claim("C3D video inference: up to 61% higher throughput (Fig 6)", unit="% reduction in per-image time", paper=61,
@@ -413,16 +325,20 @@ CLAIMS: tuple[Claim, ...] = (
           paper="≤ 1 s (our target)", measure=_planner, rule=at_most(1.0, partly=2.0), source="target",
           definition="Ours: filling the DP tables and reconstructing the plan; the paper plans offline."),
     Claim("Executed time of VBS plans matches the profile's prediction",
-          unit="executed / predicted (median over budgets)", paper="1.0 (our target)",
-          measure=_agreement("time_ratio"), rule=within(1.0, rel=0.25), source="target",
-          definition="Ours: executed per-image time over the sum of the profiled layer times of the plan."),
+          unit="executed / predicted per-image time (median over budgets)", paper="1.0 (our target)",
+          measure=agreement("time_ratio"), rule=within(1.0, rel=0.25), source="target",
+          definition="Ours: executed per-image time over the sum of the profiled layer times of the plan, the median "
+                     "over budgets; spread: its repeat noise (the least and largest over rounds of that median), never "
+                     "the range over budgets, so a median outside 0.75-1.25 that every round shares reads 'not "
+                     "reproduced'."),
     Claim("VBS's extra phases cost no more than predicted, relative to FBS at the same budget",
           unit="(executed / predicted) VBS over FBS, median", paper="≤ 1.1 (our target)",
-          measure=_agreement("time_ratio_vs_fbs"), rule=at_most(1.1, partly=1.25), source="target",
-          definition="Ours: the DP's executed/predicted time ratio over FBS's at the same budget."),
+          measure=agreement("time_ratio_vs_fbs"), rule=at_most(1.1, partly=1.25), source="target",
+          definition="Ours: the DP's executed/predicted time ratio over FBS's at the same budget, the median over "
+                     "budgets; spread: its repeat noise over paired rounds, as above."),
     Claim("Measured peak memory of VBS plans stays within the plan's predicted peak",
           unit="measured / predicted peak (request included), max", paper="≤ 1.0 (our target)",
-          measure=_agreement("memory_ratio", spread=False), rule=at_most(1.0), source="target",
+          measure=agreement("memory_ratio"), rule=at_most(1.0), source="target",
           definition="Ours: the allocator's peak (AllocatorMeter: c10's events on CPU, max_memory_allocated on CUDA; "
                      "kernel scratch included) while a request handed over sample by sample is executed, over the "
                      "plan's predicted peak (the DP's accounting, OPT[1, n, b, mem], plus the executor's copies)."),

@@ -22,7 +22,7 @@ TOY_SCALE = "toy scale: verdicts off, not evidence (see the ledger)"
 _STYLE = {"vbs": ("VBS (DP)", "C0"), "fbs": ("FBS", "C1"), "greedy": ("Greedy-VBS", "C2")}
 
 
-def _marked(fig, verdicts: bool):
+def _marked(fig, verdicts: bool, scale: str = ""):
     """`fig` laid out and, where `verdicts` is False, marked `TOY_SCALE` above its top edge."""
     if not isinstance(verdicts, bool):
         raise TypeError(f"verdicts must be a bool (the notebook parameter), got {verdicts!r}")
@@ -30,10 +30,12 @@ def _marked(fig, verdicts: bool):
     if not verdicts:
         fig.text(0.5, 1.0, TOY_SCALE, ha="center", va="bottom", fontsize=9, color="white", fontweight="bold",
                  bbox={"boxstyle": "round", "facecolor": "C3", "edgecolor": "none"})
+    if scale:  # issue 44: every figure says at which scale and on which device it was measured
+        fig.text(0.01, 0.0, f"scale: {scale}", ha="left", va="top", fontsize=8, color="0.35", wrap=True)
     return fig
 
 
-def plot_time_vs_batch(df: pd.DataFrame, *, verdicts: bool = True):
+def plot_time_vs_batch(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
     """Fig 1: per-image time (ms) against the batch size all layers run at, one line per network."""
     import matplotlib.pyplot as plt
 
@@ -45,10 +47,11 @@ def plot_time_vs_batch(df: pd.DataFrame, *, verdicts: bool = True):
     ax.set_title("Per-image time against batch size (Fig 1)")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
 
 
-def plot_layer_memory(df: pd.DataFrame, *, title: str = "Memory per layer at batch 1 (Fig 2)", verdicts: bool = True):
+def plot_layer_memory(df: pd.DataFrame, *, title: str = "Memory per layer at batch 1 (Fig 2)", verdicts: bool = True,
+                      scale: str = ""):
     """Fig 2: input, output and workspace bytes (MiB) of every layer group, stacked."""
     import matplotlib.pyplot as plt
 
@@ -63,7 +66,7 @@ def plot_layer_memory(df: pd.DataFrame, *, title: str = "Memory per layer at bat
     ax.set_ylabel("memory (MiB)")
     ax.set_title(title)
     ax.legend()
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
 
 
 def _sweep_axes(ax, grp: pd.DataFrame, *, executed: bool) -> None:
@@ -79,7 +82,8 @@ def _sweep_axes(ax, grp: pd.DataFrame, *, executed: bool) -> None:
     ax.grid(alpha=0.3)
 
 
-def plot_budget_sweep(df: pd.DataFrame, *, request: int = 12, executed: bool = True, verdicts: bool = True):
+def plot_budget_sweep(df: pd.DataFrame, *, request: int = 12, executed: bool = True, verdicts: bool = True,
+                      scale: str = ""):
     """Fig 7: per-image time against budget, one panel per network (x: paper-equivalent MB)."""
     import matplotlib.pyplot as plt
 
@@ -95,11 +99,11 @@ def plot_budget_sweep(df: pd.DataFrame, *, request: int = 12, executed: bool = T
         ax.set_ylabel("time per image (ms)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Per-image time against memory budget, request {request} (Fig 7)")
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
 
 
 def plot_request_sizes(df: pd.DataFrame, *, network: str = "googlenet", executed: bool = True,
-                       verdicts: bool = True):
+                       verdicts: bool = True, scale: str = ""):
     """Fig 8: VBS, FBS and Greedy-VBS for one network at several request sizes."""
     import matplotlib.pyplot as plt
 
@@ -113,10 +117,11 @@ def plot_request_sizes(df: pd.DataFrame, *, network: str = "googlenet", executed
     axes[0][0].set_ylabel("time per image (ms)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{LABELS.get(network, network)}: VBS against both baselines by request size (Fig 8)")
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
 
 
-def plot_layer_batches(frame: pd.DataFrame, *, title: str = "Batch sizes per layer (Fig 9)", verdicts: bool = True):
+def plot_layer_batches(frame: pd.DataFrame, *, title: str = "Batch sizes per layer (Fig 9)", verdicts: bool = True,
+                       scale: str = ""):
     """Fig 9: for each main-path layer, its phases as stacked bars (height = batch size).
 
     `frame` has one row per layer with `name` and `batches` (the list of phase sizes), as
@@ -136,10 +141,10 @@ def plot_layer_batches(frame: pd.DataFrame, *, title: str = "Batch sizes per lay
     ax.set_xlabel("layer (main path)")
     ax.set_ylabel("samples (stacked phases)")
     ax.set_title(title)
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
 
 
-def plot_planner_timing(df: pd.DataFrame, *, verdicts: bool = True):
+def plot_planner_timing(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
     """Planner time (s) against memory units, one colour per number of layers (CPU and wall time)."""
     import matplotlib.pyplot as plt
 
@@ -152,4 +157,4 @@ def plot_planner_timing(df: pd.DataFrame, *, verdicts: bool = True):
     ax.set_title(f"DP planner time (batch {df.batch.iloc[0]})")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _marked(fig, verdicts)
+    return _marked(fig, verdicts, scale=scale)
