@@ -5,6 +5,7 @@ for resource limited environments, Ahmed & Naveed, 2021).
 ``planning``: sequential checkpoints measured (Figs 8 and 11, the planners, the unit floor);
 ``dataflow``: encoding capacity and sizes, selective batch sampling, loaders (Sec. II-A);
 ``peers``: torch's own activation-memory budget under torch.compile beside our planner;
+``paper_scale``: the memory claims of Figs 8 and 10 planned at the paper's own sizes (CalcGraph, fake tensors);
 ``plots``: the figures; ``claims``: the paper's claims, our targets and checks, and the ledger.
 """
 
@@ -19,10 +20,12 @@ from .dataflow import (
     experiment_sbs,
 )
 from .explore import explore_sc
+from .paper_scale import experiment_paper_scale, experiment_planned_memory, experiment_planned_sc, plan_check
 from .peers import experiment_peer, hook_retained_bytes, meter_retained_bytes, peer_comparison
 from .pipelines import (
     PIPELINES,
     Pipeline,
+    accuracy_over_seeds,
     autoencoder,
     experiment_pipeline_memory,
     experiment_time_accuracy,
@@ -55,9 +58,11 @@ from .plots import (
 from .plots import TOY_SCALE
 
 __all__ = [
-    "ENCODED_FORMS", "PIPELINES", "Pipeline", "TOY_SCALE", "autoencoder", "capacity_at", "claims", "exact_capacity",
+    "ENCODED_FORMS", "PIPELINES", "Pipeline", "TOY_SCALE", "accuracy_over_seeds", "autoencoder", "capacity_at",
+    "claims", "exact_capacity",
     "experiment_capacity", "experiment_checkpoint_position", "experiment_encoded_bytes", "experiment_floor",
-    "experiment_loaders", "experiment_peer", "experiment_pipeline_memory", "experiment_planner_pareto",
+    "experiment_loaders", "experiment_paper_scale", "experiment_peer", "experiment_planned_memory",
+    "experiment_planned_sc", "plan_check", "experiment_pipeline_memory", "experiment_planner_pareto",
     "experiment_sbs", "experiment_sc_resnet", "experiment_time_accuracy", "explore_sc", "floor_summary",
     "hook_retained_bytes",
     "measure_step", "meter_retained_bytes", "optimal_vs_uniform", "peer_comparison", "plot_capacity",

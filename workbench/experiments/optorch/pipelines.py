@@ -41,12 +41,16 @@ from workbench.train import train
 
 __all__ = [
     "PIPELINES",
+    "accuracy_over_seeds",
     "Pipeline",
     "autoencoder",
     "experiment_pipeline_memory",
     "experiment_time_accuracy",
+    "host_batch",
     "measure_step",
+    "metered_step",
     "prepare",
+    "step_region",
     "time_accuracy_summary",
 ]
 
@@ -80,6 +84,11 @@ def autoencoder(widths: Sequence[int] = (256, 128, 64, 8, 64, 128, 256, 256)) ->
                            for a, b in zip(widths[:-1], widths[1:], strict=True)])
 
 
+def _on(tensor: torch.Tensor, device: torch.device) -> bool:
+    """Whether `tensor` is on `device` ("cuda" without an index: any CUDA device)."""
+    return tensor.device.type == device.type and device.index in (None, tensor.device.index)
+
+
 def _autocast_dtype(device: torch.device) -> torch.dtype:
     return torch.float16 if device.type == "cuda" else torch.bfloat16
 
@@ -95,7 +104,11 @@ def prepare(
     ``torch.autocast`` (bf16 on CPU, fp16 with a GradScaler on CUDA).
     """
     device = torch.device(device)
-    model = model.to(device)
+    # NOTE: moved only where a tensor lives elsewhere: under fake tensors (the paper-scale plans, `paper_scale`)
+    # torch refuses, at random, to swap a parameter the planner's tracker watches, and moving to where it is
+    # changes nothing
+    if any(not _on(t, device) for t in [*model.parameters(), *model.buffers()]):
+        model = model.to(device)
     if pipeline.checkpoint:
         model = sc(model, segments, strategy=strategy, sample=sample)
     if pipeline.encode:
@@ -125,21 +138,42 @@ def measure_step(
     # holds is counted for B and E-D alike. Without it a CPU run counted E-D's decoded float
     # batch but never B's, and E-D looked smaller by exactly one float batch.
     """
+    meter = metered_step(model, images, labels, pipeline, device=device, trace=trace, scheme=scheme)
+    return meter.peak_bytes, meter.trace
+
+
+def metered_step(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, pipeline: Pipeline, *,
+    device: torch.device | str, trace: bool = False, allocator: bool = False, scheme: str = "int64",
+) -> MemoryMeter:
+    """:func:`measure_step`'s meter (``allocator``: with the allocator's own peak beside the tensors')."""
     device = torch.device(device)
-    dtype = _autocast_dtype(device) if pipeline.mixed_precision else None
-    host = encode(images, scheme=scheme) if pipeline.encode else normalize(images)
-    labels = labels.to(device)
+    host, labels = host_batch(images, labels, pipeline, device=device, scheme=scheme)
     for p in model.parameters():
         if p.requires_grad and p.grad is None:
             p.grad = torch.zeros_like(p)
-    with MemoryMeter(device, trace=trace) as meter:
-        x = host.to(device, copy=True)
-        with _autocast(device, dtype):
-            loss = nn.functional.cross_entropy(model(x), labels)
-        del x
-        loss.backward()
-        del loss
-    return meter.peak_bytes, meter.trace
+    with MemoryMeter(device, trace=trace, allocator=allocator) as meter:
+        step_region(model, host, labels, pipeline, device=device)
+    return meter
+
+
+def host_batch(images: torch.Tensor, labels: torch.Tensor, pipeline: Pipeline, *, device: torch.device,
+               scheme: str = "int64") -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch as the host hands it over (float32 for B, encoded for E-D) and the labels on the device."""
+    return (encode(images, scheme=scheme) if pipeline.encode else normalize(images)), labels.to(device)
+
+
+def step_region(model: nn.Module, host: torch.Tensor, labels: torch.Tensor, pipeline: Pipeline, *,
+                device: torch.device) -> None:
+    """The measured region of one step: the batch crosses to the device, forward and loss (under autocast for
+    M-P), backward. The same code runs for real under a meter and under fake tensors in the paper-scale plans."""
+    dtype = _autocast_dtype(device) if pipeline.mixed_precision else None
+    x = host.to(device, copy=True)
+    with _autocast(device, dtype):
+        loss = nn.functional.cross_entropy(model(x), labels)
+    del x
+    loss.backward()
+    del loss
 
 
 def _batch(batch: int, image_size: int, *, channels: int = 3, classes: int = 10,
@@ -154,11 +188,13 @@ def experiment_pipeline_memory(
     models: Sequence[str] = ("resnet18", "resnet34", "resnet50"), *, batch: int = 16,
     image_size: int = 32, width: float = 1.0, device: torch.device | str = "cpu",
     pipelines: Sequence[str] = tuple(PIPELINES), seed: int = 0, progress: bool = True,
-    stem: str = "cifar",
+    stem: str = "cifar", allocator: bool = False,
 ) -> pd.DataFrame:
     """Fig 10: peak bytes of one training step per pipeline per model (ratio against B).
 
     ``width`` is the channel multiplier of :func:`workbench.models.build` (1.0: the published net).
+    ``allocator`` adds ``allocator_peak_bytes``: the same step's peak by the allocator's own count
+    (``AllocatorMeter``, kernel scratch included), the independent check of the paper-scale plans.
     """
     device = torch.device(device)
     images, labels = _batch(batch, image_size, seed=seed)
@@ -169,8 +205,9 @@ def experiment_pipeline_memory(
             net = build(model, width=width, stem=stem)
             m, _, _ = prepare(net, PIPELINES[name], device=device)
             m.train()
-            peak, _ = measure_step(m, images, labels, PIPELINES[name], device=device)
-            rows.append({"model": model, "pipeline": name, "peak_bytes": peak})
+            meter = metered_step(m, images, labels, PIPELINES[name], device=device, allocator=allocator)
+            rows.append({"model": model, "pipeline": name, "peak_bytes": meter.peak_bytes,
+                         **({"allocator_peak_bytes": meter.allocator_peak_bytes} if allocator else {})})
     df = pd.DataFrame(rows)
     base = df[df.pipeline == "B"].set_index("model").peak_bytes
     df["ratio_vs_B"] = df.peak_bytes / df.model.map(base)
@@ -278,3 +315,22 @@ def time_accuracy_summary(df: pd.DataFrame) -> pd.DataFrame:
     last["time_ratio_vs_B"] = last.robust_cum_seconds / last.loc["B", "robust_cum_seconds"]
     last["min_step_ratio_vs_B"] = last.min_step_s / last.loc["B", "min_step_s"]
     return last.reset_index()
+
+
+def accuracy_over_seeds(
+    main: pd.DataFrame, train_set: ImageSet, test_set: ImageSet, seeds: Sequence[int], *,
+    pipelines: Sequence[str] = ("B", "M-P"), **kwargs,
+) -> pd.DataFrame:
+    """Fig 9's repeat noise: the last epoch's test accuracy of ``pipelines`` trained again with each of ``seeds``
+    (weights, batch order and augmentation drawn anew; the same data), beside ``main``'s (one seed's
+    :func:`experiment_time_accuracy`). Rows: seed, pipeline, test_acc. ``kwargs`` are main's settings."""
+    main_seed = int(kwargs.pop("seed", 0))
+    if main_seed in seeds:
+        raise ValueError(f"seeds must differ from the main run's seed {main_seed}, got {list(seeds)}")
+    kwargs["progress"] = False
+    runs = [main[main.pipeline.isin(pipelines)].assign(seed=main_seed)]
+    runs += [experiment_time_accuracy(train_set, test_set, pipelines=tuple(pipelines), seed=int(s), **kwargs)
+             .assign(seed=int(s)) for s in seeds]
+    last = pd.concat(runs, ignore_index=True).sort_values("epoch", kind="stable")
+    last = last.groupby(["seed", "pipeline"], sort=False).tail(1)
+    return last[["seed", "pipeline", "test_acc", "epoch"]].reset_index(drop=True)
