@@ -66,9 +66,11 @@ def planned_fig8(records: Records) -> Measured | None:
     by = df.set_index(["size", "variant"])
     paper, here = by.loc[("paper", "S-C optimal")], by.loc[("here", "S-C optimal")]
     error = float(here.ratio_error)
+    which = ("the optimal planner's least-peak plan" if int(paper.candidates) == 1
+             else f"the least of {paper.candidates} plans of the optimal planner")
     scale = (f"{paper.model} (width {_width(paper.width)}, {paper.stem} stem), {paper.batch} images "
-             f"{paper.image_size}x{paper.image_size}: planned ({paper.planner}), the least of {paper.candidates} "
-             f"plans of the optimal planner profiled at {paper.profiled_at}"
+             f"{paper.image_size}x{paper.image_size}: planned ({paper.planner}), {which} on a real profile at "
+             f"{paper.profiled_at}"
              + _checked(error, f"{here.batch} images {here.image_size}x{here.image_size}"))
     return Measured(float(paper.planned_ratio), spread=_spread(float(paper.planned_ratio), error), scale=scale)
 
