@@ -72,6 +72,9 @@ class StepTime:
     samples: int
     stalled: int
     part_seconds: float = math.nan  # of the part `time_step(part=...)` reads, per call (same samples)
+    # seconds per call of each sample `seconds` is the median of, one per kept round: the steps of one `time_steps`
+    # call keep the same rounds (a round is set aside whole), so their samples pair up round by round
+    rounds: tuple[float, ...] = ()
 
     @property
     def reliable(self) -> bool:
@@ -144,7 +147,8 @@ def time_steps(fns: Sequence[Callable[[], object]], *, min_run_time: float, devi
         result = StepTime(0.0, 1 + (n + rewarm[i]) * taken, taken, len(stalled))
         kept = clean if result.reliable else clean + stalled
         results.append(replace(result, seconds=statistics.median(r[i][0] for r in kept),
-                               part_seconds=statistics.median(r[i][1] for r in kept)))
+                               part_seconds=statistics.median(r[i][1] for r in kept),
+                               rounds=tuple(r[i][0] for r in kept)))
     return results
 
 

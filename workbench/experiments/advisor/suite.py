@@ -2,10 +2,10 @@
 
 For each model the budget is a quantile of its candidates' predicted peaks, so the choice is not
 trivial. Every candidate then runs for real: its training program (model and optimizer built, two steps)
-under `AllocatorMeter`, which shares no counting rule with the plan, and its step timed outside the meter
-(median of `repeats` steps). The decision's regret is the measured step time of the advisor's choice
-against the fastest candidate whose measured peak fits the same usable budget (budget x (1 - margin)),
-the two re-timed side by side (see `paired_regret`).
+under `AllocatorMeter`, which shares no counting rule with the plan, at the user's batch and at one calibration
+never ran; its step is timed outside the meter, in the same rounds as the model's other run candidates and the
+choice (`time_candidates`). The decision's regret is the advisor's choice against every run candidate whose
+measured peak fits the same usable budget (budget x (1 - margin)), paired round by round (`paired_regret`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -24,16 +24,18 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from workbench.advisor import Advice, advise
-from workbench.advisor.steptime import StepTime, time_step
-from workbench.measure import AllocatorMeter, calls_for, time_interleaved
+from workbench.advisor.steptime import StepTime, time_steps
+from workbench.measure import AllocatorMeter
 from workbench.optim import cpu_kernel
 
 from .models import SUITE, suite_model
 
 __all__ = ["SUITE", "evaluate", "held_out_peak", "measure_candidate", "metered_run", "paired_regret", "planning_model",
-           "planning_time", "suite_model", "time_candidate"]
+           "planning_time", "repeat_error", "suite_model", "time_candidates"]
 
-PAIRED_SAMPLE_S = 0.03  # the least time one round of `paired_regret` spends on each candidate
+# the least time one sample of `time_candidates` spends on each candidate (single steps of 1-3 ms, paired: +-7% in
+# 9 rounds)
+PAIRED_SAMPLE_S = 0.03
 
 
 def metered_run(advice: Advice, config: str, batch_size: int) -> AllocatorMeter:
@@ -45,14 +47,11 @@ def metered_run(advice: Advice, config: str, batch_size: int) -> AllocatorMeter:
     return meter
 
 
-def measure_candidate(advice: Advice, config: str, *, repeats: int, min_run_time: float = 0.05) -> dict:
-    """The real peak (AllocatorMeter over the very program the plan traced: build + two steps; on CUDA also
-    the caching allocator's reserved peak) and the step time of one candidate (timed outside the meter: the
-    median of at least `repeats` (>= 3) samples whose threads did not wait for a CPU, after a warm-up step)."""
+def measure_candidate(advice: Advice, config: str) -> dict:
+    """The real peak of one candidate at the user's batch: `AllocatorMeter` over the very program the plan traced
+    (build + two steps; on CUDA also the caching allocator's reserved peak)."""
     meter = metered_run(advice, config, advice.batch_size)
-    measured = time_candidate(advice, config, repeats=repeats, min_run_time=min_run_time)
-    return {"measured_peak_bytes": meter.peak_bytes, "measured_reserved_bytes": meter.reserved_peak_bytes,
-            "measured_step_seconds": measured.seconds, "measured_time_reliable": measured.reliable}
+    return {"measured_peak_bytes": meter.peak_bytes, "measured_reserved_bytes": meter.reserved_peak_bytes}
 
 
 def held_out_peak(advice: Advice, config: str, batch_size: int) -> dict:
@@ -66,12 +65,54 @@ def held_out_peak(advice: Advice, config: str, batch_size: int) -> dict:
             "measured_held_out_bytes": metered_run(advice, config, batch_size).peak_bytes}
 
 
-def time_candidate(advice: Advice, config: str, *, repeats: int, min_run_time: float = 0.05) -> StepTime:
-    """One candidate's step, built now and timed at the user's batch (`measure_candidate`'s clock)."""
-    # NOTE: by the advisor's own clock (`steptime.time_step`: after a warm-up, samples whose threads waited for a
-    # CPU set aside): a plain median of three steps on the shared machine measured the other processes as well
-    return time_step(_built_step(advice, config), min_run_time=min_run_time, device=advice.device,
-                     samples=max(3, repeats), most=3 * max(3, repeats))
+def time_candidates(advice: Advice, configs: Sequence[str], *, rounds: int, min_run_time: float = 0.05
+                    ) -> dict[str, StepTime]:
+    """Each candidate's step, all built now and timed at the user's batch in the same rounds, one sample of each
+    per round (`steptime.time_steps`, the advisor's own clock: order rotated every round, a round in which any
+    step's threads waited for a CPU set aside whole), each sample at least `PAIRED_SAMPLE_S` long.
+
+    # NOTE: in the same rounds, not one candidate after another: this machine's speed moves by a third for seconds
+    # at a time, so separately timed candidates differed by a median of up to 33% when timed again (issue 44), and
+    # the fastest of them was partly the one whose steps happened to run in a fast phase
+    """
+    configs = list(dict.fromkeys(configs))
+    steps = [_built_step(advice, config) for config in configs]
+    times = time_steps(steps, min_run_time=max(min_run_time, rounds * PAIRED_SAMPLE_S), device=advice.device,
+                       samples=rounds, most=3 * rounds)
+    return dict(zip(configs, times, strict=True))
+
+
+def repeat_error(step_time: StepTime) -> float:
+    """How far two timings of one step at different moments differ: the median of its later half of rounds over
+    that of its earlier half, minus 1 (the noise floor under a time error); NaN under 4 rounds."""
+    rounds = step_time.rounds
+    half = len(rounds) // 2
+    if half < 2:
+        return math.nan
+    return statistics.median(rounds[-half:]) / statistics.median(rounds[:half]) - 1
+
+
+def paired_regret(times: Mapping[str, StepTime], chosen: str, fitting: Sequence[str]
+                  ) -> tuple[float, float, float, str | None]:
+    """The choice's regret against every fitting candidate, timed in the same rounds (`time_candidates`): for
+    each, the median over rounds of chosen / candidate - 1, with its quartiles; the largest median wins (the
+    candidate the choice loses most to). Returns (regret, lo, hi, that candidate); 0 where the choice is the only
+    one fitting, NaN where none fits.
+
+    # NOTE: paired round by round, not the two medians divided: both steps of a round ran in the same phase of
+    # the machine; the fastest of ~50 separately timed candidates was partly the one whose steps happened to run
+    # fastest (identical programs gave regrets of 0.004 and 0.071 in two runs)
+    """
+    others = [c for c in dict.fromkeys(fitting) if c != chosen]
+    if not others:
+        return (0.0, 0.0, 0.0, chosen) if chosen in fitting else (math.nan, math.nan, math.nan, None)
+    worst = None
+    for other in others:
+        ratios = [a / b - 1 for a, b in zip(times[chosen].rounds, times[other].rounds, strict=True)]
+        lo, median, hi = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+        if worst is None or median > worst[0]:
+            worst = (median, lo, hi, other)
+    return worst
 
 
 def _built_step(advice: Advice, config: str) -> Callable[[], object]:
@@ -88,10 +129,10 @@ def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size
     """Advise on each model, with the budget at the `budget_quantile` of its candidates' predicted peaks (so
     that some fit and some do not), verify the choice, and run its candidates for real, all on `device`: every
     candidate, or (`sample` > 0) a random sample of `sample` of them per model drawn with `seed` before any is
-    run (`sampled_from` in each row: how many there were). Each run candidate is timed a second time after all of
-    its model's ran (`repeat_error`: how far the two timings differ), and its peak measured again at `held_out`
-    (default 3 x `batch_size`), a batch calibration never ran (`held_out_error`). Returns (candidates, decisions,
-    advice per model)."""
+    run (`sampled_from` in each row: how many there were). Each run candidate's peak is measured at the user's batch
+    and again at `held_out` (default 3 x `batch_size`), a batch calibration never ran (`held_out_error`); the run
+    candidates and the choice are timed in the same rounds (`_decision`; `repeat_error`: the later half of a
+    candidate's rounds against the earlier). Returns (candidates, decisions, advice per model)."""
     held_out = 3 * batch_size if held_out is None else held_out
     rows, decisions, advices = [], [], {}
     # NOTE: the packed CPU kernel is compiled once per environment (torch's extension cache: about 20 s from a
@@ -125,25 +166,17 @@ def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size
             run = sorted(random.Random(f"{seed}:{name}").sample(run, sample))
         first = len(rows)
         for _, row in tqdm(list(advice.table.loc[run].iterrows()), desc=name, disable=not progress, leave=False):
-            real = measure_candidate(advice, row["config"], repeats=repeats, min_run_time=min_run_time)
             rows.append({"model": name, "config": row["config"], "budget_bytes": budget,
                          "predicted_peak_bytes": int(row["predicted_peak_bytes"]),
                          "predicted_step_seconds": float(row["predicted_step_seconds"]), "fits": bool(row["fits"]),
-                         "sampled_from": len(advice.table), **real,
+                         "sampled_from": len(advice.table), **measure_candidate(advice, row["config"]),
                          **held_out_peak(advice, row["config"], held_out)})
-        # NOTE: each timed again once all were: two timings of the same program at different moments differ too
-        # (on the shared 2-core VM, phases of seconds ran a step 35% slower), the floor under the time error
-        for row in rows[first:]:
-            row["repeat_step_seconds"] = time_candidate(advice, row["config"], repeats=repeats,
-                                                        min_run_time=min_run_time).seconds
-        decisions.append(_decision(name, advice, budget, planning, rows, repeats))
+        decisions.append(_decision(name, advice, budget, planning, rows[first:], repeats, min_run_time))
     table = pd.DataFrame(rows)
     table["peak_error"] = (table["predicted_peak_bytes"] - table["measured_peak_bytes"]) / table["measured_peak_bytes"]
     table["held_out_error"] = (table["predicted_held_out_bytes"] - table["measured_held_out_bytes"]) \
         / table["measured_held_out_bytes"]
     table["time_error"] = (table["predicted_step_seconds"] - table["measured_step_seconds"]) \
-        / table["measured_step_seconds"]
-    table["repeat_error"] = (table["repeat_step_seconds"] - table["measured_step_seconds"]) \
         / table["measured_step_seconds"]
     return table, pd.DataFrame(decisions), advices
 
@@ -153,50 +186,37 @@ def _load() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
 
 
-def _decision(name: str, advice: Advice, budget: float, planning: dict, rows: list[dict], repeats: int) -> dict:
+def _decision(name: str, advice: Advice, budget: float, planning: dict, rows: list[dict], repeats: int,
+              min_run_time: float) -> dict:
+    """Verify the choice, then time it with the model's run candidates in the same rounds (`time_candidates`):
+    each row gets its measured step time and `repeat_error`, the decision its regret against every run candidate
+    whose measured peak fits (`paired_regret`)."""
     try:
         choice = advice.best["config"]
     except ValueError as error:
-        return {"model": name, "budget_bytes": budget, "choice": None, "error": str(error), **planning,
-                "parameters": _parameters(advice)}
-    result = advice.verify(repeats=repeats)
-    mine = [r for r in rows if r["model"] == name]
+        choice, result, decision = None, None, {"error": str(error)}
+    else:
+        result = advice.verify(repeats=repeats)
+        decision = {"choice_after": result["choice_after"], "predicted_peak_bytes": result["predicted_peak_bytes"],
+                    "verified_peak_bytes": result["measured_peak_bytes"], "within_budget": result["within_budget"]}
+    chosen = [] if result is None else [result["choice_after"]]
+    times = time_candidates(advice, [r["config"] for r in rows] + chosen, rounds=max(9, 3 * repeats),
+                            min_run_time=min_run_time)
+    for row in rows:
+        measured = times[row["config"]]
+        row.update(measured_step_seconds=measured.seconds, measured_time_reliable=measured.reliable,
+                   repeat_error=repeat_error(measured))
     usable = budget * (1 - advice.margin)  # the advisor's own usable budget: a fair race
-    fitting = [r for r in mine if r["measured_peak_bytes"] <= usable]
-    fastest = min(fitting, key=lambda r: r["measured_step_seconds"]) if fitting else None
-    regret = lo = hi = float("nan")
-    if fastest is not None:
-        regret, lo, hi = paired_regret(advice, result["choice_after"], fastest["config"], rounds=max(9, 3 * repeats))
-    return {"model": name, "budget_bytes": budget, "choice": choice, "choice_after": result["choice_after"],
-            "predicted_peak_bytes": result["predicted_peak_bytes"],
-            "verified_peak_bytes": result["measured_peak_bytes"], "within_budget": result["within_budget"],
-            "fastest_fitting": fastest["config"] if fastest else None, "regret": regret, "regret_lo": lo,
-            "regret_hi": hi,
-            "verifications": advice.real_runs.get("verification", 0),
-            "real_passes": sum(advice.real_runs.values()), "real_runs": str(advice.real_runs),
-            **planning, "parameters": _parameters(advice)}
-
-
-def paired_regret(advice: Advice, chosen: str, fastest: str, *, rounds: int) -> tuple[float, float, float]:
-    """Step time of `chosen` over that of `fastest`, minus 1: the median over `rounds` rounds that time one
-    step of each, in alternating order, with the quartiles over rounds (lo, hi); 0 when they are the same.
-
-    # NOTE: re-timed side by side, not read off the suite's table: the fastest of ~50 separately timed
-    # candidates is the one whose few steps happened to run fastest, and identical programs (fp32 with and
-    # without a checkpoint plan that recomputes nothing) gave regrets of 0.004 and 0.071 in two runs.
-    """
-    if chosen == fastest:
-        return 0.0, 0.0, 0.0
-    steps = {config: _built_step(advice, config) for config in (chosen, fastest)}
-    for step in steps.values():
-        step()  # warm-up
-    # each round times enough steps in a row for PAIRED_SAMPLE_S of the slower (single steps of 1-3 ms: +-7%
-    # in 9 rounds)
-    calls = min(calls_for(f, PAIRED_SAMPLE_S, device=advice.device) for f in steps.values())
-    times = time_interleaved(steps, warmup=0, repeats=rounds, device=advice.device, rotate=True, calls=calls)
-    ratios = [a / b - 1 for a, b in zip(times[chosen], times[fastest], strict=True)]
-    lo, median, hi = statistics.quantiles(ratios, n=4, method="inclusive")
-    return median, lo, hi
+    fitting = [r["config"] for r in rows if r["measured_peak_bytes"] <= usable]
+    if result is not None:
+        regret, lo, hi, against = paired_regret(times, result["choice_after"], fitting)
+        fastest = min(fitting, key=lambda c: times[c].seconds) if fitting else None
+        decision.update(fastest_fitting=fastest, fitting_timed=len(fitting), regret=regret, regret_lo=lo,
+                        regret_hi=hi, regret_against=against,
+                        verifications=advice.real_runs.get("verification", 0),
+                        real_passes=sum(advice.real_runs.values()), real_runs=str(advice.real_runs))
+    return {"model": name, "budget_bytes": budget, "choice": choice, **decision, **planning,
+            "parameters": _parameters(advice)}
 
 
 def _parameters(advice: Advice) -> int:
