@@ -104,7 +104,9 @@ def test_search_max_matches_a_linear_scan():
         for guess in (1, 3, 50, 5000):
             found, calls = search_max(lambda n, limit=limit: n <= limit, guess)
             assert found == limit and calls < 40
-    assert search_max(lambda n: False, 10) == (0, 1)
+    assert search_max(lambda n: False, 10) == (0, 4)  # 10, 5, 2, 1
+    asked = []
+    assert search_max(lambda n: asked.append(n) or n <= 3, 4)[0] == 3 and 1 not in asked  # 1 only where 2 fails
 
 
 def test_bad_input_is_refused_early():

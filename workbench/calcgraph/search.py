@@ -14,7 +14,8 @@ def search_max(fits: Callable[[int], bool], first_guess: int, *, limit: int = 2*
     Start from the linear guess, step up (doubling) while it fits and down (halving) while it
     does not, then bisect until n fits and n + 1 does not. Returns (n, evaluations); n = 0 when
     1 does not fit. # NOTE: the paper steps by +-1 from the linear guess; doubling and bisection
-    reach the same fixed point in O(log n) evaluations of the plan.
+    reach the same fixed point in O(log n) evaluations of the plan. Batch 1 is asked only where 2 does not
+    fit: in a plan it can be a program of its own, traced at its first need (`CompiledGraph._batch_one`).
     """
     calls = 0
 
@@ -23,8 +24,6 @@ def search_max(fits: Callable[[int], bool], first_guess: int, *, limit: int = 2*
         calls += 1
         return fits(n)
 
-    if not test(1):
-        return 0, calls
     n = min(max(1, int(first_guess)), limit)
     if test(n):
         lo, hi = n, None
@@ -37,10 +36,14 @@ def search_max(fits: Callable[[int], bool], first_guess: int, *, limit: int = 2*
         if hi is None:
             return lo, calls
     else:
-        hi, lo = n, 1
-        while lo * 2 < hi and not test(hi // 2):
-            hi //= 2
-        lo = max(1, hi // 2)
+        hi = n
+        while True:  # halve until a batch fits: hi does not
+            lo = hi // 2
+            if lo < 1:
+                return 0, calls
+            if test(lo):
+                break
+            hi = lo
     while hi - lo > 1:  # lo fits, hi does not
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if test(mid) else (lo, mid)
