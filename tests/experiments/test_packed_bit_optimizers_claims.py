@@ -293,6 +293,9 @@ def test_table3_plan_that_missed_the_allocator_reads_inconclusive_near_a_thresho
     # measured at the paper's size (the gpu profile) wins over the plan, and carries no plan spread
     real = _unit(_judge({"memory_resnet18": _resnet(vs_amp=0.05), "memory_resnet18_plan": _plan()}), start, TENSOR)
     assert real["verdict"] == "not reproduced" and "planned" not in real["scale"] and real["spread"] is None
+    # a planned twin's bytes are fp16's exactly (the in-place kernel): named, with no chunk-temporaries caveat
+    twin = _unit(_judge({"memory_resnet18_plan": _twins(_plan())}, params=TOY), start, TENSOR)
+    assert "fp16+8 as bf16+8" in twin["scale"] and "MiB less than fp16's" not in twin["scale"]
     # the device's used memory is never planned
     assert _unit(_judge({"memory_resnet18_plan": _plan()}, params=TOY), start, DEVICE)["measured"] is None
 

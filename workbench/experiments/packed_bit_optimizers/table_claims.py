@@ -111,7 +111,10 @@ def table3_memory(baseline: str, unit: str = "tensor", ours_format: str = "fp16+
             scale = (f"ResNet-18 width x{params.get('t3_width')} ({base['params'] / 1e6:.2f}M params), batch "
                      f"{params.get('t3_batch')} x 3 x {params.get('t3_size')}^2, {params.get('optimizer', 'sgd')}, "
                      f"state included")
-        scale += f"{twins_said(*named)}; {what}; {ours['format']} in backward"
+        twins = twins_said(*named)
+        if kind == "planned":  # the plan's packed step is the in-place C++ kernel: a twin's bytes are fp16's exactly
+            twins = twins.split("; a packed twin's step")[0]
+        scale += f"{twins}; {what}; {ours['format']} in backward"
         if column not in df or finite(ours[column]) is None or finite(base[column]) is None:
             return Measured(None, scale=scale + ": read on CUDA only (torch.cuda.mem_get_info), none on this device")
         value = float(1 - ours[column] / base[column])
