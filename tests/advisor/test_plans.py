@@ -69,12 +69,19 @@ def test_the_largest_batch_search_traces_batch_one_only_where_the_users_batch_do
     for name, answer in zip(advice.table["config"], advice.table["max_batch"], strict=True):
         assert answer == search_max(lambda b, p=advice._by_name[name]: p.fits(b, cap), 6, limit=2**20)[0]
     fp32 = advice.table.set_index("config").loc["fp32", "predicted_peak_bytes"]
+    held = {name: advice._by_name[name].categories(6) for name in advice.table["config"]}
+    held = {name: parts["weights"] + parts["optimizer_state"] for name, parts in held.items()}
+    advice.rebudget(0.9 * min(held.values()))  # less than the weights and state every batch holds: no search
+    assert (advice.table["max_batch"] == 0).all()
+    assert not any(hasattr(graph, "_one") for graph in advice._plans._graphs.values())
     advice.rebudget(fp32 * 0.9)  # nothing fits at batch 6: the searches go down, through batch 1 where 2 fails
+    cap = advice.memory_budget * (1 - advice.margin)
     assert not advice.table["fits"].any() and (advice.table["max_batch"] < 6).all()
     answers = dict(zip(advice.table["config"], advice.table["max_batch"], strict=True))
-    assert sorted(answers.values()) == [0, 4]  # one search went down to batch 1, the other stopped at 2
     for name, answer in answers.items():
-        assert hasattr(advice._by_name[name].graph, "_one") == (answer < 2), name
+        assert hasattr(advice._by_name[name].graph, "_one") == (answer < 2 and held[name] <= cap), name
+        assert answer == search_max(lambda b, p=advice._by_name[name]: p.fits(b, cap), 6, limit=2**20)[0], name
+    assert sorted(answers.values()) == [0, 4]
 
 
 def test_a_batch_that_is_not_a_power_of_two_is_calibrated_one_past_a_power_of_two():
