@@ -217,12 +217,10 @@ def _max_batch(plan: Plan, cap: float, batch_size: int, fits: bool) -> int:
     """The largest batch whose predicted peak fits `cap` (CalcGraph's search). Where the user's batch fits, the
     smaller ones are not asked (the search assumes the peak grows with the batch): batch 1, a program of its own
     (`CompiledGraph._batch_one`), is traced only for a candidate whose search goes down to it, and not where the
-    weights and optimizer state live at the user's batch's peak already exceed `cap`: they are held at every
-    batch (0 without a search)."""
-    if not fits:
-        held = plan.categories(batch_size)
-        if held["weights"] + held["optimizer_state"] > cap:
-            return 0
+    weights, gradients and optimizer state live at one moment already exceed `cap`: every batch holds them (0
+    without a search)."""
+    if not fits and plan.held_bytes(batch_size) > cap:
+        return 0
     return search_max(lambda b: (fits and b <= batch_size) or plan.fits(b, cap), batch_size, limit=2**20)[0]
 
 

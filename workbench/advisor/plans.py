@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from workbench.calcgraph import CompiledGraph
@@ -65,6 +66,20 @@ class Plan:
 
     def fits(self, batch_size: int, cap: float) -> bool:
         return self.peak(batch_size) <= cap
+
+    def held_bytes(self, batch_size: int) -> int:
+        """The most bytes of weights, gradients and optimizer state live at one moment of the program (the state
+        this candidate holds beyond its program's included): none of them depends on the batch, and each program
+        holds them at the same moments of its steps, so no batch's peak is below this."""
+        key = (id(self.graph), batch_size, "held")
+        if key not in self.memo:
+            frame = self.graph.variables(batch_size)
+            kept = frame[frame["kind"].isin(("parameter", "buffer", "gradient", "state"))]
+            change = np.zeros(int(frame["died"].to_numpy().max(initial=0)) + 2, dtype=np.int64)
+            np.add.at(change, kept["born"].to_numpy().clip(0), kept["bytes"].to_numpy())
+            np.add.at(change, kept["died"].to_numpy(), -kept["bytes"].to_numpy())
+            self.memo[key] = int(np.cumsum(change).max(initial=0))
+        return self.memo[key] + self.offset
 
     def categories(self, batch_size: int) -> dict[str, int]:
         """Bytes live at the predicted peak by category: a checkpoint's recomputed tensors (the graph's

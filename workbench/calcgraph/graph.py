@@ -71,6 +71,7 @@ class CompiledGraph:
         if like is not None and like.affine and like._base_size == s2:
             slope = borrowed_slopes(self._traced(s2), like._base, like.slope)
             self.derived = slope is not None
+        self._like = like if self.derived else None
         if self.derived:
             self.affine, self.slope, rows = True, slope, []
             self.intercept = self._exact[s2].sizes - slope * s2
@@ -109,10 +110,14 @@ class CompiledGraph:
         # NOTE: a dimension of size 1 changes strides, and strides choose kernels: `nn.MultiheadAttention`'s
         # projections run one `addmm` on a contiguous batch of one and `clone`, `mm` and `add` on a transposed
         # larger batch. Batch 1 is therefore traced on its own; where its allocations are the fit's (most
-        # models) the fit serves it, else its own trace does (and calibration fits it on its own).
+        # models) the fit serves it, else its own trace does (and calibration fits it on its own). A derived
+        # variant runs its program's kernels on the same shapes: where the program's batch 1 is on its line, so is
+        # the variant's, which is then not traced again.
         """
         if not self.affine:
             return None
+        if not hasattr(self, "_one") and self._like is not None and self._like._batch_one() is None:
+            self._one = None
         if not hasattr(self, "_one"):
             try:
                 one = self._traced(1)
