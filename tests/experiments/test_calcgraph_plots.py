@@ -35,32 +35,3 @@ def test_every_plot_draws_its_record():
         "pytorch_models": [3], "pytorch_trials": [4]})))
     _labelled(cgx.plot_peers(pd.DataFrame({"method": ["calcgraph (plan)", "accelerate"], "max_batch": [10, None],
                                            "trials": [0, None], "seconds": [0.1, None]})))
-
-
-def test_every_figure_carries_its_scale():
-    """Issue 44: every plot function takes `scale` (model, input size, batch, device) and shows it on the figure,
-    and the notebook passes it to every plot call."""
-    import ast
-    import inspect
-    import json
-    from pathlib import Path
-
-    import matplotlib.pyplot as plt
-
-    from workbench.experiments.calcgraph import plots
-
-    names = [n for n in plots.__all__ if n.startswith("plot_")]
-    for name in names:
-        parameter = inspect.signature(getattr(plots, name)).parameters["scale"]
-        assert parameter.kind is parameter.KEYWORD_ONLY, name
-    fig = plots._marked(plt.figure(), True, scale="ResNet-50 at 224px, batch 12; some CPU")
-    try:
-        assert [t.get_text() for t in fig.texts] == ["scale: ResNet-50 at 224px, batch 12; some CPU"]
-    finally:
-        plt.close(fig)
-    notebook = json.loads((Path(__file__).parents[2] / "notebooks" / "calcgraph.ipynb").read_text())
-    calls = [node for cell in notebook["cells"] if cell["cell_type"] == "code"
-             for node in ast.walk(ast.parse("".join(cell["source"])))
-             if isinstance(node, ast.Call) and getattr(node.func, "attr", "").startswith("plot_")]
-    assert calls and all(any(k.arg == "scale" for k in call.keywords) for call in calls), [
-        ast.unparse(c)[:80] for c in calls if not any(k.arg == "scale" for k in c.keywords)]

@@ -37,32 +37,3 @@ def test_every_plot_is_a_labelled_figure(sweep):
         plt.close(fig)
     assert "ms" in figs[0].axes[0].get_ylabel() and "MiB" in figs[1].axes[0].get_ylabel()
     assert len(figs[3].axes) == 2  # one panel per request size
-
-
-def test_every_figure_carries_its_scale():
-    """Issue 44: every plot function takes `scale` (model, input size, batch, device) and shows it on the figure,
-    and the notebook passes it to every plot call."""
-    import ast
-    import inspect
-    import json
-    from pathlib import Path
-
-    import matplotlib.pyplot as plt
-
-    from workbench.experiments.variable_batch_size import plots
-
-    names = [n for n in plots.__all__ if n.startswith("plot_")]
-    for name in names:
-        parameter = inspect.signature(getattr(plots, name)).parameters["scale"]
-        assert parameter.kind is parameter.KEYWORD_ONLY, name
-    fig = plots._marked(plt.figure(), True, scale="ResNet-50 at 224px, batch 12; some CPU")
-    try:
-        assert [t.get_text() for t in fig.texts] == ["scale: ResNet-50 at 224px, batch 12; some CPU"]
-    finally:
-        plt.close(fig)
-    notebook = json.loads((Path(__file__).parents[2] / "notebooks" / "variable_batch_size.ipynb").read_text())
-    calls = [node for cell in notebook["cells"] if cell["cell_type"] == "code"
-             for node in ast.walk(ast.parse("".join(cell["source"])))
-             if isinstance(node, ast.Call) and getattr(node.func, "attr", "").startswith("plot_")]
-    assert calls and all(any(k.arg == "scale" for k in call.keywords) for call in calls), [
-        ast.unparse(c)[:80] for c in calls if not any(k.arg == "scale" for k in c.keywords)]
