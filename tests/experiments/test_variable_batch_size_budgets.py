@@ -111,10 +111,17 @@ def test_agreement_spread_is_repeat_noise_not_the_range_over_budgets():
     agree = exp.agreement(pd.DataFrame(rows)).set_index("method")
     vbs_row = agree.loc["vbs"]
     assert vbs_row.noise_rounds == 3  # the fewest rounds any budget ran; the 4th (9.0) is left out
-    # round by round over budgets: vbs/pred = (1.5, 1.5), (1.8, 1.6), (1.5, 1.5) -> medians 1.5, 1.7, 1.5
-    assert (vbs_row.time_ratio_rounds_lo, vbs_row.time_ratio_rounds_hi) == pytest.approx((1.5, 1.7))
+    # round by round over budgets: vbs/pred = (1.5, 1.5), (1.8, 1.6), (1.5, 1.5) -> medians 1.5, 1.7, 1.5 about their
+    # median 1.5, carried onto the value (the median over budgets of 1.5 and 3.1 / 2)
+    value = vbs_row.time_ratio_median
+    assert value == pytest.approx(1.525)
+    assert (vbs_row.time_ratio_rounds_lo, vbs_row.time_ratio_rounds_hi) == pytest.approx((value, value * 1.7 / 1.5))
     assert (vbs_row.time_ratio_min, vbs_row.time_ratio_max) == pytest.approx((1.5, 1.55))  # over budgets
-    # paired with FBS's same round: (1.5, 1.5), (1.5, 1.6), (1.36, 1.36) -> medians 1.5, 1.55, 1.36
+    # paired with FBS's same round: (1.5, 1.5), (1.5, 1.6), (1.36, 1.36) -> medians 1.5, 1.55, 1.36 about 1.5
+    scale = vbs_row.time_ratio_vs_fbs_median / 1.5
     assert (vbs_row.time_ratio_vs_fbs_rounds_lo, vbs_row.time_ratio_vs_fbs_rounds_hi) == pytest.approx(
-        (1.5 / 1.1, 1.55))
+        (1.5 / 1.1 * scale, 1.55 * scale))
     assert agree.loc["fbs", "time_ratio_vs_fbs_rounds_lo"] == agree.loc["fbs", "time_ratio_vs_fbs_rounds_hi"] == 1.0
+    # the minimum over rounds as the value: still inside its spread
+    low = exp.agreement(pd.DataFrame(rows), statistic="min").set_index("method").loc["vbs"]
+    assert low.time_ratio_rounds_lo <= low.time_ratio_median <= low.time_ratio_rounds_hi
