@@ -5,7 +5,9 @@ import torch
 from torch import nn
 
 from tests.conftest import requires_cuda
-from workbench.measure import MemoryMeter, format_bytes, measure_training_step, time_callable, time_interleaved
+from workbench.measure import (
+    MemoryMeter, format_bytes, measure_training_step, state_bytes, time_callable, time_interleaved,
+)
 
 
 def test_plain_allocations_are_exact():
@@ -161,3 +163,17 @@ def test_time_interleaved_times_calls_in_a_row_per_call():
 def test_bad_arguments_name_the_value_and_what_is_allowed(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_state_bytes_counts_state_held_in_wrappers():
+    """Issue 46: optimizer state kept in an object that wraps tensors (FlashOptim's int8 moments and their scales) or
+    in a nested container is counted, each storage once."""
+    class Wrapped:  # as FlashOptim's `_MaybeQuantizedTensor`: values and scales as attributes
+        def __init__(self) -> None:
+            self._quantized, self._scales, self.shape = torch.zeros(64, dtype=torch.int8), torch.zeros(2), (64,)
+
+    model = torch.nn.Linear(8, 8, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    shared = torch.zeros(4)
+    opt.state[model.weight] = {"m": Wrapped(), "nested": [shared, {"again": shared}], "step": 3}
+    assert state_bytes(model, opt)["optimizer_state"] == 64 + 2 * 4 + 4 * 4

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pandas as pd
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from .inplace import InPlace, as_the_user_runs
 from .allocator import AllocatorMeter, allocator_events, allocator_trace  # re-exported: the measures in one place
@@ -317,6 +317,25 @@ class MemoryMeter:
         return pd.DataFrame(self._events, columns=["event", "op", "bytes"])
 
 
+def _held_tensors(value, seen: set[int] | None = None) -> list[torch.Tensor]:
+    """The plain tensors `value` holds: itself, inside containers, inside a tensor subclass that wraps others
+    (`__tensor_flatten__`: torchao's 8-bit states) or in the attributes of an object that wraps them (FlashOptim keeps
+    its int8 moments and their scales in a `_MaybeQuantizedTensor`). Each object is visited once."""
+    seen = set() if seen is None else seen
+    if id(value) in seen or value is None or isinstance(value, (str, bytes, int, float, bool)):
+        return []
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        if not is_traceable_wrapper_subclass(value):
+            return [value]
+        return [t for name in value.__tensor_flatten__()[0] for t in _held_tensors(getattr(value, name), seen)]
+    if isinstance(value, dict):
+        value = list(value.values())
+    elif not isinstance(value, (list, tuple, set)):
+        value = list(vars(value).values()) if hasattr(value, "__dict__") else []
+    return [t for item in value for t in _held_tensors(item, seen)]
+
+
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
     """Bytes held by parameters, gradients and optimizer state right now (each storage once).
 
@@ -341,7 +360,7 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None 
         return n
 
     params = list(model.parameters())
-    state = [v for s in optimizer.state.values() for v in s.values()] if optimizer is not None else []
+    state = _held_tensors([list(s.values()) for s in optimizer.state.values()]) if optimizer is not None else []
     return {
         "parameters": total(params),
         "gradients": total(p.grad for p in params if p.grad is not None),

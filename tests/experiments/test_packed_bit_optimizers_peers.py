@@ -68,3 +68,21 @@ def test_a_peer_imports_without_torch_s_log_lines():
     assert "register_constant" not in done.stderr and "Failed to load" not in done.stderr, done.stderr
     plain = subprocess.run([sys.executable, "-c", "import torchao.optim"], capture_output=True, text=True, timeout=300)
     assert "register_constant" in plain.stderr  # what it hides (fails once torch or torchao stop logging it)
+
+
+def test_flashoptim_reads_cuda_only_on_a_cpu_and_its_cpu_path_runs():
+    """Issue 46: FlashOptim's own format (int8 moments, 24-bit master, fused) is a row that says it needs CUDA, never a
+    gap; the one path its constructor allows on a CPU (bf16 moments, no error bits, unfused) is measured beside it."""
+    pytest.importorskip("flashoptim")
+    from workbench.experiments.packed_bit_optimizers.peers import FLASH, FLASH_PLAIN
+
+    data = synthetic_images(48, shape=(1, 4, 4), num_classes=3, seed=0)
+    train_set, test_set = data.split(0.25, seed=0)
+    df = peer_table(lambda: MLP(sizes=(16, 32, 3), activation="relu"), train_set, test_set,
+                    methods=["torch fp32", FLASH, FLASH_PLAIN], epochs=1, batch_size=8, seeds=[0], repeats=2,
+                    progress=False).set_index("method")
+    assert not df.loc[FLASH, "available"] and df.loc[FLASH, "note"].startswith("unavailable: CUDA only")
+    plain = df.loc[FLASH_PLAIN]
+    assert plain["available"] and plain["version"] == "0.1.4"
+    params = int(plain["params"])  # bf16 weights, gradients and two bf16 moments: 8 bytes a parameter
+    assert 8.0 <= plain["bytes_per_param"] <= 8.0 + 64 / params and plain["speed_vs_torch_fp32"] > 0

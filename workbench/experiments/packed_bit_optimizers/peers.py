@@ -3,10 +3,11 @@
 Context: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers" (section 3.1) keep a
 16-bit weight plus k packed extra bits instead of an fp32 master copy. Other ways to train 16-bit
 weights without drift: stochastic rounding of bf16 weights (torchao's ``_AdamW(bf16_stochastic_round=True)``),
-Kahan-compensated bf16 updates (torch-optimi's ``AdamW(kahan_sum=True)``), or keeping fp32 weights
-and shrinking the state instead (bitsandbytes' 8-bit AdamW). Every method runs AdamW with the same
-hyper-parameters; rows: torch fp32, AMP, torch bf16, the three peers and ours at k extra bits with
-fp32 or bf16 moments. A peer that is not installed, or an option this build lacks, is a row that
+Kahan-compensated bf16 updates (torch-optimi's ``AdamW(kahan_sum=True)``), keeping fp32 weights
+and shrinking the state instead (bitsandbytes' 8-bit AdamW), or 8-bit moments with a bf16 weight and an
+8-bit error term (FlashOptim's ``FlashAdamW``: CUDA only; on a CPU only its plain bf16 path runs). Every
+method runs AdamW with the same hyper-parameters; rows: torch fp32, AMP, torch bf16, the peers and ours at k
+extra bits with fp32 or bf16 moments. A peer that is not installed, or an option this build lacks, is a row that
 says so.
 
 Measured per method: bytes per parameter held between steps (weights + gradients + optimizer
@@ -17,6 +18,7 @@ round by round, median and spread), and test accuracy at a small learning rate o
 from __future__ import annotations
 
 import statistics
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -48,6 +50,13 @@ class _Method:
     state_dtype: str = "fp32"
 
 
+# FlashOptim's own format (bf16 weights rounded to nearest + an 8-bit error term, int8 moments in groups of 32) and
+# the one path its constructor allows on a CPU (bf16 weights and moments, no error bits, unfused): the first is a
+# row that says "unavailable: CUDA only" there, never a gap
+FLASH = "FlashOptim FlashAdamW (24-bit master, 8-bit moments)"
+FLASH_PLAIN = "FlashOptim FlashAdamW, its CPU path (bf16 moments, no error bits, unfused)"
+
+
 def _ours(k: int, state: str) -> _Method:
     return _Method(f"ours bf16+{k} ({state} states)", "workbench", f"bf16+{k}", k, state)
 
@@ -59,6 +68,8 @@ _METHODS = {m.name: m for m in [
     _Method("torchao bf16 + SR", "torchao", "bf16"),
     _Method("optimi bf16 + Kahan", "optimi", "bf16"),
     _Method("bitsandbytes 8-bit AdamW", "bitsandbytes", "fp32"),
+    _Method(FLASH, "flashoptim", "bf16"),
+    _Method(FLASH_PLAIN, "flashoptim", "bf16"),
     *[_ours(k, s) for s in ("fp32", "bf16") for k in (0, 4, 8, 16)],
 ]}
 PEER_METHODS = tuple(_METHODS)
@@ -112,6 +123,15 @@ def make_peer(
         return import_peer("torchao.optim")._AdamW(params, **common, bf16_stochastic_round=True)
     if m.library == "optimi":
         return lib.AdamW(params, **common, kahan_sum=True)
+    if m.library == "flashoptim":
+        options = dict(quantize=True, master_weight_bits=24, fused=True) if name == FLASH else dict(
+            quantize=False, master_weight_bits=None, fused=False)
+        try:
+            with warnings.catch_warnings():  # its CPU path warns that it is plain low-precision training: the row says
+                warnings.simplefilter("ignore", UserWarning)
+                return lib.FlashAdamW(params, **common, **options)
+        except NotImplementedError as exc:  # "Quantization requires a CUDA device."
+            raise PeerUnavailable(f"unavailable: CUDA only ({exc})") from exc
     # NOTE: bitsandbytes keeps small tensors (< 4096 values) in 32-bit state by default; the
     # threshold is left as shipped, so small layers' state shows up in the measured bytes.
     return lib.optim.AdamW8bit(params, **common)
