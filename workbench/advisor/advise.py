@@ -62,18 +62,16 @@ class Advice:
     verification: dict | None = None
     planning_seconds: dict[str, float] = field(default_factory=dict)  # wall seconds per phase of `advise`
 
-    def _plan_optimal(self, cfg: Config) -> None:
-        """Choose the `optimal` candidate's checkpoints for the current budget and trace them: the activations
-        may use what the same configuration without checkpoints leaves of the usable budget."""
+    def _optimal_segments(self, cfg: Config) -> list:
+        """The `optimal` candidate's checkpoints for the current budget: the activations may use what the same
+        configuration without checkpoints leaves of the usable budget."""
         parts = self._plans.plan(replace(cfg, checkpoint="none")).categories(self.batch_size)
         fixed = sum(parts.values()) - parts["activations"]
         scale = max(parts["activations"], 1) / max(self._checkpoints.unchecked_peak, 1)
-        segments = self._checkpoints.optimal((self.memory_budget * (1 - self.margin) - fixed) / scale)
-        self._segments[cfg.name] = segments
-        self._by_name[cfg.name] = self._plans.plan(cfg, segments)
+        return self._checkpoints.optimal((self.memory_budget * (1 - self.margin) - fixed) / scale)
 
     def _row(self, cfg: Config) -> dict:
-        if cfg.name not in self._by_name:  # an optimal candidate's is made for each budget (`_plan_optimal`)
+        if cfg.name not in self._by_name:  # an optimal candidate's is made for each budget (`rebudget`)
             self._by_name[cfg.name] = self._plans.plan(cfg)
         plan = self._by_name[cfg.name]
         segments = [(0, 0, False)]
@@ -93,9 +91,12 @@ class Advice:
         `optimal` checkpoint candidates planned again for it (traced; no real step). Returns self."""
         _check_budget(memory_budget)
         self.memory_budget = float(memory_budget)
-        for cfg in self._configs.values():
-            if cfg.checkpoint == "optimal":
-                self._plan_optimal(cfg)
+        optimal = [c for c in self._configs.values() if c.checkpoint == "optimal"]  # planned again, traced
+        for cfg in optimal:
+            self._segments[cfg.name] = self._optimal_segments(cfg)
+        self._plans.trace_ahead([(cfg, self._segments[cfg.name]) for cfg in optimal])
+        for cfg in optimal:
+            self._by_name[cfg.name] = self._plans.plan(cfg, self._segments[cfg.name])
         if self.table is None or any(c.checkpoint == "optimal" for c in self._configs.values()):
             self.table = pd.DataFrame([self._row(c) for c in self._configs.values()])
         cap = memory_budget * (1 - self.margin)
@@ -299,6 +300,7 @@ def advise(
     calibrate = dev.type in ("cpu", "cuda") if calibrate is None else calibrate
     plans = Plans(work, grid)
     with _timed(phases, "traces"):
+        plans.trace_ahead([(replace(c, checkpoint="none") if c.checkpoint == "optimal" else c, None) for c in grid])
         # each distinct program once, then the plain one each optimal plan is budgeted against
         for cfg in tqdm([replace(c, checkpoint="none") if c.checkpoint == "optimal" else c for c in grid],
                         desc="plans", disable=not progress, leave=False):

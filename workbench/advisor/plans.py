@@ -24,6 +24,7 @@ its checkpointed step is beside oneDNN's convolution backward scratch.)
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,7 @@ import torch
 
 from workbench.calcgraph import CompiledGraph
 from workbench.calcgraph.calibrate import NoAllocatorEvents, unaligned_probe
+from workbench.calcgraph.forked import run_forked, trace_program
 
 from .configs import Config, training_setup
 from .workload import Workload
@@ -100,22 +102,34 @@ class Plan:
         return out
 
 
-def _compile(work: Workload, cfg: Config, segments: Sequence | None, like: CompiledGraph | None = None
-             ) -> CompiledGraph:
+def _compile(work: Workload, cfg: Config, segments: Sequence | None, like: CompiledGraph | None = None,
+             traced: dict[int, tuple] | None = None) -> CompiledGraph:
     """CalcGraph's plan of a candidate's program, with `recomputed`: the ids of the allocations its checkpoints'
-    recomputation makes (see `workload._recomputation`).
+    recomputation makes (see `workload._recomputation`). `traced`: its traces made already, batch ->
+    `(trace, recomputed)` (`_trace_program`).
 
     # NOTE: a precision's plain program is traced at batches 2 and 3 and checked at 4 (CalcGraph's default);
     # its variants (step in backward, checkpoints: the same layers, the same shapes) at 3 only, each allocation's
     # growth borrowed from the plain program `like` (`calcgraph.derive`), or at 2 and 3 where that cannot place one
     """
-    recomputed: set[int] = set()
-    plain = not cfg.step_in_backward and cfg.checkpoint == "none" and segments is None
+    traced = traced or {}
+    recomputed: set[int] = set().union(*(ids for _, ids in traced.values()))
     graph = CompiledGraph(work.program(cfg, segments=segments, recomputed=recomputed), device=work.device,
-                          trace_sizes=(2, 3, 4) if plain else (2, 3), input_shape=tuple(work.inputs.shape[1:]),
-                          description=cfg.name, like=like)
+                          trace_sizes=_trace_sizes(cfg, segments), input_shape=tuple(work.inputs.shape[1:]),
+                          description=cfg.name, like=like, traced={s: t for s, (t, _) in traced.items()})
     graph.recomputed = recomputed
     return graph
+
+
+def _trace_sizes(cfg: Config, segments: Sequence | None) -> tuple[int, ...]:
+    plain = not cfg.step_in_backward and cfg.checkpoint == "none" and segments is None
+    return (2, 3, 4) if plain else (2, 3)
+
+
+def _trace_program(work: Workload, key: tuple, size: int) -> tuple:
+    """(trace, recomputed) of the program `key` (`Plans._key`) at batch `size`, as `_compile`'s graph traces it."""
+    recomputed: set[int] = set()
+    return trace_program(work.program(key[0], segments=key[1], recomputed=recomputed), size, work.device), recomputed
 
 
 class Plans:
@@ -128,6 +142,7 @@ class Plans:
         # the packed variant whose program is traced for all of them (sharded: each traced, its state is sharded)
         self._packed = (packed[0].extra_bits, packed[0].state_dtype) if packed and work.world_size == 1 else None
         self._graphs: dict[tuple, CompiledGraph] = {}
+        self._ahead: dict[tuple, dict[int, tuple]] = {}  # program -> its traces made side by side (`trace_ahead`)
         # per precision, its plain program's plan as traced and as calibrated
         self._calibrated: dict[str, tuple[CompiledGraph, CompiledGraph]] = {}
         self.no_allocator_events = False  # calibration found none of the device allocator's events: not retried
@@ -152,9 +167,24 @@ class Plans:
         if key not in self._graphs:
             plain = replace(key[0], step_in_backward=False, checkpoint="none")
             like = None if (plain, None) == key else self.graph(plain)
-            self._graphs[key] = _compile(self.work, key[0], key[1], like)
+            self._graphs[key] = _compile(self.work, key[0], key[1], like, self._ahead.pop(key, None))
             self.programs += 1
         return self._graphs[key]
+
+    def trace_ahead(self, programs: Sequence[tuple[Config, Sequence | None]]) -> None:
+        """Trace every program of `programs` (a candidate and its checkpoint segments) not traced yet, side by side in
+        forked processes (`calcgraph.forked`): a plain program at its fit's batches, a variant at the batch it is
+        derived from (`_compile`). `graph` then finds them made; whatever a worker did not make it traces itself."""
+        keys = [k for k in dict.fromkeys(self._key(c, s) for c, s in programs)
+                if k not in self._graphs and k not in self._ahead]
+        jobs = [(key, size) for key in keys
+                for size in (_trace_sizes(*key) if _trace_sizes(*key) == (2, 3, 4) else (3,))]
+        if self.work.world_size > 1 or len(jobs) < 2:  # a sharded program runs in a fake process group: not forked
+            return
+        made = run_forked([functools.partial(_trace_program, self.work, key, size) for key, size in jobs])
+        for (key, size), result in zip(jobs, made, strict=True):
+            if result is not None:
+                self._ahead.setdefault(key, {})[size] = result
 
     @property
     def traces(self) -> int:

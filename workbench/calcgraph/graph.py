@@ -35,6 +35,7 @@ from .calibrate import transfer as _transfer
 from .calibrate import warm_up as _warm_up
 from .program import _DtypeMismatch
 from .derive import borrowed_slopes, fit
+from .forked import trace_ahead
 from .search import search_max
 from .tracker import _Trace, _TraceError, _Tracker, _trace, Unplannable, on_device
 
@@ -55,7 +56,7 @@ class CompiledGraph:
     def __init__(self, program: Callable[[int, _Tracker], None], *, device: torch.device | str,
                  trace_sizes: Sequence[int] = (2, 3, 4), description: str = "",
                  input_shape: Sequence[int] | None = None, input_dtype: torch.dtype | None = None,
-                 like: CompiledGraph | None = None) -> None:
+                 like: CompiledGraph | None = None, traced: dict[int, _Trace] | None = None) -> None:
         trace_sizes = tuple(trace_sizes) if isinstance(trace_sizes, (list, tuple)) else (trace_sizes,)
         whole = all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in trace_sizes)
         if (len(trace_sizes) < 2 or not whole or min(trace_sizes) < 1 or len(set(trace_sizes)) != len(trace_sizes)):
@@ -65,7 +66,7 @@ class CompiledGraph:
         self.description = description
         self._input_shape = tuple(input_shape) if input_shape is not None else None
         self._input_dtype = input_dtype  # named where the program refuses its input
-        self._exact: dict[int, _Trace] = {}
+        self._exact: dict[int, _Trace] = dict(traced or {})  # batch -> trace; `traced`: made already (forked)
         s1, s2 = trace_sizes[:2]
         self.derived = False  # traced once, the slopes borrowed from `like` (`derive.borrowed_slopes`)
         if like is not None and like.affine and like._base_size == s2:
@@ -76,6 +77,7 @@ class CompiledGraph:
             self.affine, self.slope, rows = True, slope, []
             self.intercept = self._exact[s2].sizes - slope * s2
         else:
+            trace_ahead(self, trace_sizes)
             self.affine, self.slope, self.intercept, rows = fit(self._traced, trace_sizes)
         self._base, self._base_size = self._exact[s2], s2
         # NOTE: where the program is not affine in the batch size (a different allocation sequence,

@@ -271,6 +271,13 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
     calibration)."""
     tracker = _Tracker(device)
     tracker.profiled, tracker.fake = profiled, fake
+    if fake:
+        # NOTE: a trace must depend on its program and batch only, not on what this process traced before: on
+        # FakeTensor's warm dispatch cache an LSTM's backward frees its initial state after `mkldnn_rnn_layer_backward`
+        # allocates, on a cold one before, so two traces at one batch differed and a fit across processes
+        # (`calcgraph.forked`) read the program as not affine. Every trace starts cold (the advisor's ResNet-50 traces
+        # took 27 s in one process against 21 s); within it, step 2 still reuses step 1's entries.
+        FakeTensorMode.cache_clear()
     try:
         with _quiet_fake_tensor_logs(), (FakeTensorMode(allow_non_fake_inputs=True) if fake
                                          else contextlib.nullcontext()), cpu_rng_state_as_op(fake=fake):

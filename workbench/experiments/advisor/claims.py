@@ -124,8 +124,9 @@ def _loads(row) -> str:
     cpu = f", {row['planning_cpu_seconds']:.1f} s of CPU" if "planning_cpu_seconds" in row else ""
     kernel = f"; the packed CPU kernel compiled before it: {row['kernel_build_seconds']:.1f} s, once per " \
              f"environment" if row.get("kernel_build_seconds", 0) > 0.5 else ""
+    traced = f", traces in {int(row['trace_processes'])} processes" if "trace_processes" in row else ""
     return f"; load {row['load_before']:.1f} before, {row['load_after']:.1f} after, {int(row['threads'])} " \
-           f"threads{cpu}{kernel}"
+           f"threads{traced}{cpu}{kernel}"
 
 
 def _planning_model(name: str):

@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from workbench.advisor import Advice
 from workbench.calcgraph import search_max, training_program
+from workbench.calcgraph.forked import worker_count
 from workbench.experiments.calcgraph.peers import _accelerate, _lightning
 from workbench.measure import AllocatorMeter
 
@@ -98,7 +99,8 @@ def peer_table(name: str, advice: Advice, *, width: float, image_size: int, star
     planned = sum(advice.planning_seconds.values())
     for size in (b, 3 * b):
         answers = [("advisor (fp32 row)", advice._by_name["fp32"].peak(size), planned / len(advice.table),
-                    len(advice.table), "CalcGraph plan, calibrated; seconds: planning every candidate, per candidate")]
+                    len(advice.table), f"CalcGraph plan, calibrated; seconds: planning every candidate (traces in "
+                    f"{worker_count()} processes), per candidate")]
         start = time.perf_counter()
         try:
             answers.append(("torch MemTracker (fake tensors)", memtracker_program_peak(advice, "fp32", size),

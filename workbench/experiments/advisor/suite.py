@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from workbench.advisor import Advice, advise
 from workbench.advisor.steptime import StepTime, time_steps
+from workbench.calcgraph.forked import worker_count
 from workbench.measure import AllocatorMeter
 from workbench.optim import cpu_kernel
 
@@ -146,13 +147,14 @@ def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size
         torch.manual_seed(0)
         batch = model.batch(batch_size, device=device)
         gc.collect()
-        load, start, cpu = _load(), time.perf_counter(), time.process_time()
+        load, start, cpu = _load(), time.perf_counter(), _cpu_seconds()
         advice = advise(model.build, batch, memory_budget=2**62, loss_fn=model.loss_fn, candidates=candidates,
                         min_run_time=min_run_time, device=device)
         # the process's CPU seconds beside the wall time: on a shared machine the wall time measures its load too
-        planning = {"planning_seconds": time.perf_counter() - start, "planning_cpu_seconds": time.process_time() - cpu,
+        planning = {"planning_seconds": time.perf_counter() - start, "planning_cpu_seconds": _cpu_seconds() - cpu,
                     "load_before": load, "load_after": _load(),
-                    "threads": torch.get_num_threads(), "candidates": len(advice.table),
+                    "threads": torch.get_num_threads(), "trace_processes": worker_count(),
+                    "candidates": len(advice.table),
                     "programs": advice._plans.programs, "traces": advice._plans.traces,
                     "kernel_build_seconds": kernel_seconds if not decisions else 0.0,
                     **{f"{phase.replace(' ', '_')}_seconds": t for phase, t in advice.planning_seconds.items()}}
@@ -179,6 +181,12 @@ def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size
     table["time_error"] = (table["predicted_step_seconds"] - table["measured_step_seconds"]) \
         / table["measured_step_seconds"]
     return table, pd.DataFrame(decisions), advices
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its finished children (the advisor's forked trace workers)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
 
 
 def _load() -> float:
@@ -252,5 +260,6 @@ def planning_time(parameters: int, *, batch_size: int, min_run_time: float, cand
             "batch_size": batch_size, "candidates": len(advice.table), "programs": advice._plans.programs,
             "traces": advice._plans.traces, "planning_seconds": seconds,
             "load_before": load, "load_after": _load(), "threads": torch.get_num_threads(),
+            "trace_processes": worker_count(),
             **{f"{phase.replace(' ', '_')}_seconds": t for phase, t in advice.planning_seconds.items()},
             "real_runs": str(advice.real_runs)}

@@ -1,0 +1,149 @@
+"""Traces side by side in forked workers (issue 45, `calcgraph.forked`): each result is the one the calling process
+would have made, a job a worker could not finish comes back None for the caller to run, and a plan or an advisor
+table made with workers equals the one made in one process."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from workbench.advisor import Config, advise
+from workbench.advisor import plans as plans_module
+from workbench.calcgraph import CompiledGraph, forked
+from workbench.calcgraph.forked import ENV, run_forked, trace_program, worker_count
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_closures_that_do_not_pickle_run_in_workers_and_come_back_in_order():
+    model = nn.Linear(3, 2)  # captured, never pickled
+    jobs = [lambda i=i: (i, model.weight.shape, torch.ones(i).sum().item()) for i in range(5)]
+    assert run_forked(jobs, processes=2) == [(i, (2, 3), float(i)) for i in range(5)]
+
+
+def test_a_failing_job_is_left_to_the_caller_and_the_others_come_back():
+    def boom():
+        raise RuntimeError("no")
+
+    assert run_forked([lambda: 1, boom, lambda: 3], processes=2) == [1, None, 3]
+
+
+def test_one_process_leaves_every_job_to_the_caller(monkeypatch):
+    assert run_forked([lambda: 1, lambda: 2], processes=1) == [None, None]
+    monkeypatch.setenv(ENV, "1")
+    assert worker_count() == 1 and run_forked([lambda: 1, lambda: 2]) == [None, None]
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5", "٢"])
+def test_a_bad_process_count_is_named(monkeypatch, value):
+    monkeypatch.setenv(ENV, value)
+    with pytest.raises(ValueError, match=ENV):
+        worker_count()
+
+
+def test_workers_that_stop_progressing_are_stopped_and_their_jobs_left_to_the_caller(monkeypatch):
+    monkeypatch.setattr(forked, "STALL_SECONDS", 1.0)
+    monkeypatch.setattr(forked, "_POLL_SECONDS", 0.2)
+    start = time.perf_counter()
+    results = run_forked([lambda: time.sleep(60), lambda: time.sleep(60)], processes=2)
+    assert results == [None, None] and time.perf_counter() - start < 20
+
+
+def _net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                         nn.ReLU(), nn.Flatten(1), nn.Linear(8 * 6 * 6, 4))
+
+
+def _program(size: int, tracker) -> None:
+    model = _net()
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(2):
+        model(torch.randn(size, 3, 6, 6)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _same_trace(a, b) -> None:
+    np.testing.assert_array_equal(a.sizes, b.sizes)
+    np.testing.assert_array_equal(a.events, b.events)
+    assert a.signature == b.signature and a.info == b.info and a.keys == b.keys and a.spec == b.spec
+
+
+def test_a_plans_traces_made_by_workers_equal_its_own(monkeypatch):
+    made = []
+
+    def spy(jobs, processes=None):
+        made.append(results := run_forked(jobs, processes))
+        return results
+
+    monkeypatch.setattr(forked, "FORK_AFTER_SECONDS", 0.0)  # every fit's later traces go to workers
+    monkeypatch.setattr(forked, "run_forked", spy)
+    graph = CompiledGraph(_program, device="cpu", trace_sizes=(2, 3, 4))
+    assert len(made) == 1 and all(t is not None for t in made[0])  # batches 3 and 4 came from workers
+    monkeypatch.setenv(ENV, "1")
+    alone = CompiledGraph(_program, device="cpu", trace_sizes=(2, 3, 4))
+    for size in (2, 3, 4):
+        _same_trace(graph._exact[size], alone._exact[size])
+    assert graph.affine and [graph.required_bytes(b) for b in (1, 7, 50)] == [alone.required_bytes(b)
+                                                                              for b in (1, 7, 50)]
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.norm(self.conv(x))) + x
+
+
+def _blocks() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *(Block() for _ in range(4)), nn.Flatten(1),
+                         nn.Linear(8 * 6 * 6, 4))
+
+
+def test_the_advisors_table_is_the_same_with_workers_and_without(monkeypatch):
+    torch.manual_seed(0)
+    batch = (torch.randn(4, 3, 6, 6), torch.randint(0, 4, (4,)))
+    grid = [Config(), Config(step_in_backward=True), Config(checkpoint="uniform"), Config(checkpoint="optimal"),
+            Config("bf16", 8)]
+
+    made = []
+
+    def spy(jobs, processes=None):
+        made.extend(results := run_forked(jobs, processes))
+        return results
+
+    monkeypatch.setattr(plans_module, "run_forked", spy)
+
+    def table(processes: str):
+        monkeypatch.setenv(ENV, processes)
+        advice = advise(_blocks, batch, memory_budget=2**40, calibrate=False, min_run_time=0.01, progress=False,
+                        candidates=grid)
+        budget = float(advice.table["predicted_peak_bytes"].median())
+        advice.rebudget(budget)  # the optimal candidate planned again: its program traced ahead
+        plans = advice._plans
+        return (advice.table.drop(columns=["predicted_step_seconds", "time_reliable"]),
+                {k[0].name: (sorted(g._exact), sorted(g.recomputed), g.derived) for k, g in plans._graphs.items()})
+
+    (alone, graphs_alone) = table("1")
+    assert made and not any(made)
+    made.clear()
+    (forked_table, graphs) = table("2")
+    assert len(made) >= 6 and all(t is not None for t in made)  # 3 + 3 traces of the programs (2 plain), 1 optimal
+    assert graphs == graphs_alone and any(recomputed for _, recomputed, _ in graphs.values())
+    assert all(derived for name, (_, _, derived) in graphs.items() if "checkpoint" in name or "backward" in name)
+    assert forked_table.equals(alone)
+
+
+def test_a_trace_does_not_depend_on_what_the_process_traced_before():
+    """An LSTM's backward freed its initial state on either side of `mkldnn_rnn_layer_backward` depending on
+    FakeTensor's dispatch cache: a second trace at one batch differed from the first."""
+    def program(size: int, tracker) -> None:
+        model = nn.LSTM(6, 6, batch_first=True)
+        model(torch.randn(size, 5, 6))[0].sum().backward()
+
+    first, second = (trace_program(program, 3, torch.device("cpu")) for _ in range(2))
+    _same_trace(first, second)
