@@ -67,7 +67,9 @@ def _build_model(build: Callable[[], nn.Module], device: torch.device) -> nn.Mod
     tied: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         tied.setdefault(id(param), []).append(name)
-    model = model.to_empty(device=device)
+    # NOTE: `to_empty` would convert each meta tensor into a fake one before `empty_like` (FakeTensor's meta converter,
+    # a sixth of a ResNet-50 trace); a tensor of its size, strides and dtype made directly is the same allocation
+    model = model._apply(lambda t: torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device))
     for first, *others in (names for names in tied.values() if len(names) > 1):
         shared = model.get_parameter(first)
         for name in others:
