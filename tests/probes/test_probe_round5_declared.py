@@ -5,9 +5,8 @@ nested lists, wrong lengths, non-ASCII digits). Each is refused before any kerne
 line naming the notebook, the parameter and the value, no report folder made.
 
 Non-ASCII digits (`batch_size=٣`, `batch_size=１`) were read as 3 and 1 (Python's int() takes any Unicode digit;
-numbers are ASCII now). One value still reaches the kernel (a strict xfail): `optorch`'s `fig9_channels=2` lies
-within its declared `range: 1..3`, and the data sources make 1 or 3 channels (a declaration of choices takes
-strings only).
+numbers are ASCII now). `optorch`'s `fig9_channels=2` lies within its declared `range: 1..3`, and the data sources
+make 1 or 3 channels: it declares `choices: 1 | 3` too.
 """
 
 from __future__ import annotations
@@ -133,9 +132,14 @@ def test_non_ascii_digits_are_refused(tmp_path, capsys, fake, digit):
     _refused(tmp_path, capsys, fake, "advisor", f"batch_size={digit}")
 
 
-@pytest.mark.xfail(strict=True, reason="optorch fig9_channels=2 lies within its declared 'range: 1..3' and is "
-                                       "handed to the kernel, where load('digits', shape=(2, 8, 8)) refuses it "
-                                       "('images are made with 1 or 3 channels'); a declaration of choices takes "
-                                       "strings only")
 def test_a_channel_count_the_data_cannot_take_is_refused_before_any_kernel(tmp_path, capsys, fake):
-    _refused(tmp_path, capsys, fake, "optorch", "fig9_channels=2")
+    """fig9_channels=2 lies within 'range: 1..3', and the data sources make 1 or 3 channels: 'choices: 1 | 3'."""
+    assert "not one of the declared choices: 1 | 3" in _refused(tmp_path, capsys, fake, "optorch", "fig9_channels=2")
+
+
+def test_whole_number_choices_match_those_numbers_only():
+    from workbench.report.declarations import parse_choices
+
+    choices = parse_choices("range: 1..3; choices: 1 | 3; channels", "x")
+    assert [any(c.matches(v) for c in choices) for v in (1, 3, 2, 0, True, 1.0, "2")] == \
+        [True, True, False, False, False, False, False]
