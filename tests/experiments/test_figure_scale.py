@@ -17,7 +17,7 @@ def test_every_figure_carries_its_scale(name):
     for function in [n for n in plots.__all__ if n.startswith("plot_")]:
         parameter = inspect.signature(getattr(plots, function)).parameters["scale"]
         assert parameter.kind is parameter.KEYWORD_ONLY, function
-    fig = plots._marked(plt.figure(), True, scale="ResNet-50 at 224px, batch 12; some CPU")
+    fig = plots.marked(plt.figure(), True, scale="ResNet-50 at 224px, batch 12; some CPU")
     try:
         assert [t.get_text() for t in fig.texts] == ["scale: ResNet-50 at 224px, batch 12; some CPU"]
     finally:

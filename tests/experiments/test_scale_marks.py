@@ -1,7 +1,7 @@
 """Figures made where a notebook gives no verdicts say so on themselves (issue 23).
 
 The mark is driven by `verdicts`, the same notebook parameter that turns the ledger's verdicts off;
-every plot function of every experiments package takes it and routes its figure through `_marked`.
+every plot function of every experiments package takes it and routes its figure through `marked`.
 """
 
 import ast
@@ -39,7 +39,7 @@ def test_every_plot_function_takes_verdicts_and_returns_through_the_mark(name):
         parameter = inspect.signature(getattr(module, fname)).parameters["verdicts"]
         assert parameter.kind is parameter.KEYWORD_ONLY and parameter.default is True, fname
         returns = [n for n in ast.walk(defs[fname]) if isinstance(n, ast.Return)]
-        assert returns and all(isinstance(r.value, ast.Call) and getattr(r.value.func, "id", "") == "_marked"
+        assert returns and all(isinstance(r.value, ast.Call) and getattr(r.value.func, "id", "") == "marked"
                                and getattr(r.value.args[1], "id", "") == "verdicts" for r in returns), fname
 
 
@@ -48,10 +48,10 @@ def test_the_mark_shows_exactly_when_verdicts_are_off(name):
     module = _plots(name)
     off, on = plt.subplots()[0], plt.subplots()[0]
     try:
-        assert _marks(module._marked(off, False)) == [module.TOY_SCALE]
-        assert _marks(module._marked(on, True)) == []
+        assert _marks(module.marked(off, False)) == [module.TOY_SCALE]
+        assert _marks(module.marked(on, True)) == []
         with pytest.raises(TypeError, match="verdicts must be a bool .*got 'False'"):
-            module._marked(on, "False")
+            module.marked(on, "False")
     finally:
         plt.close("all")
 

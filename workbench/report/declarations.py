@@ -9,8 +9,9 @@ Each declaration is `KEY: ...` in the comment on the parameter's line, ended by 
     image_size = 16         # range: 8..1024; input: batch_size x 3 x image_size x image_size x 4 bytes
 
 `choices:` lists the allowed values separated by '|' (a string written in quotes is taken as it is, so `""` is the
-empty string; a whole number matches a choice written as that number, `channels = 1  # range: 1..3; choices: 1 | 3`); a choice holding `LO..HI` (whole numbers) stands for each whole number in that range written
-there (`cuda:0..63`, `fp16+0..13 SR`). `input:` is the bytes of the tensor the notebook allocates first: factors
+empty string; a whole number matches a choice written as that number: `channels = 1  # range: 1..3; choices: 1 | 3`);
+a choice holding `LO..HI` (whole numbers) stands for each whole number in that range written there (`cuda:0..63`,
+`fp16+0..13 SR`). `input:` is the bytes of the tensor the notebook allocates first: factors
 that are whole numbers or parameter names, multiplied; a value set whose input takes more than half of this
 machine's memory is refused (the network's activations are many times its input), naming the parameters.
 """

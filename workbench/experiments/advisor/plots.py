@@ -7,22 +7,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from workbench.experiments.marks import TOY_SCALE, marked
+
 __all__ = ["TOY_SCALE", "plot_pareto", "plot_prediction"]
-
-TOY_SCALE = "toy scale: verdicts off, not evidence (see the ledger)"
-
-
-def _marked(fig: plt.Figure, verdicts: bool, reduced: str = "") -> plt.Figure:
-    """`fig` laid out and, where `verdicts` is False, marked `TOY_SCALE` above its top edge; where verdicts are
-    on but the models are reduced (`reduced`: their widths and resolution), marked toy scale with those."""
-    if not isinstance(verdicts, bool):
-        raise TypeError(f"verdicts must be a bool (the notebook parameter), got {verdicts!r}")
-    fig.tight_layout()
-    mark = TOY_SCALE if not verdicts else f"toy scale: {reduced} (our targets are judged at it)" if reduced else ""
-    if mark:
-        fig.text(0.5, 1.0, mark, ha="center", va="bottom", fontsize=9, color="white", fontweight="bold",
-                 bbox={"boxstyle": "round", "facecolor": "C3", "edgecolor": "none"})
-    return fig
 
 
 def plot_pareto(table: pd.DataFrame, *, budget: float, choice: str | None, verified: dict | None = None,
@@ -47,7 +34,7 @@ def plot_pareto(table: pd.DataFrame, *, budget: float, choice: str | None, verif
     ax.set_ylabel("step time (ms)")
     ax.set_title(title or "Every candidate, predicted")
     ax.legend(fontsize=8)
-    return _marked(fig, verdicts, reduced)
+    return marked(fig, verdicts, reduced=reduced)
 
 
 def plot_prediction(candidates: pd.DataFrame, *, verdicts: bool = True, reduced: str = "") -> plt.Figure:
@@ -64,4 +51,4 @@ def plot_prediction(candidates: pd.DataFrame, *, verdicts: bool = True, reduced:
         ax.set_ylabel(f"predicted ({unit})")
         ax.set_title("peak memory" if unit == "MiB" else "step time")
     axes[0].legend(fontsize=8)
-    return _marked(fig, verdicts, reduced)
+    return marked(fig, verdicts, reduced=reduced)

@@ -6,32 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from workbench.experiments.marks import TOY_SCALE, marked
+
 __all__ = [
     "TOY_SCALE", "plot_accuracy", "plot_multi_model", "plot_parallel", "plot_peers", "plot_prediction_error",
     "plot_single_model",
 ]
 
 MIB = 2**20
-
-
-TOY_SCALE = "toy scale: verdicts off, not evidence (see the ledger)"
-
-
-def _marked(fig, verdicts: bool, scale: str = ""):
-    """`fig` laid out and, where `verdicts` is False, marked `TOY_SCALE` above its top edge.
-
-    `verdicts` is the notebook parameter that also turns the ledger's verdicts on: a figure made at
-    a scale that gives no verdicts says so on itself, since a toy run can show the opposite of the paper.
-    """
-    if not isinstance(verdicts, bool):
-        raise TypeError(f"verdicts must be a bool (the notebook parameter), got {verdicts!r}")
-    fig.tight_layout()  # first: the mark sits above the laid-out axes
-    if not verdicts:
-        fig.text(0.5, 1.0, TOY_SCALE, ha="center", va="bottom", fontsize=9, color="white", fontweight="bold",
-                 bbox={"boxstyle": "round", "facecolor": "C3", "edgecolor": "none"})
-    if scale:  # issue 44: every figure says at which scale and on which device it was measured
-        fig.text(0.01, 0.0, f"scale: {scale}", ha="left", va="top", fontsize=8, color="0.35", wrap=True)
-    return fig
 
 
 def plot_prediction_error(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
@@ -54,7 +36,7 @@ def plot_prediction_error(df: pd.DataFrame, *, verdicts: bool = True, scale: str
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle("Memory known before execution: predicted vs measured peak of a training step")
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
 
 
 def plot_accuracy(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
@@ -70,7 +52,7 @@ def plot_accuracy(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
         ax.grid(alpha=0.3)
         ax.legend()
     axes[0].set_ylabel("accuracy (%)")
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
 
 
 def plot_single_model(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
@@ -91,7 +73,7 @@ def plot_single_model(df: pd.DataFrame, *, verdicts: bool = True, scale: str = "
     # NOTE: below the axes, not over the bars (inside, it covered the measured bar of the tallest pair)
     axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     fig.suptitle("Single model: memory (left) and time per round (right), Fig 10")
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
 
 
 def plot_multi_model(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
@@ -109,7 +91,7 @@ def plot_multi_model(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""
     ax.set_title("Many models (Fig 11)")
     ax.grid(alpha=0.3, which="both")
     ax.legend()
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
 
 
 def plot_parallel(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
@@ -133,7 +115,7 @@ def plot_parallel(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
     ax.set_title("Models that fit in a budget (Fig 12)")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
 
 
 def plot_peers(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
@@ -153,4 +135,4 @@ def plot_peers(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
     axes[0].set_ylabel("method -> largest batch found")
     axes[1].set_yticklabels([])
     fig.suptitle("Largest batch for a budget: plan vs trial-based finders")
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)

@@ -8,31 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from workbench.experiments.marks import TOY_SCALE, marked
+
 from .memory import LABELS
 
 __all__ = ["TOY_SCALE", "plot_memory_vs_depth", "plot_budget", "plot_time_per_minibatch", "plot_conv_contiguity"]
 
 _MIB = 2**20
-
-
-TOY_SCALE = "toy scale: verdicts off, not evidence (see the ledger)"
-
-
-def _marked(fig, verdicts: bool, scale: str = ""):
-    """`fig` laid out and, where `verdicts` is False, marked `TOY_SCALE` above its top edge.
-
-    `verdicts` is the notebook parameter that also turns the ledger's verdicts on: a figure made at
-    a scale that gives no verdicts says so on itself, since a toy run can show the opposite of the paper.
-    """
-    if not isinstance(verdicts, bool):
-        raise TypeError(f"verdicts must be a bool (the notebook parameter), got {verdicts!r}")
-    fig.tight_layout()  # first: the mark sits above the laid-out axes
-    if not verdicts:
-        fig.text(0.5, 1.0, TOY_SCALE, ha="center", va="bottom", fontsize=9, color="white", fontweight="bold",
-                 bbox={"boxstyle": "round", "facecolor": "C3", "edgecolor": "none"})
-    if scale:  # issue 44: every figure says at which scale and on which device it was measured
-        fig.text(0.01, 0.0, f"scale: {scale}", ha="left", va="top", fontsize=8, color="0.35", wrap=True)
-    return fig
 
 
 def _log_ticks(lo: float, hi: float, *, at_least: int = 4) -> list[float]:
@@ -80,7 +62,7 @@ def plot_memory_vs_depth(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
         ax.set_ylabel(f"peak {value.replace('_bytes', '').replace('_', ' ')} (MiB)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
 
 
 def plot_budget(budget_df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
@@ -102,7 +84,7 @@ def plot_budget(budget_df: pd.DataFrame, *, verdicts: bool = True, scale: str = 
     ax.set_title(f"DenseNet-BC k={r.get('growth_rate', '?')}, {r.get('image_size', '?')}px: budget = naive "
                  f"{what} at depth {r.get('budget_depth', '?')}, {r['budget_bytes'] / _MIB:,.1f} MiB "
                  f"('+': sweep limit)", fontsize=9)
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
 
 
 def plot_time_per_minibatch(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
@@ -121,7 +103,7 @@ def plot_time_per_minibatch(df: pd.DataFrame, *, verdicts: bool = True, scale: s
                  f"{r.get('image_size', '?')}px, {r['device']}")
     ax.set_ylabel("time per minibatch (s)")
     ax.set_xlabel("implementation")
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
 
 
 def plot_conv_contiguity(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
@@ -138,4 +120,4 @@ def plot_conv_contiguity(df: pd.DataFrame, *, verdicts: bool = True, scale: str 
     ax.set_ylabel("time per convolution (ms)")
     ax.legend()
     ax.grid(alpha=0.3)
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)

@@ -12,6 +12,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
+from workbench.experiments.marks import TOY_SCALE, marked
+
 __all__ = [
     "TOY_SCALE",
     "plot_capacity",
@@ -29,24 +31,6 @@ __all__ = [
 _MIB = 2**20
 
 
-TOY_SCALE = "toy scale: verdicts off, not evidence (see the ledger)"
-
-
-def _marked(fig, verdicts: bool):
-    """`fig` laid out and, where `verdicts` is False, marked `TOY_SCALE` above its top edge.
-
-    `verdicts` is the notebook parameter that also turns the ledger's verdicts on: a figure made at
-    a scale that gives no verdicts says so on itself, since a toy run can show the opposite of the paper.
-    """
-    if not isinstance(verdicts, bool):
-        raise TypeError(f"verdicts must be a bool (the notebook parameter), got {verdicts!r}")
-    fig.tight_layout()  # first: the mark sits above the laid-out axes
-    if not verdicts:
-        fig.text(0.5, 1.0, TOY_SCALE, ha="center", va="bottom", fontsize=9, color="white", fontweight="bold",
-                 bbox={"boxstyle": "round", "facecolor": "C3", "edgecolor": "none"})
-    return fig
-
-
 def plot_memory_over_iteration(trace: pd.DataFrame, *, title: str = "", verdicts: bool = True) -> Figure:
     """Fig 8: live tensor memory (MiB) over one iteration, one line per variant.
 
@@ -61,7 +45,7 @@ def plot_memory_over_iteration(trace: pd.DataFrame, *, title: str = "", verdicts
     ax.set_title(title or "Memory over one training iteration")
     ax.legend()
     ax.grid(alpha=0.3)
-    return _marked(fig, verdicts)
+    return marked(fig, verdicts)
 
 
 def plot_time_accuracy(df: pd.DataFrame, *, time_column: str = "robust_cum_seconds", verdicts: bool = True) -> Figure:
@@ -86,7 +70,7 @@ def plot_time_accuracy(df: pd.DataFrame, *, time_column: str = "robust_cum_secon
     # NOTE: the staggered labels reach 22 points above their point: room for them below the title
     ax.margins(x=0.12, y=0.25)
     ax.grid(alpha=0.3)
-    return _marked(fig, verdicts)
+    return marked(fig, verdicts)
 
 
 def plot_pipeline_memory(df: pd.DataFrame, *, device: str = "", verdicts: bool = True) -> Figure:
@@ -106,7 +90,7 @@ def plot_pipeline_memory(df: pd.DataFrame, *, device: str = "", verdicts: bool =
     ax.set_title(f"Memory per pipeline per model: {r.batch} images {r.image_size}x{r.image_size} px, width "
                  f"x{float(r.width):g}, {r.stem} stem\n{how}", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
-    return _marked(fig, verdicts)
+    return marked(fig, verdicts)
 
 
 def plot_checkpoint_position(df: pd.DataFrame, *, verdicts: bool = True) -> Figure:
@@ -125,7 +109,7 @@ def plot_checkpoint_position(df: pd.DataFrame, *, verdicts: bool = True) -> Figu
     ax.set_title("One checkpoint in a 7-layer autoencoder")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _marked(fig, verdicts)
+    return marked(fig, verdicts)
 
 
 def plot_pareto(df: pd.DataFrame, *, time_column: str = "min_s", verdicts: bool = True) -> Figure:
@@ -140,7 +124,7 @@ def plot_pareto(df: pd.DataFrame, *, time_column: str = "min_s", verdicts: bool 
     ax.set_title("Checkpoint plans: memory vs time")
     ax.legend()
     ax.grid(alpha=0.3)
-    return _marked(fig, verdicts)
+    return marked(fig, verdicts)
 
 
 def plot_capacity(df: pd.DataFrame, *, verdicts: bool = True) -> Figure:
@@ -161,7 +145,7 @@ def plot_capacity(df: pd.DataFrame, *, verdicts: bool = True) -> Figure:
     bx.axhline(1.0, color="black", lw=0.8, ls="-.")
     bx.set_ylabel("bytes per pixel per image (dashed: float32, dash-dot: uint8)")
     bx.set_title("Size of the encoded batch")
-    return _marked(fig, verdicts)
+    return marked(fig, verdicts)
 
 
 def plot_loader_throughput(df: pd.DataFrame, *, verdicts: bool = True) -> Figure:
@@ -171,7 +155,7 @@ def plot_loader_throughput(df: pd.DataFrame, *, verdicts: bool = True) -> Figure
     ax.set_xlabel("images per second (start-up included)")
     ax.set_title("Loader throughput")
     ax.grid(alpha=0.3, axis="x")
-    return _marked(fig, verdicts)
+    return marked(fig, verdicts)
 
 
 def plot_prediction(frames: dict[str, pd.DataFrame], *, verdicts: bool = True) -> Figure:
@@ -196,7 +180,7 @@ def plot_prediction(frames: dict[str, pd.DataFrame], *, verdicts: bool = True) -
     ax.set_title("Cost model: predicted vs measured peak per plan")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _marked(fig, verdicts)
+    return marked(fig, verdicts)
 
 
 def plot_unit_floor(floors: pd.DataFrame, *, verdicts: bool = True) -> Figure:
@@ -212,7 +196,7 @@ def plot_unit_floor(floors: pd.DataFrame, *, verdicts: bool = True) -> Figure:
     ax.set_title("No plan goes below the largest single-unit floor")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _marked(fig, verdicts)
+    return marked(fig, verdicts)
 
 
 def plot_peer(df: pd.DataFrame, *, verdicts: bool = True) -> Figure:
@@ -232,4 +216,4 @@ def plot_peer(df: pd.DataFrame, *, verdicts: bool = True) -> Figure:
     for a in (ax, bx):
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
-    return _marked(fig, verdicts)
+    return marked(fig, verdicts)

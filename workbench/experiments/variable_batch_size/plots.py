@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from workbench.experiments.marks import TOY_SCALE, marked
+
 from .budgets import PAPER_FLOOR_MB
 from .tables import LABELS
 
@@ -18,21 +20,7 @@ __all__ = ["TOY_SCALE", "plot_time_vs_batch", "plot_layer_memory", "plot_budget_
            "plot_layer_batches", "plot_planner_timing"]
 
 _MIB = 2**20
-TOY_SCALE = "toy scale: verdicts off, not evidence (see the ledger)"
 _STYLE = {"vbs": ("VBS (DP)", "C0"), "fbs": ("FBS", "C1"), "greedy": ("Greedy-VBS", "C2")}
-
-
-def _marked(fig, verdicts: bool, scale: str = ""):
-    """`fig` laid out and, where `verdicts` is False, marked `TOY_SCALE` above its top edge."""
-    if not isinstance(verdicts, bool):
-        raise TypeError(f"verdicts must be a bool (the notebook parameter), got {verdicts!r}")
-    fig.tight_layout()  # first: the mark sits above the laid-out axes
-    if not verdicts:
-        fig.text(0.5, 1.0, TOY_SCALE, ha="center", va="bottom", fontsize=9, color="white", fontweight="bold",
-                 bbox={"boxstyle": "round", "facecolor": "C3", "edgecolor": "none"})
-    if scale:  # issue 44: every figure says at which scale and on which device it was measured
-        fig.text(0.01, 0.0, f"scale: {scale}", ha="left", va="top", fontsize=8, color="0.35", wrap=True)
-    return fig
 
 
 def plot_time_vs_batch(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
@@ -47,7 +35,7 @@ def plot_time_vs_batch(df: pd.DataFrame, *, verdicts: bool = True, scale: str = 
     ax.set_title("Per-image time against batch size (Fig 1)")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
 
 
 def plot_layer_memory(df: pd.DataFrame, *, title: str = "Memory per layer at batch 1 (Fig 2)", verdicts: bool = True,
@@ -66,7 +54,7 @@ def plot_layer_memory(df: pd.DataFrame, *, title: str = "Memory per layer at bat
     ax.set_ylabel("memory (MiB)")
     ax.set_title(title)
     ax.legend()
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
 
 
 def _sweep_axes(ax, grp: pd.DataFrame, *, executed: bool) -> None:
@@ -99,7 +87,7 @@ def plot_budget_sweep(df: pd.DataFrame, *, request: int = 12, executed: bool = T
         ax.set_ylabel("time per image (ms)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Per-image time against memory budget, request {request} (Fig 7)")
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
 
 
 def plot_request_sizes(df: pd.DataFrame, *, network: str = "googlenet", executed: bool = True,
@@ -117,7 +105,7 @@ def plot_request_sizes(df: pd.DataFrame, *, network: str = "googlenet", executed
     axes[0][0].set_ylabel("time per image (ms)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{LABELS.get(network, network)}: VBS against both baselines by request size (Fig 8)")
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
 
 
 def plot_layer_batches(frame: pd.DataFrame, *, title: str = "Batch sizes per layer (Fig 9)", verdicts: bool = True,
@@ -141,7 +129,7 @@ def plot_layer_batches(frame: pd.DataFrame, *, title: str = "Batch sizes per lay
     ax.set_xlabel("layer (main path)")
     ax.set_ylabel("samples (stacked phases)")
     ax.set_title(title)
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
 
 
 def plot_planner_timing(df: pd.DataFrame, *, verdicts: bool = True, scale: str = ""):
@@ -157,4 +145,4 @@ def plot_planner_timing(df: pd.DataFrame, *, verdicts: bool = True, scale: str =
     ax.set_title(f"DP planner time (batch {df.batch.iloc[0]})")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _marked(fig, verdicts, scale=scale)
+    return marked(fig, verdicts, scale=scale)
