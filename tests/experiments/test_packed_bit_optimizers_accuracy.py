@@ -76,6 +76,31 @@ def test_e5m2_truncation_and_addition_error_shape():
     t = truncate_to_e5m2(x)
     torch.testing.assert_close(t.float(), torch.tensor([1.0, 1.0, -3.5, 57344.0]))
     df = addition_error(sizes=[100], n_ops=[1, 50], width=256)
-    assert set(df["format"]) == {"fp16", "fp16+8", "fp16+8 SR"} and (df["rel_error"] >= 0).all()
+    assert set(df["format"]) == {"fp16", "fp16+8", "fp16+8 SR", "fp16+8 nearest"} and (df["rel_error"] >= 0).all()
     many = df[(df["panel"] == "many ops") & (df["ops"] == 50)].set_index("format")["rel_error"]
     assert many["fp16+8"] < many["fp16"]  # extra bits stop the error from accumulating
+    assert many["fp16+8 nearest"] < many["fp16+8"]  # the remainder kept signed: the visible value rounded to nearest
+    one = df[df["panel"] == "one op"].set_index("format")["rel_error"]
+    assert one["fp16+8 nearest"] == pytest.approx(one["fp16"], rel=1e-6)  # one addition: the sum rounded to nearest
+
+
+def test_nearest_packed_addition_is_the_fp16_sum_rounded_to_nearest():
+    """One `x += y` in fp16+8 nearest from an exact fp16 x shows the sum rounded to nearest (within half an fp16 ulp;
+    a tie may go the other way from fp16's own sum, which rounds ties to even); its master (fp16 value plus the
+    signed remainder) is the sum to within the 8 extra bits, half truncation's worst error."""
+    from workbench.experiments.packed_bit_optimizers.accuracy import _add_packed
+    from workbench.optim.split_merge import merge_values
+
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4096, generator=gen).half(), torch.randn(4096, generator=gen).half()
+    exact = x.double() + y.double()
+    ulp = torch.ldexp(torch.ones(4096, dtype=torch.float64), torch.frexp(exact)[1] - 11)  # the sum's fp16 ulp
+    errors = {}
+    for rounding in ("nearest", "truncate"):
+        half, bits = _add_packed(x, torch.zeros(4096, dtype=torch.int32), y, 8, rounding, gen)
+        seen = ((half.double() - exact).abs() / ulp).max().item()
+        assert seen <= 0.5 if rounding == "nearest" else seen < 1.0, (rounding, seen)
+        master = merge_values(half, bits, extra_bits=8, nearest=rounding == "nearest")
+        errors[rounding] = ((master.double() - exact).abs() / ulp).max().item()
+    assert errors["nearest"] <= 2**-9 and errors["truncate"] <= 2**-8
+    assert errors["nearest"] < 0.75 * errors["truncate"]

@@ -134,14 +134,14 @@ def _fused(saving=0.11, ratio=(1.04, 1.03, 1.05), ceiling=0.12, device_saving=No
     return df
 
 
-def _errors(many=(10.0, 1.0, 0.5), one=(1.0, 1.4)):
-    """addition_error records: many ops (fp16, fp16+8, SR errors) and one op (fp16, fp16+8)."""
+def _errors(many=(10.0, 1.0, 0.5, 0.45), one=(1.0, 1.4, 1.0)):
+    """addition_error records: many ops (fp16, fp16+8, SR, nearest errors) and one op (fp16, fp16+8, nearest)."""
+    formats = ("fp16", "fp16+8", "fp16+8 SR", "fp16+8 nearest")
     rows = [{"panel": "many ops", "format": f, "n": 4096, "ops": 1000, "rel_error": e}
-            for f, e in zip(("fp16", "fp16+8", "fp16+8 SR"), many, strict=True)]
-    rows += [{"panel": "many ops", "format": f, "n": 4096, "ops": 10, "rel_error": 99.0}
-             for f in ("fp16", "fp16+8", "fp16+8 SR")]
+            for f, e in zip(formats, many, strict=True)]
+    rows += [{"panel": "many ops", "format": f, "n": 4096, "ops": 10, "rel_error": 99.0} for f in formats]
     rows += [{"panel": "one op", "format": f, "n": 100_000, "ops": 1, "rel_error": e}
-             for f, e in zip(("fp16", "fp16+8"), one, strict=True)]
+             for f, e in zip(("fp16", "fp16+8", "fp16+8 nearest"), one, strict=True)]
     return pd.DataFrame(rows)
 
 
@@ -579,9 +579,22 @@ def test_fig6_error_ratios():
     rows = _judge({"addition_error": _errors()})
     assert _row(rows, much)["measured"] == pytest.approx(10.0)  # at the most additions, not at 10
     assert [_row(rows, s)["verdict"] for s in (much, one, sr)] == ["reproduced"] * 3
-    rows = _judge({"addition_error": _errors(many=(1.5, 1.0, 1.2), one=(1.0, 0.9))})
+    rows = _judge({"addition_error": _errors(many=(1.5, 1.0, 1.2, 0.45), one=(1.0, 0.9, 1.0))})
     assert [_row(rows, s)["verdict"] for s in (much, one, sr)] == ["partly", "not reproduced", "not reproduced"]
-    assert _verdict({"addition_error": _errors(many=(0.5, 1.0, 1.0))}, much) == "not reproduced"
+    assert _verdict({"addition_error": _errors(many=(0.5, 1.0, 1.0, 0.45))}, much) == "not reproduced"
+
+
+def test_fig6_nearest_rounding_targets_are_ours_and_two_sided():
+    keeps, halves = "fp16+8 rounded to nearest keeps fp16's error", "fp16+8 rounded to nearest at most halves"
+    rows = _judge({"addition_error": _errors()})
+    assert _row(rows, keeps)["source"] == _row(rows, halves)["source"] == "target"
+    assert _row(rows, halves)["measured"] == pytest.approx(1.0 / 0.45)
+    # one addition: equal to fp16's within 1%, either side of it a miss
+    assert [_verdict({"addition_error": _errors(one=(1.0, 1.4, v))}, keeps) for v in (1.0, 1.03, 0.97, 1.2)] == \
+        ["reproduced", "partly", "partly", "not reproduced"]
+    # many additions: truncation's error at least twice nearest's
+    assert [_verdict({"addition_error": _errors(many=(10.0, 1.0, 0.5, v))}, halves) for v in (0.45, 0.6, 0.9)] == \
+        ["reproduced", "partly", "not reproduced"]
 
 
 def test_toy_scale_gives_no_verdicts_and_never_run_rows_say_why():

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from workbench.data import ImageSet, load, make_loader, synthetic_images
 from workbench.models import MLP, build
-from workbench.optim.split_merge import merge_values, split_values
+from workbench.optim.split_merge import merge_values, nearest_offset, split_values
 from workbench.train import evaluate, train
 
 from .peak_memory import make_model, make_optimizer, measure_peak, parse_format, _loss
@@ -221,13 +221,22 @@ def paired_gap(df: pd.DataFrame, regime: str, first: str, second: str, *,
     return float(gap.mean()), float(gap.min()), float(gap.max())
 
 
-def _add_packed(master_half, extra_vals, y, k, sr, gen):
-    master = merge_values(master_half, extra_vals, extra_bits=k, stochastic_rounding=sr)
+def _add_packed(master_half, extra_vals, y, k, rounding, gen):
+    """`master += y` in the packed format: fp16 plus `k` extra bits, the fp16 value split from the fp32 sum by
+    `rounding` ("truncate": the paper's; "stochastic"; "nearest": the fp16 value rounded to nearest, the extra bits
+    holding the signed remainder)."""
+    sr, nearest = rounding == "stochastic", rounding == "nearest"
+    master = merge_values(master_half, extra_vals, extra_bits=k, stochastic_rounding=sr, nearest=nearest)
     noise = None
     if sr:
         noise = torch.randint(0, 2**13, master.shape, dtype=torch.int32, generator=gen)
-    return split_values(master + y.float(), dtype=torch.float16, extra_bits=k,
-                        stochastic_rounding=sr, noise=noise)
+    return split_values(master + y.float(), dtype=torch.float16, extra_bits=k, stochastic_rounding=sr, noise=noise,
+                        nearest=nearest, master_noise=nearest_offset(torch.float16, k) if nearest else None)
+
+
+# Fig 6's formats: (label, extra bits, rounding of the 16-bit value)
+ADDITION_FORMATS = (("fp16", None, "nearest"), ("fp16+8", 8, "truncate"), ("fp16+8 SR", 8, "stochastic"),
+                    ("fp16+8 nearest", 8, "nearest"))
 
 
 def addition_error(
@@ -236,9 +245,10 @@ def addition_error(
 ) -> pd.DataFrame:
     """Fig 6: relative forward error of the 16-bit value after in-place additions ``x += y``.
 
-    Formats: fp16 (round to nearest), fp16+8 (extra bits, split toward zero), fp16+8 SR
-    (stochastic rounding of the visible value). x and every y are standard-normal fp16 values;
-    the exact result is computed in float64. Error = ||x16 - exact|| / ||exact||.
+    Formats (`ADDITION_FORMATS`): fp16 (round to nearest), fp16+8 (extra bits, split toward zero: the paper's),
+    fp16+8 SR (stochastic rounding of the visible value), fp16+8 nearest (the visible value rounded to nearest, the
+    extra bits holding the signed remainder: `master_rounding="nearest"`). x and every y are standard-normal fp16
+    values; the exact result is computed in float64. Error = ||x16 - exact|| / ||exact||.
     Panel "one op": error after one addition for each size; panel "many ops": error after m
     additions of a ``width``-sized tensor.
     """
@@ -249,7 +259,7 @@ def addition_error(
         x0 = torch.randn(n, generator=gen).half()
         ys = [torch.randn(n, generator=gen).half() for _ in range(m)]
         exact = x0.double() + torch.stack([y.double() for y in ys]).sum(0)
-        for fmt, k, sr in (("fp16", None, False), ("fp16+8", 8, False), ("fp16+8 SR", 8, True)):
+        for fmt, k, rounding in ADDITION_FORMATS:
             if k is None:
                 x = x0.clone()
                 for y in ys:
@@ -257,7 +267,7 @@ def addition_error(
             else:
                 x, vals = x0.clone(), torch.zeros(n, dtype=torch.int32)
                 for y in ys:
-                    x, vals = _add_packed(x, vals, y, k, sr, gen)
+                    x, vals = _add_packed(x, vals, y, k, rounding, gen)
             err = (x.double() - exact).norm() / exact.norm()
             rows.append({"panel": panel, "format": fmt, "n": n, "ops": m, "rel_error": err.item()})
 

@@ -349,6 +349,18 @@ CLAIMS: tuple[Claim, ...] = (
           measure=_error_ratio("many ops", ("fp16", "fp16+8"), "fp16+8 SR"), rule=at_least(1.0),
           definition="section 4: 'stochastic rounding provides a better accuracy as compared to classic 16bits "
                      "formats or basic extra-bit format (see Figure 6)'"),
+    Claim("fp16+8 rounded to nearest keeps fp16's error after one addition (Fig 6 left, ours)",
+          unit="error ratio fp16+8 nearest / fp16", paper="1.0 (ours)",
+          measure=_error_ratio("one op", ("fp16+8 nearest",), "fp16"), rule=between(0.99, 1.01, partly_rel=0.05),
+          source="target",
+          definition="our goal for master_rounding='nearest' (issue 46): the value the model sees is the fp16 sum "
+                     "rounded to nearest, as plain fp16's, where the paper's truncation is 'somewhat poorer'"),
+    Claim("fp16+8 rounded to nearest at most halves truncation's error after many additions (Fig 6 right, ours)",
+          unit="error ratio fp16+8 / fp16+8 nearest", paper="2.0 (ours)",
+          measure=_error_ratio("many ops", ("fp16+8",), "fp16+8 nearest"), rule=at_least(2.0, partly=1.5),
+          source="target",
+          definition="our goal for master_rounding='nearest' (issue 46): the same bytes as the paper's fp16+8, the "
+                     "extra bits holding the signed remainder of a visible value rounded to nearest"),
     Claim("on DCGAN (LSUN), the packed optimizer beats plain bf16 training (section 4, Fig 5)",
           unit="inception score / FID", paper="significantly better",
           not_run="needs the LSUN data set and inception-score / FID tooling"),
