@@ -7,7 +7,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from workbench.experiments.marks import TOY_SCALE, marked
+from workbench.report.marks import TOY_SCALE, marked
 
 __all__ = ["TOY_SCALE", "plot_pareto", "plot_prediction"]
 

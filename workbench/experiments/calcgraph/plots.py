@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from workbench.experiments.marks import TOY_SCALE, marked
+from workbench.report.marks import TOY_SCALE, marked
 
 __all__ = [
     "TOY_SCALE", "plot_accuracy", "plot_multi_model", "plot_parallel", "plot_peers", "plot_prediction_error",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from workbench.experiments.marks import TOY_SCALE, marked
+from workbench.report.marks import TOY_SCALE, marked
 
 from .memory import LABELS
 

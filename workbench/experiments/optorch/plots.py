@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
-from workbench.experiments.marks import TOY_SCALE, marked
+from workbench.report.marks import TOY_SCALE, marked
 
 __all__ = [
     "TOY_SCALE",

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from workbench.experiments.marks import TOY_SCALE, marked
 from workbench.measure import plot_memory_trace
+from workbench.report.marks import TOY_SCALE, marked
 
 __all__ = ["TOY_SCALE", "plot_step_trace"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from workbench.experiments.marks import TOY_SCALE, marked
+from workbench.report.marks import TOY_SCALE, marked
 
 from .budgets import PAPER_FLOOR_MB
 from .tables import LABELS

@@ -4,7 +4,10 @@ where the figure's measurement has a scale and a device, a line below saying whi
 
 from __future__ import annotations
 
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["TOY_SCALE", "marked"]
 
