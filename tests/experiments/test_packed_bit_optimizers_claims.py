@@ -626,7 +626,7 @@ def real_records(one_thread):
     accuracy = pd.concat([
         accuracy_by_format(small, train_set, test_set, formats=["fp32", "amp", "fp16", "fp16+8", "fp8", "fp8+4",
                                                                 "fp8+8"], regime="digits", **common),
-        accuracy_by_format(small, train_set, test_set, formats=["fp32", "amp", "fp16", "fp16+8"],
+        accuracy_by_format(small, train_set, test_set, formats=["fp32", "amp", "fp16", "fp16+8", "fp16+8 nearest"],
                            regime="digits, low lr",
                            measure_memory=False, **common),
         accuracy_by_format(small, train_set, test_set, formats=["fp32", "amp", "fp16+8"],
@@ -664,3 +664,25 @@ def test_the_records_the_experiments_produce_give_a_row_for_every_claim(real_rec
     verdicts = {r["claim"][:20]: r["verdict"] for r in rows}
     assert verdicts["up to 16% faster tra"] == "other device"
     assert all(r["scale"] for r in rows if r["measured"] is not None)
+
+
+def _losses(nearest, truncate, regime="digits, low lr"):
+    """Accuracy records of the low-lr regime: per seed, fp32's final loss 2.0, fp16+8 nearest's and fp16+8's that far
+    from it (either sign)."""
+    rows = []
+    for seed, (near, trunc) in enumerate(zip(nearest, truncate, strict=True)):
+        rows += [{"regime": regime, "format": f, "seed": seed, "test_acc": 0.5, "train_loss": 2.0 + d,
+                  "task": "MLP on digits", "lr": 0.002, "epochs": 6}
+                 for f, d in (("fp32", 0.0), ("fp16+8 nearest", near), ("fp16+8", trunc))]
+    return pd.DataFrame(rows)
+
+
+def test_nearest_rounding_tracks_fp32s_loss_paired_by_seed():
+    tracks = "at the low learning rate fp16+8 rounded to nearest tracks fp32's loss"
+    row = _row(_judge({"accuracy": _losses([1e-5, -3e-5], [2e-4, -4e-4])}), tracks)
+    assert row["source"] == "target" and row["measured"] == pytest.approx(4e-5 / 6e-4)
+    assert [_verdict({"accuracy": _losses([d, d], [1e-4, 1e-4])}, tracks) for d in (5e-5, -1.1e-4, 2e-4)] == \
+        ["reproduced", "partly", "not reproduced"]
+    # the other regime, or no truncation gap at all (nothing to compare), is no measurement
+    assert _verdict({"accuracy": _losses([0.0], [1e-4], regime="digits")}, tracks) == "not run at this scale"
+    assert _verdict({"accuracy": _losses([1e-4], [0.0])}, tracks) == "not run at this scale"

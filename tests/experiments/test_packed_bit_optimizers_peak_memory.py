@@ -16,6 +16,7 @@ from workbench.experiments.packed_bit_optimizers import (
     step_timeline,
 )
 from workbench.models import MLP
+from workbench.optim import PackedSGD
 from workbench.optim.update import CHUNK
 
 
@@ -32,9 +33,27 @@ def test_parse_format_and_bad_names():
     f = parse_format("fp16+13 SR")
     assert (f.param_dtype, f.extra_bits, f.stochastic_rounding) == (torch.float16, 13, True)
     assert parse_format("amp").autocast == torch.float16 and not parse_format("bf16").packed
-    for bad in ("fp32+8", "int8", "fp16+x", "bf16 SR"):
+    for bad in ("fp32+8", "int8", "fp16+x", "bf16 SR", "fp16 nearest", "fp32+8 nearest", "fp16+8 SR nearest"):
         with pytest.raises(ValueError, match="not understood|fp16/bf16 only"):
             parse_format(bad)
+
+
+def test_a_nearest_format_steps_as_the_optimizer_with_master_rounding_nearest():
+    fmt = parse_format("fp16+8 nearest")
+    assert (fmt.extra_bits, fmt.stochastic_rounding, fmt.master_rounding) == (8, False, "nearest")
+    assert parse_format("bf16+8 nearest bf16 states").master_rounding == "nearest"
+    assert parse_format("fp16+8").master_rounding == "truncate"
+    torch.manual_seed(0)
+    weights = torch.randn(64, 8).half()
+    made = make_optimizer([w := weights.clone().requires_grad_()], fmt, optimizer="sgd", lr=1e-3)
+    direct = PackedSGD([v := weights.clone().requires_grad_()], lr=1e-3, momentum=0.9, extra_bits=8,
+                       master_rounding="nearest")
+    for opt, p in ((made, w), (direct, v)):
+        for _ in range(3):
+            p.grad = torch.linspace(-1, 1, p.numel()).view_as(p).half()
+            opt.step()
+    torch.testing.assert_close(w, v, rtol=0, atol=0)
+    assert made.param_groups[0]["master_rounding"] == "nearest"
 
 
 def test_analytic_bytes_per_param():

@@ -22,7 +22,7 @@ from workbench.report import Measured, Records, record_frame
 from .accuracy import paired_gap
 from .table_claims import HARD_REGIME
 
-__all__ = ["TOLERANCE", "control_loses", "control_rule", "gap", "paper_scale_accuracy", "parity"]
+__all__ = ["TOLERANCE", "control_loses", "control_rule", "gap", "loss_tracking", "paper_scale_accuracy", "parity"]
 
 
 def _regime(which: str, params: Mapping) -> str:
@@ -105,4 +105,27 @@ def paper_scale_accuracy(fmt: str) -> Callable[[Records, Mapping], Measured | No
         acc = 100 * sub["test_acc"]
         return Measured(float(acc.mean()), spread=(float(acc.min()), float(acc.max())),
                         scale=_acc_scale(sub, params))
+    return measure
+
+
+def loss_tracking(which: str, first: str, second: str, base: str = "fp32") -> Callable[[Records, Mapping],
+                                                                                  Measured | None]:
+    """How closely ``first`` tracks ``base``'s final training loss against ``second``: the mean over seeds of
+    |loss(first) - loss(base)| over the same for ``second``, each paired by seed (same initial weights, data order
+    and schedule); spread the lowest..highest seed's own ratio. Below 1: ``first`` is the closer."""
+    def measure(records: Records, params: Mapping) -> Measured | None:
+        df = record_frame(records, "accuracy")
+        regime = _regime(which, params)
+        sub = None if df is None else df[df["regime"] == regime]
+        if sub is None or not {first, second, base} <= set(sub["format"]):
+            return None
+        loss = sub.pivot_table(index="seed", columns="format", values="train_loss")
+        one, two = (loss[first] - loss[base]).abs(), (loss[second] - loss[base]).abs()
+        if not two.mean() > 0:
+            return None
+        per_seed = (one / two)[two > 0]
+        spread = (float(per_seed.min()), float(per_seed.max())) if len(per_seed) else None
+        return Measured(float(one.mean() / two.mean()), spread=spread,
+                        scale=f"{_acc_scale(sub, params)}; mean |loss - {base}'s|: {first} {one.mean():.2e}, "
+                              f"{second} {two.mean():.2e}")
     return measure

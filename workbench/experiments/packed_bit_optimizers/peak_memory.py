@@ -48,6 +48,7 @@ class Format:
     extra_bits: int | None = None
     stochastic_rounding: bool = False
     autocast: torch.dtype | None = None
+    master_rounding: str = "truncate"  # packed formats: the optimizers' master_rounding ('nearest': ' nearest')
     state_dtype: torch.dtype | None = None  # packed formats: the optimizer state's dtype (None: fp32)
 
     @property
@@ -59,8 +60,10 @@ _STATES = " bf16 states"
 
 
 def parse_format(name: str) -> Format:
-    """'fp32', 'amp' (fp32 master + fp16 autocast), 'fp16', 'bf16', 'fp16+8', 'bf16+16', 'fp16+13 SR'; a packed
-    format may end in ' bf16 states' (its momentum or moments in bf16: 'fp16+8 bf16 states')."""
+    """'fp32', 'amp' (fp32 master + fp16 autocast), 'fp16', 'bf16', 'fp16+8', 'bf16+16', 'fp16+13 SR' (the visible
+    value rounded stochastically), 'fp16+8 nearest' (`master_rounding="nearest"`: the visible value rounded to
+    nearest, the extra bits its signed remainder); a packed format may end in ' bf16 states' (its momentum or moments
+    in bf16: 'fp16+8 bf16 states')."""
     text = name.strip()
     if text == "amp":
         return Format("amp", torch.float32, autocast=torch.float16)
@@ -70,18 +73,18 @@ def parse_format(name: str) -> Format:
         if not fmt.packed:
             raise ValueError(f"format {name!r}: ' bf16 states' applies to packed formats (fp16+K, bf16+K) only")
         return dataclasses.replace(fmt, name=text, state_dtype=torch.bfloat16)
-    sr = text.endswith(" SR")
-    base = text[:-3].strip() if sr else text
+    sr, nearest = text.endswith(" SR"), text.endswith(" nearest")
+    base = text.removesuffix(" SR").removesuffix(" nearest").strip()
     dtype_name, _, k = base.partition("+")
-    if dtype_name not in _DTYPES or (k and not k.isdigit()) or (sr and not k):
+    if dtype_name not in _DTYPES or (k and not k.isdigit()) or ((sr or nearest) and not k):
         raise ValueError(
             f"format {name!r} not understood: use fp32, amp, fp16, bf16, fp16+K or bf16+K "
-            "(K = 0..13 for fp16, 0..16 for bf16), optionally followed by ' SR' and ' bf16 states'"
+            "(K = 0..13 for fp16, 0..16 for bf16), optionally followed by ' SR' or ' nearest', and ' bf16 states'"
         )
     dtype = _DTYPES[dtype_name]
     if dtype == torch.float32 and k:
         raise ValueError(f"format {name!r}: extra bits apply to fp16/bf16 only")
-    return Format(text, dtype, int(k) if k else None, sr)
+    return Format(text, dtype, int(k) if k else None, sr, master_rounding="nearest" if nearest else "truncate")
 
 
 FORMATS = [parse_format(n) for n in
@@ -134,7 +137,7 @@ def make_optimizer(
             return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, amsgrad=amsgrad)
     kw = dict(extra_bits=fmt.extra_bits, stochastic_rounding=fmt.stochastic_rounding,
-              fused=fused, compile=compile, seed=seed)
+              master_rounding=fmt.master_rounding, fused=fused, compile=compile, seed=seed)
     if state_dtype is not None:
         if not packed_option_available("state_dtype"):
             raise NotImplementedError("the packed optimizers' state_dtype option is not available in this build")
