@@ -6,6 +6,8 @@ truth) and for real under the profiler (calibration), so that all count the same
 
 from __future__ import annotations
 
+import copy
+
 import contextlib
 from collections.abc import Callable, Sequence
 
@@ -14,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ..measure import MemoryMeter
 from ..optim import step_in_backward
@@ -64,6 +67,14 @@ def _build_model(build: Callable[[], nn.Module], device: torch.device) -> nn.Mod
             return _module(build, build()).train()
     with unset_fake_temporarily(), torch.device("meta"):
         model = _module(build, build()).train()
+    if any(_holds_indices(b) for b in model.buffers()):
+        # NOTE: a buffer of integers holds data, not just a shape (BERT's `position_ids` index its position
+        # embeddings), and the meta build loses it: an op whose fake kernel falls back to a real run then reads
+        # garbage ("index 4294967297 is out of bounds"). Such a model is built for real and copied under the fake
+        # mode, as `plan_training` plans a module instance (its weights become fake, its buffers keep their values).
+        with _disable_current_modes(), device:  # neither fake nor tracked: not the program's allocations
+            real = _module(build, build()).train()
+        return copy.deepcopy(real)
     tied: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         tied.setdefault(id(param), []).append(name)
@@ -76,6 +87,13 @@ def _build_model(build: Callable[[], nn.Module], device: torch.device) -> nn.Mod
             owner, _, attr = name.rpartition(".")
             setattr(model.get_submodule(owner), attr, shared)
     return model
+
+
+def _holds_indices(buffer: torch.Tensor) -> bool:
+    """An integer buffer of more than one value (a scalar counter such as BatchNorm's `num_batches_tracked` is not
+    data an op indexes with)."""
+    return not buffer.is_floating_point() and not buffer.is_complex() and buffer.dtype != torch.bool \
+        and buffer.numel() > 1
 
 
 def _check_dtypes(model: nn.Module, input_dtype: torch.dtype) -> None:

@@ -10,6 +10,7 @@ with its zone (forward, gradient, optimizer, workspace), kind and name. `Compile
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -148,6 +149,8 @@ class _Tracker(LiveStorageMode):
 
     # tags ------------------------------------------------------------------------------------
     def mark(self, phase: str) -> None:
+        if self.fake:  # cyclic garbage freed here, not wherever Python's collector happens to run (see `_trace`)
+            gc.collect(1)
         self.marks[phase] = len(self.events)
         self.call_marks[phase] = len(self.calls)
         self._phase = phase
@@ -278,6 +281,14 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
         # (`calcgraph.forked`) read the program as not affine. Every trace starts cold (the advisor's ResNet-50 traces
         # took 27 s in one process against 21 s); within it, step 2 still reuses step 1's entries.
         FakeTensorMode.cache_clear()
+    # NOTE: a tensor held in a reference cycle is freed when Python's cyclic collector runs, which depends on all the
+    # process did before: a BERT built for real and copied (`program._build_model`) freed its fp32 fake weights at a
+    # different event in each trace at one batch. Under fake tensors the collector runs only at each phase mark, over
+    # the young generations (what the trace made; a full collection of a notebook's heap took 0.13 s, four per trace).
+    collecting = fake and gc.isenabled()
+    if collecting:
+        gc.collect(1)
+        gc.disable()
     try:
         with _quiet_fake_tensor_logs(), (FakeTensorMode(allow_non_fake_inputs=True) if fake
                                          else contextlib.nullcontext()), cpu_rng_state_as_op(fake=fake):
@@ -289,6 +300,8 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
         where = f"layer '{label}' ({kind})" if label and kind != label else (f"layer {label}" if label else "")
         raise _TraceError(error, where, tracker._phase) from error
     finally:
+        if collecting:
+            gc.enable()
         tracker.unwatch()
         tracker.close()
     events = _canonical_frees(tracker.events)
