@@ -299,11 +299,11 @@ def advise(
     phases: dict[str, float] = {}  # wall seconds of each phase of planning (`Advice.planning_seconds`)
     calibrate = dev.type in ("cpu", "cuda") if calibrate is None else calibrate
     plans = Plans(work, grid)
+    # each distinct program once, then the plain one each optimal plan is budgeted against
+    programs = [replace(c, checkpoint="none") if c.checkpoint == "optimal" else c for c in grid]
     with _timed(phases, "traces"):
-        plans.trace_ahead([(replace(c, checkpoint="none") if c.checkpoint == "optimal" else c, None) for c in grid])
-        # each distinct program once, then the plain one each optimal plan is budgeted against
-        for cfg in tqdm([replace(c, checkpoint="none") if c.checkpoint == "optimal" else c for c in grid],
-                        desc="plans", disable=not progress, leave=False):
+        plans.trace_ahead([(cfg, None) for cfg in programs])
+        for cfg in tqdm(programs, desc="plans", disable=not progress, leave=False):
             plans.graph(cfg)
     if calibrate:
         for precision in dict.fromkeys(Config(c.precision, c.extra_bits) for c in grid):

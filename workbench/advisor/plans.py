@@ -121,9 +121,12 @@ def _compile(work: Workload, cfg: Config, segments: Sequence | None, like: Compi
     return graph
 
 
+def _is_plain(cfg: Config, segments: Sequence | None) -> bool:
+    return not cfg.step_in_backward and cfg.checkpoint == "none" and segments is None
+
+
 def _trace_sizes(cfg: Config, segments: Sequence | None) -> tuple[int, ...]:
-    plain = not cfg.step_in_backward and cfg.checkpoint == "none" and segments is None
-    return (2, 3, 4) if plain else (2, 3)
+    return (2, 3, 4) if _is_plain(cfg, segments) else (2, 3)
 
 
 def _trace_program(work: Workload, key: tuple, size: int) -> tuple:
@@ -175,11 +178,14 @@ class Plans:
         """Trace every program of `programs` (a candidate and its checkpoint segments) not traced yet, side by side in
         forked processes (`calcgraph.forked`): a plain program at its fit's batches, a variant at the batch it is
         derived from (`_compile`). `graph` then finds them made; whatever a worker did not make it traces itself."""
+        if self.work.world_size > 1:  # a sharded program runs in a fake process group: not forked
+            return
         keys = [k for k in dict.fromkeys(self._key(c, s) for c, s in programs)
                 if k not in self._graphs and k not in self._ahead]
+        # a variant is first traced at its fit's second batch, the one it is derived at (`CompiledGraph`)
         jobs = [(key, size) for key in keys
-                for size in (_trace_sizes(*key) if _trace_sizes(*key) == (2, 3, 4) else (3,))]
-        if self.work.world_size > 1 or len(jobs) < 2:  # a sharded program runs in a fake process group: not forked
+                for size in (_trace_sizes(*key) if _is_plain(*key) else _trace_sizes(*key)[1:2])]
+        if len(jobs) < 2:
             return
         made = run_forked([functools.partial(_trace_program, self.work, key, size) for key, size in jobs])
         for (key, size), result in zip(jobs, made, strict=True):

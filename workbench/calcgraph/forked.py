@@ -17,11 +17,14 @@ import multiprocessing
 import os
 import pickle
 import signal
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from .tracker import _trace
 
 __all__ = ["ENV", "run_forked", "worker_count"]
 
@@ -106,16 +109,12 @@ FORK_AFTER_SECONDS = 0.5  # a trace shorter than this is not worth a worker (its
 
 def trace_program(program: Callable, size: int, device: torch.device) -> Any:
     """`program` (a CalcGraph training program) traced under fake tensors at batch `size`."""
-    from .tracker import _trace
-
     return _trace(lambda tracker: program(size, tracker), device=device)
 
 
 def trace_ahead(graph, sizes: Sequence[int]) -> None:
     """Trace `graph`'s program at each of `sizes` it has not traced: the first here, the rest side by side in forked
     workers where that first trace took long enough to pay for them (`graph._traced` traces what a worker did not)."""
-    import time
-
     missing = [s for s in sizes if s not in graph._exact]
     if len(missing) < 2:
         return

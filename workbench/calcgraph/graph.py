@@ -35,9 +35,9 @@ from .calibrate import transfer as _transfer
 from .calibrate import warm_up as _warm_up
 from .program import _DtypeMismatch
 from .derive import borrowed_slopes, fit
-from .forked import trace_ahead
+from .forked import trace_ahead, trace_program
 from .search import search_max
-from .tracker import _Trace, _TraceError, _Tracker, _trace, Unplannable, on_device
+from .tracker import _Trace, _TraceError, _Tracker, Unplannable, on_device
 
 __all__ = ["CALIBRATED_ZONE", "MAX_BATCH", "ZONES", "CompiledGraph", "search_max"]
 
@@ -93,7 +93,7 @@ class CompiledGraph:
     def _traced(self, size: int) -> _Trace:
         if size not in self._exact:
             try:
-                self._exact[size] = _trace(lambda tracker: self._program(size, tracker), device=self.device)
+                self._exact[size] = trace_program(self._program, size, self.device)
             except _TraceError as failure:
                 if isinstance(failure.error, (_DtypeMismatch, Unplannable)):  # their messages say it all
                     raise type(failure.error)(": ".join(filter(None, (failure.module, str(failure.error))))) from None

@@ -6,9 +6,8 @@ truth) and for real under the profiler (calibration), so that all count the same
 
 from __future__ import annotations
 
-import copy
-
 import contextlib
+import copy
 from collections.abc import Callable, Sequence
 
 import numpy as np

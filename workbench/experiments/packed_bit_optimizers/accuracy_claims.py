@@ -123,9 +123,8 @@ def loss_tracking(which: str, first: str, second: str, base: str = "fp32") -> Ca
         one, two = (loss[first] - loss[base]).abs(), (loss[second] - loss[base]).abs()
         if not two.mean() > 0:
             return None
-        per_seed = (one / two)[two > 0]
-        spread = (float(per_seed.min()), float(per_seed.max())) if len(per_seed) else None
-        return Measured(float(one.mean() / two.mean()), spread=spread,
+        per_seed = (one / two)[two > 0]  # not empty: the mean of `two` is positive
+        return Measured(float(one.mean() / two.mean()), spread=(float(per_seed.min()), float(per_seed.max())),
                         scale=f"{_acc_scale(sub, params)}; mean |loss - {base}'s|: {first} {one.mean():.2e}, "
                               f"{second} {two.mean():.2e}")
     return measure
