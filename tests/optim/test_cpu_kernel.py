@@ -333,6 +333,48 @@ def test_the_generic_build_equals_the_eager_step_of_atens_scalar_kernels():
     assert "skipped" not in done.stdout.splitlines()[-1], done.stdout[-2000:]
 
 
+def test_a_build_from_another_checkout_is_loaded_without_compiling(kernel, tmp_path):
+    """A build made elsewhere under the same name (sources, flags, torch, compiler) is loaded as it is: in a fresh
+    process whose sources are a copy in another folder (cpp_extension.load's ninja file names the old folder, so it
+    compiled again: every CI clone, the browser test's copy), with cpp_extension.load made to fail."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from torch.utils import cpp_extension
+
+    name = cpu_kernel.extension_name(cpu_kernel.variant())
+    built = Path(cpp_extension._get_build_directory(name, False)) / f"{name}{cpp_extension.LIB_EXT}"
+    (tmp_path / "cache" / name).mkdir(parents=True)
+    shutil.copy(built, tmp_path / "cache" / name)
+    shutil.copytree(Path(cpu_kernel.__file__).parents[1], tmp_path / "checkout" / "workbench")
+    script = ("from torch.utils import cpp_extension\n"
+              "def refuse(**kw): raise AssertionError('compiled again')\n"
+              "cpp_extension.load = refuse\n"
+              "import torch\n"
+              "from workbench.optim import cpu_kernel\n"
+              "assert cpu_kernel.available(), cpu_kernel._STATE\n"
+              f"print(cpu_kernel.__file__, cpu_kernel.variant(), torch.ops.{name}.lanes())\n")
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_CPU_KERNEL"}
+    env.update(TORCH_EXTENSIONS_DIR=str(tmp_path / "cache"), PYTHONPATH=str(tmp_path / "checkout"),
+               **{ENV_VARIANT: cpu_kernel.variant()})
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith(str(tmp_path / "checkout")) and cpu_kernel.variant() in done.stdout
+
+
+def test_a_build_is_not_loaded_while_one_is_under_way_or_where_it_does_not_load(tmp_path):
+    library = tmp_path / "workbench_packed_step_x.so"
+    assert not cpu_kernel._load_built(library)  # none yet
+    library.write_bytes(b"not a shared library: a link killed midway")
+    assert not cpu_kernel._load_built(library)
+    (tmp_path / "lock").touch()
+    assert not cpu_kernel._load_built(library)
+
+
 def test_a_forced_variant_is_the_one_built(monkeypatch):
     monkeypatch.setenv(ENV_VARIANT, "avx2-pf0")
     _fresh_state(monkeypatch)

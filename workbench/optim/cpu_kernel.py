@@ -26,8 +26,9 @@ use never tunes.
 
 It is compiled with ``torch.utils.cpp_extension.load`` on the first call of :func:`available` into
 torch's extension cache (``$TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), where
-later processes find it built. Without a working C++ compiler :func:`available` warns once and
-returns False, and :func:`kernel_update` runs its fallback (the ``torch.compile``d step).
+later processes find it built, from any checkout and venv with the same sources, torch and compiler.
+Without a working C++ compiler :func:`available` warns once and returns False, and :func:`kernel_update`
+runs its fallback (the ``torch.compile``d step).
 ``WORKBENCH_CPU_KERNEL=0`` in the environment turns the kernel off.
 """
 
@@ -146,17 +147,37 @@ def load_variant(variant: Variant | str) -> Callable:
     if reason := unusable_reason(variant):
         raise ValueError(reason)
     name = extension_name(variant)
-    wait_for_build_lock(Path(cpp_extension._get_build_directory(name, False)) / "lock")
-    cpp_extension.load(
-        name=name, sources=[str(SOURCE)], extra_cflags=build_flags(variant),
-        extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False,
-    )
+    folder = Path(cpp_extension._get_build_directory(name, False))
+    if not _load_built(folder / f"{name}{cpp_extension.LIB_EXT}"):
+        wait_for_build_lock(folder / "lock")
+        cpp_extension.load(
+            name=name, sources=[str(SOURCE)], extra_cflags=build_flags(variant),
+            extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False,
+        )
     # under fake tensors (CalcGraph's plan of a step) the in-place update allocates nothing
     if name not in _FAKES:
         torch.library.register_fake(f"{name}::step")(_allocates_nothing)
         _FAKES.add(name)
     _LOADED[variant.name] = getattr(torch.ops, name).step.default
     return _LOADED[variant.name]
+
+
+def _load_built(library: Path) -> bool:
+    """Load a build finished earlier under this name (its sources, flags, torch and compiler: `extension_name`);
+    False where there is none, one is under way (torch's lock beside it) or it does not load.
+
+    # NOTE: not left to cpp_extension.load: its ninja file holds the source's and torch's include paths, so a
+    # checkout in another folder or with another venv (every CI run, the browser test's copy of the repo) compiled
+    # the same kernel again: 44 s on the 2-core EPYC, once per notebook build from a fresh clone and per variant
+    # in the tests
+    """
+    if not library.is_file() or (library.parent / "lock").exists():
+        return False
+    try:
+        torch.ops.load_library(str(library))
+    except OSError:  # a build killed while linking: built again
+        return False
+    return True
 
 
 def _build() -> None:

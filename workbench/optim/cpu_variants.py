@@ -226,9 +226,14 @@ def build_flags(variant: Variant) -> list[str]:
 
 def extension_name(variant: Variant) -> str:
     """The build's name in torch's extension cache (and its op namespace): the variant and a digest of the
-    sources and flags, so two checkouts with different kernels never share (and keep rebuilding) one build."""
+    sources, the flags, torch's version and the compiler, so two checkouts with different kernels never share (and
+    keep rebuilding) one build, and a build found under this name was made from these (``cpu_kernel.load_variant``
+    loads it without asking ninja)."""
+    import torch
+
     digest = hashlib.sha256(source_digest().encode())
     digest.update(" ".join(build_flags(variant)).encode())
+    digest.update(f"\0{torch.__version__}\0{os.environ.get('CXX', 'c++')}".encode())
     return f"workbench_packed_step_{variant.slug}_{digest.hexdigest()[:10]}"
 
 
