@@ -4,7 +4,8 @@
   peer models): the advisor's prediction and PyTorch's `MemTracker` under fake tensors
   (torch.distributed._tools.mem_tracker) on the same program, each against `AllocatorMeter` over it, with the
   seconds each took per configuration answered (MemTracker answers one per run, the advisor every candidate at
-  every batch from one planning); DeepSpeed's model-state estimate where deepspeed is installed.
+  every batch from one planning; MemTracker's two traces run side by side in forked processes, as the advisor's
+  do); DeepSpeed's model-state estimate where deepspeed is installed.
 - Largest batch for a budget (fp32's real peak at twice the user's batch, the margin added; the suite's budget
   fits no fp32 batch of most models): the advisor's (zero trials) against accelerate's `find_executable_batch_size`
   and Lightning's `Tuner.scale_batch_size` (power, binsearch), whose trials run under a `BudgetGuard` (it
@@ -14,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib.util
 import time
@@ -24,7 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from workbench.advisor import Advice
 from workbench.calcgraph import search_max, training_program
-from workbench.calcgraph.forked import worker_count
+from workbench.calcgraph.forked import run_forked, worker_count
 from workbench.experiments.calcgraph.peers import _accelerate, _lightning
 from workbench.measure import AllocatorMeter
 
@@ -66,6 +68,12 @@ def memtracker_program_peak(advice: Advice, config: str, batch_size: int) -> int
     return int(sum(v["Total"] for v in tracker.get_tracker_snapshot("peak").values()))
 
 
+def _timed_memtracker(advice: Advice, batch_size: int) -> tuple[int, float]:
+    """`memtracker_program_peak` of the fp32 program at `batch_size`, and the seconds it took."""
+    start = time.perf_counter()
+    return memtracker_program_peak(advice, "fp32", batch_size), time.perf_counter() - start
+
+
 def _advisor_peak(advice: Advice, batch_size: int) -> int:
     """The allocator's peak of the advisor's own fp32 program (torch's fused AdamW) at `batch_size`."""
     return metered_run(advice, "fp32", batch_size).peak_bytes
@@ -97,14 +105,16 @@ def peer_table(name: str, advice: Advice, *, width: float, image_size: int, star
     # so both answer for one program, against one allocator run of it, at the suite's batch and at one calibration
     # never ran; the advisor's seconds are its whole planning over every candidate, shared out per candidate
     planned = sum(advice.planning_seconds.values())
-    for size in (b, 3 * b):
+    sizes = (b, 3 * b)
+    forked = run_forked([functools.partial(_timed_memtracker, advice, size) for size in sizes])
+    for size, traced in zip(sizes, forked, strict=True):
         answers = [("advisor (fp32 row)", advice._by_name["fp32"].peak(size), planned / len(advice.table),
                     len(advice.table), f"CalcGraph plan, calibrated; seconds: planning every candidate (traces in "
                     f"{worker_count()} processes), per candidate")]
-        start = time.perf_counter()
-        try:
-            answers.append(("torch MemTracker (fake tensors)", memtracker_program_peak(advice, "fp32", size),
-                            time.perf_counter() - start, 1, "the same program, traced at this batch"))
+        try:  # a trace no worker made (one process, or it failed there) is made here
+            peak, seconds = traced or _timed_memtracker(advice, size)
+            answers.append(("torch MemTracker (fake tensors)", peak, seconds, 1, "the same program, traced at this "
+                            "batch" + (" in a forked process beside the other batch's" if traced else "")))
         except Exception as error:  # noqa: BLE001 - a peer that cannot trace this model is a row that says so
             answers.append(("torch MemTracker (fake tensors)", None, None, 0,
                             f"failed: {type(error).__name__}: {error}"[:200]))
