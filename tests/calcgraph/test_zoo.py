@@ -95,3 +95,15 @@ def test_a_case_refused_for_cudnn_s_rnn_kernels_is_planned_again_without_them(mo
     first, again = table.iloc[0], table.iloc[1]
     assert "stand-in" in first["refused"] and math.isnan(first["error"])
     assert isinstance(again["refused"], float) and -0.02 <= again["error"] <= 0.05 and again["held_out"]
+
+
+def test_a_factory_that_deep_copies_its_layers_is_planned_without_torch_s_warning():
+    """Issue 43: nn.TransformerEncoder deep-copies its layer, and the plan's look at the factory (built under fake
+    tensors) made torch warn of a fake tensor's data pointer, in red in the calcgraph notebook's zoo cell."""
+    import warnings
+
+    case = ZOO["transformer encoder"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        plan_training(case.build, case.shape, loss=case.loss, optimizer=case.optimizer, calibrate=False)
+    assert not [str(w.message)[:120] for w in seen if "data pointer" in str(w.message)]

@@ -70,6 +70,20 @@ def test_a_peer_imports_without_torch_s_log_lines():
     assert "register_constant" in plain.stderr  # what it hides (fails once torch or torchao stop logging it)
 
 
+def test_table2_s_t5_builds_without_torch_s_log_lines():
+    """Issue 43: transformers imports torchao with its T5 model, so Table 2's cell printed the same red deprecation
+    (found in the cpu build at 5927592); a fresh interpreter builds the T5 without a line."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    code = ("from workbench.experiments.packed_bit_optimizers.table2 import T5Classifier, flan_t5_config\n"
+            "T5Classifier(flan_t5_config(64, 1))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "register_constant" not in done.stderr and "Failed to load" not in done.stderr, done.stderr
+
+
 def test_flashoptim_reads_cuda_only_on_a_cpu_and_its_cpu_path_runs():
     """Issue 46: FlashOptim's own format (int8 moments, 24-bit master, fused) is a row that says it needs CUDA, never a
     gap; the one path its constructor allows on a CPU (bf16 moments, no error bits, unfused) is measured beside it."""

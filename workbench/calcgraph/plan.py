@@ -134,7 +134,10 @@ def _refuse_meta_factory(build: Callable[[], nn.Module]) -> None:
     model (see `program._build_model`), but the program it plans cannot run (meta tensors hold no values and
     cannot be copied to a device). Built under fake tensors: no memory."""
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu"):
+        # NOTE: a factory that deep-copies a layer (nn.TransformerEncoder's clones) makes torch's Tensor.__deepcopy__
+        # read a fake tensor's data pointer, which torch warns of in red; this build is only looked at, never run
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu"), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor", category=UserWarning)
             model = build()
     except Exception:  # noqa: BLE001 - the trace builds it again and names what fails
         return

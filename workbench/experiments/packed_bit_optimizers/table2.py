@@ -33,6 +33,7 @@ from workbench.measure import time_interleaved
 from workbench.timing import kernel_seconds
 
 from .peak_memory import measure_peak, parse_format
+from .peer_import import import_peer
 from .device_memory import used_memory
 from .step_times import _training_step, paired_ratio
 
@@ -73,9 +74,9 @@ class T5Classifier(nn.Module):
 
     def __init__(self, config) -> None:
         super().__init__()
-        from transformers import T5ForSequenceClassification
-
-        self.t5 = T5ForSequenceClassification(config)
+        # its module imported with torch's and torchao's import-time log lines held back (`import_peer`): transformers
+        # imports torchao with it, which logs a deprecation in red in the notebook (issue 43)
+        self.t5 = import_peer("transformers.models.t5.modeling_t5").T5ForSequenceClassification(config)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.t5(input_ids=tokens).logits
