@@ -84,3 +84,6 @@ def test_the_cpu_table_times_the_optimizer_step_beside_the_kernel(one_thread):
     assert (df["ratio"] > 0).all() and (df["ratio_lo"] <= df["ratio_hi"]).all() and df["load_before"].notna().all()
     # a notebook profile names bf16 moments in the format's text
     assert _config("bf16+8 bf16 states")[1] == {"state_dtype": torch.bfloat16}
+    # and the master rounding (issue 46: nearest's step timed beside truncation's)
+    assert _config("bf16+8 nearest bf16 states")[1] == {"master_rounding": "nearest", "state_dtype": torch.bfloat16}
+    assert _config("bf16+8")[1] == {}

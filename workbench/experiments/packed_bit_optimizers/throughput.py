@@ -101,12 +101,14 @@ def _peers() -> list[tuple[str, Callable, torch.dtype, float]]:
 
 
 def _config(cfg) -> tuple:
-    """(packed Format, PackedAdamW options) of a config: a format name ('bf16+8', 'fp16+13 SR', with ' bf16
-    states' after it for bf16 moments: a notebook profile's form) or ``(dtype name, extra bits[, options])``."""
+    """(packed Format, PackedAdamW options) of a config: a format name ('bf16+8', 'fp16+13 SR', 'bf16+8 nearest', with
+    ' bf16 states' after it for bf16 moments: a notebook profile's form) or ``(dtype name, extra bits[, options])``."""
     if isinstance(cfg, str):
         name = cfg.removesuffix(" bf16 states")
         fmt = parse_format(name)
         options = {"stochastic_rounding": True} if fmt.stochastic_rounding else {}
+        if fmt.master_rounding != "truncate":  # 'bf16+8 nearest'
+            options["master_rounding"] = fmt.master_rounding
         if name != cfg:
             options["state_dtype"] = torch.bfloat16
     else:
