@@ -3,6 +3,8 @@ loop runs it (new gradient tensors each step) with the kernel alone beside it, t
 the bytes counted per step, the bandwidth-share ratio the ledger reads, and the figures' toy-scale mark
 (Memory Efficient Mixed Precision Optimizers, Lewandowski & Kosson)."""
 
+import importlib.util
+
 import matplotlib.pyplot as plt
 import pytest
 import torch
@@ -87,3 +89,22 @@ def test_the_cpu_table_times_the_optimizer_step_beside_the_kernel(one_thread):
     # and the master rounding (issue 46: nearest's step timed beside truncation's)
     assert _config("bf16+8 nearest bf16 states")[1] == {"master_rounding": "nearest", "state_dtype": torch.bfloat16}
     assert _config("bf16+8")[1] == {}
+
+
+def test_the_command_times_each_tensor_count_and_names_flashoptim_cuda_only_on_a_cpu(tmp_path, one_thread):
+    """Issue 46: the kernels part's tables in 64 and in 512 tensors (here 2 and 4), the CSV written after each, and
+    FlashOptim's own format a row that says it needs CUDA, never a gap."""
+    import pandas as pd
+
+    from workbench.experiments.packed_bit_optimizers import throughput
+
+    csv = tmp_path / "k.csv"
+    throughput.main(["--sizes", "4096", "--tensors", "2", "4", "--threads", "1", "--repeats", "2", "--configs",
+                     "bf16+8", "--peers", "--no-backward", "--csv", str(csv)])
+    df = pd.read_csv(csv)
+    assert sorted(set(df["n_tensors"])) == [2, 4]
+    assert (df.groupby("n_tensors")["method"].apply(list).apply(len) == len(df) // 2).all()
+    flash = df[df["method"].str.startswith("FlashOptim")]
+    if importlib.util.find_spec("flashoptim") is not None and not torch.cuda.is_available():
+        assert len(flash) == 2 and flash["method"].str.endswith("[unavailable: CUDA only]").all()
+        assert flash["median_s"].isna().all() and (flash["bytes_per_param"] == 12.25).all()

@@ -160,6 +160,8 @@ def test_the_kernels_command_is_the_benchmark_s_own(capsys):
         assert command[1] == module and all(f in shown for f in command if f.startswith("--"))
     full = gpu_parts.kernels_command("cuda", repo_root() / "k.csv")
     assert full[full.index("--sizes") + 1] == "100000000" and "--compiled-too" in full
+    # 64 tensors and 512, where a step that launches once per parameter shows (issue 46)
+    assert full[full.index("--tensors") + 1:full.index("--csv")] == ["64", "512"]
     configs = full[full.index("--configs") + 1:full.index("--peers")]
     speed = importlib.import_module(module)
     assert len(configs) >= 8 and all(speed._config(c)[0].packed for c in configs)

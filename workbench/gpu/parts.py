@@ -9,7 +9,8 @@ minutes on an H100 (from the 2026-11-26 run's logs where they say; `part.json` r
 - `tests`, about 1.5: every CUDA-only test (`pytest -m cuda`, about 42 tests, most of them Triton kernel builds, on 8
   pytest-xdist workers; 84 s on 2026-11-27 beside the memory part). Files: tests.log, tests.xml (JUnit),
   tests-<device>.tar.gz.
-- `kernels`, about 2 (121 s on 2026-11-27): the packed throughput table at 1e8 parameters in 64 tensors,
+- `kernels`, about 2 (121 s on 2026-11-27, in 64 tensors alone; 512 tensors added since, not yet timed): the packed
+  throughput table at 1e8 parameters in 64 tensors and again in 512,
   eleven widths (byte planes, dense words with and without SR, fp16, bf16 moments), the peers and each
   format's compiled step (`kernels_command`; the notebook's Fig 3 cell timed 3 widths at this size, compiled
   too, in 17 s there). Files: kernels.log, kernels.csv, kernels.backward.csv, kernels-<device>.tar.gz.
@@ -57,13 +58,14 @@ def kernels_command(device: str, csv: Path, *, smoke: bool = False) -> list[str]
 
     # NOTE: the one place that names it: when the benchmark's command line changes, change it here only.
     """
-    size, tensors = (65_536, 4) if smoke else (100_000_000, 64)
+    size, tensors = (65_536, ["4"]) if smoke else (100_000_000, ["64", "512"])
     command = ["-m", "workbench.experiments.packed_bit_optimizers.throughput", "--device", device, "--sizes", str(size),
-               "--tensors", str(tensors), "--csv", str(csv)]
+               "--tensors", *tensors, "--csv", str(csv)]
     if smoke:
         return command + ["--threads", "1", "--repeats", "2", "--no-backward"]
     # Every kind of width the Triton step takes (byte planes 8/16, dense words with and without stochastic
-    # rounding, fp16), bf16 moments for the 1.4x target, then the peers and each format's compiled step.
+    # rounding, fp16), bf16 moments for the 1.4x target, then the peers (FlashOptim among them) and each format's
+    # compiled step; in 64 tensors, then in 512, where a step that launches once per parameter shows (issue 46).
     configs = ["bf16+8", "bf16+16", "bf16+8 bf16 states", "bf16+1", "bf16+4", "bf16+7 SR", "bf16+12",
                "bf16+13 SR", "bf16+15 SR", "fp16+8", "fp16+13 SR"]
     return command + ["--repeats", "15", "--configs", *configs, "--peers", "--compiled-too"]

@@ -35,8 +35,10 @@ __all__ = ["JUPYTER_STACK", "ON_IMAGE", "IMAGE_VERSIONS", "NEVER_CARRIED", "stac
            "wheel_requirements", "download_wheels", "plan_install", "install_wheels"]
 
 # What running a notebook headlessly needs beyond PyTorch (papermill, the kernel, the HTML export), and the
-# optional peer that is pure Python; their dependencies are found from this environment's metadata.
-JUPYTER_STACK = ("papermill", "nbclient", "nbformat", "nbconvert", "ipykernel", "jupyter_client", "torch-optimi")
+# optional peers that are pure Python (FlashOptim: Triton kernels, CUDA only); their dependencies are found from this
+# environment's metadata.
+JUPYTER_STACK = ("papermill", "nbclient", "nbformat", "nbconvert", "ipykernel", "jupyter_client", "torch-optimi",
+                 "flashoptim")
 # NOTE: the workplace's CUDA image's package list (its KINDS.md, "Python packages already there", read
 # 2026-11-17). A requirement that only the image's Python has (a marker true on 3.12 but not here) must name
 # one of these. The versions are the few that list gives; the others are unknown until the machine answers.

@@ -97,6 +97,11 @@ def _peers() -> list[tuple[str, Callable, torch.dtype, float]]:
             from bitsandbytes.optim import AdamW8bit
             return AdamW8bit(ps)
         out.append(("bitsandbytes AdamW8bit (fp32 params)", bnb_8bit, torch.float32, 4 + 4 + 4 + 2 * 2))
+    if importlib.util.find_spec("flashoptim") is not None:
+        def flash(ps):  # its own format: bf16 weights + an 8-bit error term, 8-bit moments with an fp16 scale per 32
+            return import_peer("flashoptim").FlashAdamW(ps, lr=1e-3, quantize=True, master_weight_bits=24, fused=True)
+        out.append(("FlashOptim FlashAdamW (24-bit master, 8-bit moments)", flash, torch.bfloat16,
+                    2 + 2 + 1 + 1 + 2 + 2 * (1 + 1) + 2 * 2 * 2 / 32))
     return out
 
 
@@ -221,7 +226,9 @@ def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progre
                     _, step = training_step(make, sizes, dtype, device)
                     step()
             except Exception as e:  # noqa: BLE001 - a peer that cannot run here is a row that says so
-                methods.append((f"{name} [failed: {type(e).__name__}]", None, "", None, bpp, "step"))
+                why = "unavailable: CUDA only" if device.type != "cuda" and "CUDA" in str(e) else \
+                    f"failed: {type(e).__name__}"
+                methods.append((f"{name} [{why}]", None, "", None, bpp, "step"))
                 continue
             methods.append((name, None, "", step, bpp, "step"))
     runnable = [m for m in methods if m[3] is not None]
@@ -375,12 +382,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda (on CUDA --threads is ignored)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1 << 21, 1 << 24])
-    ap.add_argument("--tensors", type=int, default=8, help="the parameter count is split into this many tensors")
+    ap.add_argument("--tensors", type=int, nargs="+", default=[8],
+                    help="the parameter count is split into this many tensors (several: one table after another)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--configs", nargs="+", help="packed formats, e.g. bf16+8 bf16+12 'fp16+13 SR' "
                     "'bf16+8 bf16 states' (default: bf16+8, bf16+16, bf16+8 with bf16 states)")
-    ap.add_argument("--peers", action="store_true", help="add torchao / optimi / bitsandbytes rows")
+    ap.add_argument("--peers", action="store_true", help="add torchao / optimi / bitsandbytes / FlashOptim rows")
     ap.add_argument("--compiled-too", action="store_true",
                     help="also time each format's torch.compile'd step beside the hand-written kernel")
     ap.add_argument("--no-backward", action="store_true", help="skip the step-in-backward timing")
@@ -395,21 +403,24 @@ def main(argv: list[str] | None = None) -> None:
         from workbench.optim import tune_cpu_kernel
 
         tune_cpu_kernel.print_table(*tune_cpu_kernel.tune(threads=args.threads, numel=args.sizes[0],
-                                                          n_tensors=args.tensors, progress=True))
-    df = throughput_table(sizes=args.sizes, threads=args.threads, repeats=args.repeats, peers=args.peers,
-                          configs=args.configs or DEFAULT_CONFIGS,
-                          n_tensors=args.tensors, device=device, compiled_too=args.compiled_too)
-    cols = ["threads", "numel", "method", "median_s", "ratio_paired", "ratio_lo", "ratio_hi", "bandwidth_fraction",
-            "inarow_median_s", "ratio_inarow", "ratio_inarow_lo", "ratio_inarow_hi", "bandwidth_fraction_inarow",
-            "load_before", "load_after"]
+                                                          n_tensors=args.tensors[0], progress=True))
+    cols = ["threads", "numel", "n_tensors", "method", "median_s", "ratio_paired", "ratio_lo", "ratio_hi",
+            "bandwidth_fraction", "inarow_median_s", "ratio_inarow", "ratio_inarow_lo", "ratio_inarow_hi",
+            "bandwidth_fraction_inarow", "load_before", "load_after"]
     fmt = lambda v: f"{v:.4g}"  # noqa: E731
+    frames = []
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 48):
-        print(f"torch {torch.__version__}, device {device} ({df['cpu'].iloc[0]}; CPU kernel build "
-              f"{df['kernel_variant'].iloc[0]}), in-place update bandwidth (GB/s) by threads:",
-              df.groupby("threads")["memory_bandwidth"].first().div(1e9).round(2).to_dict())
-        print(df[cols].to_string(index=False, float_format=fmt))
-        if args.csv:
-            df.to_csv(args.csv, index=False)
+        for n_tensors in args.tensors:  # the CSV written after each: a run stopped by a deadline keeps the first
+            df = throughput_table(sizes=args.sizes, threads=args.threads, repeats=args.repeats, peers=args.peers,
+                                  configs=args.configs or DEFAULT_CONFIGS,
+                                  n_tensors=n_tensors, device=device, compiled_too=args.compiled_too)
+            print(f"torch {torch.__version__}, device {device} ({df['cpu'].iloc[0]}; CPU kernel build "
+                  f"{df['kernel_variant'].iloc[0]}), {n_tensors} tensors, in-place update bandwidth (GB/s) by threads:",
+                  df.groupby("threads")["memory_bandwidth"].first().div(1e9).round(2).to_dict())
+            print(df[cols].to_string(index=False, float_format=fmt), flush=True)
+            frames.append(df)
+            if args.csv:
+                pd.concat(frames, ignore_index=True).to_csv(args.csv, index=False)
         if not args.no_backward:
             threads = args.threads if device.type == "cpu" else [None]
             back = pd.concat([backward_step_ratio(threads=t, repeats=args.repeats, progress=False, device=device,
