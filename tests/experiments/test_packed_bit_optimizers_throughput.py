@@ -89,6 +89,7 @@ def test_the_cpu_table_times_the_optimizer_step_beside_the_kernel(one_thread):
     # and the master rounding (issue 46: nearest's step timed beside truncation's)
     assert _config("bf16+8 nearest bf16 states")[1] == {"master_rounding": "nearest", "state_dtype": torch.bfloat16}
     assert _config("bf16+8")[1] == {}
+    assert _config("bf16+8 int8 states")[1] == {"state_dtype": torch.int8}
 
 
 def test_the_command_times_each_tensor_count_and_names_flashoptim_cuda_only_on_a_cpu(tmp_path, one_thread):

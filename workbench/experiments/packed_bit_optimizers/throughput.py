@@ -105,17 +105,22 @@ def _peers() -> list[tuple[str, Callable, torch.dtype, float]]:
     return out
 
 
+_STATES = {" bf16 states": torch.bfloat16, " int8 states": torch.int8}  # a config's moments other than fp32
+
+
 def _config(cfg) -> tuple:
     """(packed Format, PackedAdamW options) of a config: a format name ('bf16+8', 'fp16+13 SR', 'bf16+8 nearest', with
-    ' bf16 states' after it for bf16 moments: a notebook profile's form) or ``(dtype name, extra bits[, options])``."""
+    ' bf16 states' or ' int8 states' after it for bf16 or 8-bit moments: a notebook profile's form) or ``(dtype
+    name, extra bits[, options])``."""
     if isinstance(cfg, str):
-        name = cfg.removesuffix(" bf16 states")
+        states = next((dtype for suffix, dtype in _STATES.items() if cfg.endswith(suffix)), None)
+        name = cfg.removesuffix(" bf16 states").removesuffix(" int8 states")
         fmt = parse_format(name)
         options = {"stochastic_rounding": True} if fmt.stochastic_rounding else {}
         if fmt.master_rounding != "truncate":  # 'bf16+8 nearest'
             options["master_rounding"] = fmt.master_rounding
-        if name != cfg:
-            options["state_dtype"] = torch.bfloat16
+        if states is not None:
+            options["state_dtype"] = states
     else:
         fmt, options = parse_format(f"{cfg[0]}+{cfg[1]}"), dict(cfg[2]) if len(cfg) > 2 else {}
     if not fmt.packed:
@@ -193,7 +198,7 @@ def step_throughput(
 
 def _label(fmt, options: dict, backend: str) -> str:
     sr = bool(options.get("stochastic_rounding", False))
-    states = " bf16 states" if options.get("state_dtype") == torch.bfloat16 else ""
+    states = next((suffix for suffix, dtype in _STATES.items() if options.get("state_dtype") == dtype), "")
     return f"Packed AdamW {fmt.name.removesuffix(' SR')}{' SR' if sr else ''}{states} fused {backend.replace('_', ' ')}"
 
 
@@ -387,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--configs", nargs="+", help="packed formats, e.g. bf16+8 bf16+12 'fp16+13 SR' "
-                    "'bf16+8 bf16 states' (default: bf16+8, bf16+16, bf16+8 with bf16 states)")
+                    "'bf16+8 bf16 states' 'bf16+8 int8 states' (default: bf16+8, bf16+16, bf16+8 with bf16 states)")
     ap.add_argument("--peers", action="store_true", help="add torchao / optimi / bitsandbytes / FlashOptim rows")
     ap.add_argument("--compiled-too", action="store_true",
                     help="also time each format's torch.compile'd step beside the hand-written kernel")
