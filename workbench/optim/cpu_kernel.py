@@ -4,11 +4,11 @@ Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers", sect
 16-bit value with its extra bits, update in fp32, split back ("16bits only mixed-precision"), over a
 group's parameters as one stream of values (the "Fused" optimizers, 8 and 16 extra bits).
 
-The kernel (``csrc/packed_step.cpp``) runs :func:`workbench.optim.update.packed_update` for byte-plane
-formats (8 or 16 stored bits: bf16+8, bf16+16, fp16+8, and bf16+7 / bf16+15 / fp16+7 with stochastic
-rounding; and bf16+0 / fp16+0, no stored bits), Adam(W) or SGD, fp32, bf16 or 8-bit states (``quantized``, in
-groups of 32: ``csrc/packed_int8.h``), truncated or
-stochastic master rounding, in one vectorised loop (``at::vec::Vectorized``, AVX512 or AVX2) split over threads with
+The kernel (``csrc/packed_step.cpp`` and ``csrc/packed_bf16.cpp`` over ``csrc/packed_kernel.h``) runs
+:func:`workbench.optim.update.packed_update` for byte-plane formats (8 or 16 stored bits: bf16+8, bf16+16, fp16+8,
+and bf16+7 / bf16+15 / fp16+7 with stochastic rounding; and bf16+0 / fp16+0, no stored bits), Adam(W) or SGD,
+fp32, bf16 or 8-bit states (``quantized``, in groups of 32: ``csrc/packed_int8.h``), truncated, stochastic or nearest
+master rounding, in one vectorised loop (``at::vec::Vectorized``, AVX512 or AVX2) split over threads with
 ``at::parallel_for``, each stream prefetched ahead; on AVX512 CPUs that have them, byte permutes (VBMI)
 assemble and split the bf16 master values and vcvtneps2bf16 (BF16) stores bf16 moments.
 It gives the eager step's bits: the same operations in the same order, each rounded once, ATen's rules
@@ -59,7 +59,9 @@ __all__ = ["available", "build_flags", "extension_name", "kernel_update", "load_
 # bytes per parameter against torch's 28: inductor tiles 16 fp32 lanes against the mixed fp32/bf16
 # stores and writes the uint8 byte planes with masked stores. Here every byte is read and written once
 # per step in one loop, and the division by sqrt(1 - beta2**t) leaves the divider (see packed_vec.h).
-SOURCE = Path(__file__).resolve().parent / "csrc" / "packed_step.cpp"  # includes packed_vec.h, packed_io.h
+# the op with the fp16 formats, and the bf16 formats: two translation units over packed_kernel.h's templates, which
+# ninja compiles side by side (one per core)
+SOURCES = [Path(__file__).resolve().parent / "csrc" / name for name in ("packed_step.cpp", "packed_bf16.cpp")]
 
 _STATE: dict[str, Any] = {"tried": False, "ok": False, "error": None, "variant": None, "source": None, "op": None}
 _LOADED: dict[str, Any] = {}  # variant name -> its step op, for each build loaded in this process
@@ -151,7 +153,7 @@ def load_variant(variant: Variant | str) -> Callable:
     if not _load_built(folder / f"{name}{cpp_extension.LIB_EXT}"):
         wait_for_build_lock(folder / "lock")
         cpp_extension.load(
-            name=name, sources=[str(SOURCE)], extra_cflags=build_flags(variant),
+            name=name, sources=[str(path) for path in SOURCES], extra_cflags=build_flags(variant),
             extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False,
         )
     # under fake tensors (CalcGraph's plan of a step) the in-place update allocates nothing

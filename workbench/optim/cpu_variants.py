@@ -216,7 +216,11 @@ def parse_variant(text: str, default: Variant | None = None) -> Variant:
 
 def build_flags(variant: Variant) -> list[str]:
     """The C++ compiler flags of a variant's build (the defines packed_step.cpp reads, the ISA's flags)."""
-    flags = ["-O3", "-fopenmp", "-ffp-contract=off", *_ARCH_FLAGS[variant.isa]]
+    # NOTE: hidden visibility: torch loads each build's library into the global symbol scope (RTLD_GLOBAL), and the
+    # inline helpers and ATen's vector templates of two variants (other ISA flags, one mangled name) must not bind
+    # to each other's code (an AVX512 build exported them as weak symbols)
+    flags = ["-O3", "-fopenmp", "-ffp-contract=off", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
+             *_ARCH_FLAGS[variant.isa]]
     flags += ["-mavx512vbmi"] if variant.vbmi else []
     flags += ["-mavx512bf16"] if variant.bf16 else []
     flags += ["-mprfchw"] if variant.prefetch and variant.hint == "w" else []
