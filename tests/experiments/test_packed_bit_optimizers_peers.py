@@ -54,34 +54,31 @@ def test_peer_table_bytes_and_missing_peers(monkeypatch):
     assert df.loc[df["available"], "acc_mean"].between(0, 100).all()
 
 
-def test_a_peer_imports_without_torch_s_log_lines():
+_QUIET_IMPORTS = {
+    "torchao": "from workbench.experiments.packed_bit_optimizers.peer_import import import_peer\n"
+               "import_peer('torchao.optim').AdamW8bit\n",
+    # transformers imports torchao with its T5 model: Table 2's cell printed the same lines (the cpu build at 5927592)
+    "transformers": "from workbench.experiments.packed_bit_optimizers.table2 import T5Classifier, flan_t5_config\n"
+                    "T5Classifier(flan_t5_config(64, 1))\n",
+}
+
+
+@pytest.mark.parametrize("library", sorted(_QUIET_IMPORTS))
+def test_a_peer_imports_without_torch_s_log_lines(library):
     """Issue 43: importing torchao printed torch's pytree deprecation (and torchao's CUDA-library failures on a CPU
     build) in red in the packed notebook; a fresh interpreter imports it through `import_peer` without a line."""
     import subprocess
     import sys
 
-    pytest.importorskip("torchao")
-    code = ("from workbench.experiments.packed_bit_optimizers.peer_import import import_peer\n"
-            "import_peer('torchao.optim').AdamW8bit\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    pytest.importorskip(library)
+    done = subprocess.run([sys.executable, "-c", _QUIET_IMPORTS[library]], capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     assert "register_constant" not in done.stderr and "Failed to load" not in done.stderr, done.stderr
-    plain = subprocess.run([sys.executable, "-c", "import torchao.optim"], capture_output=True, text=True, timeout=300)
-    assert "register_constant" in plain.stderr  # what it hides (fails once torch or torchao stop logging it)
-
-
-def test_table2_s_t5_builds_without_torch_s_log_lines():
-    """Issue 43: transformers imports torchao with its T5 model, so Table 2's cell printed the same red deprecation
-    (found in the cpu build at 5927592); a fresh interpreter builds the T5 without a line."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("transformers")
-    code = ("from workbench.experiments.packed_bit_optimizers.table2 import T5Classifier, flan_t5_config\n"
-            "T5Classifier(flan_t5_config(64, 1))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "register_constant" not in done.stderr and "Failed to load" not in done.stderr, done.stderr
+    if library == "torchao":
+        plain = subprocess.run([sys.executable, "-c", "import torchao.optim"], capture_output=True, text=True,
+                               timeout=300)
+        assert "register_constant" in plain.stderr  # what it hides (fails once torch or torchao stop logging it)
 
 
 def test_flashoptim_reads_cuda_only_on_a_cpu_and_its_cpu_path_runs():
