@@ -45,6 +45,7 @@ from workbench.optim.tune_cpu_kernel import training_step
 from .peak_memory import find_row, parse_format
 from .cpu_throughput import bytes_per_param
 from .peer_import import import_peer
+from .peers import FLASH, PeerUnavailable, make_peer
 
 __all__ = ["memory_bandwidth", "step_throughput", "steps_in_a_row", "throughput_share_ratio", "throughput_table",
            "backward_step_ratio", "main"]
@@ -97,10 +98,9 @@ def _peers() -> list[tuple[str, Callable, torch.dtype, float]]:
             from bitsandbytes.optim import AdamW8bit
             return AdamW8bit(ps)
         out.append(("bitsandbytes AdamW8bit (fp32 params)", bnb_8bit, torch.float32, 4 + 4 + 4 + 2 * 2))
-    if importlib.util.find_spec("flashoptim") is not None:
-        def flash(ps):  # its own format: bf16 weights + an 8-bit error term, 8-bit moments with an fp16 scale per 32
-            return import_peer("flashoptim").FlashAdamW(ps, lr=1e-3, quantize=True, master_weight_bits=24, fused=True)
-        out.append(("FlashOptim FlashAdamW (24-bit master, 8-bit moments)", flash, torch.bfloat16,
+    if importlib.util.find_spec("flashoptim") is not None:  # its own format, as the peers table builds it: bf16
+        # weights + an 8-bit error term, 8-bit moments with an fp16 scale per 32 (PeerUnavailable on a CPU)
+        out.append((FLASH, lambda ps: make_peer(FLASH, ps, lr=1e-3), torch.bfloat16,
                     2 + 2 + 1 + 1 + 2 + 2 * (1 + 1) + 2 * 2 * 2 / 32))
     return out
 
@@ -113,14 +113,13 @@ def _config(cfg) -> tuple:
     ' bf16 states' or ' int8 states' after it for bf16 or 8-bit moments: a notebook profile's form) or ``(dtype
     name, extra bits[, options])``."""
     if isinstance(cfg, str):
-        states = next((dtype for suffix, dtype in _STATES.items() if cfg.endswith(suffix)), None)
-        name = cfg.removesuffix(" bf16 states").removesuffix(" int8 states")
-        fmt = parse_format(name)
+        states = next((suffix for suffix in _STATES if cfg.endswith(suffix)), "")
+        fmt = parse_format(cfg.removesuffix(states))
         options = {"stochastic_rounding": True} if fmt.stochastic_rounding else {}
         if fmt.master_rounding != "truncate":  # 'bf16+8 nearest'
             options["master_rounding"] = fmt.master_rounding
-        if states is not None:
-            options["state_dtype"] = states
+        if states:
+            options["state_dtype"] = _STATES[states]
     else:
         fmt, options = parse_format(f"{cfg[0]}+{cfg[1]}"), dict(cfg[2]) if len(cfg) > 2 else {}
     if not fmt.packed:
@@ -230,10 +229,11 @@ def _step_throughput(numel, n_tensors, configs, device, repeats, compile, progre
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                     _, step = training_step(make, sizes, dtype, device)
                     step()
+            except PeerUnavailable as e:  # it says why ("unavailable: CUDA only (...)")
+                methods.append((f"{name} [{e}]", None, "", None, bpp, "step"))
+                continue
             except Exception as e:  # noqa: BLE001 - a peer that cannot run here is a row that says so
-                why = "unavailable: CUDA only" if device.type != "cuda" and "CUDA" in str(e) else \
-                    f"failed: {type(e).__name__}"
-                methods.append((f"{name} [{why}]", None, "", None, bpp, "step"))
+                methods.append((f"{name} [failed: {type(e).__name__}]", None, "", None, bpp, "step"))
                 continue
             methods.append((name, None, "", step, bpp, "step"))
     runnable = [m for m in methods if m[3] is not None]
