@@ -72,6 +72,10 @@ def _storages(tree, keep: Callable[[torch.Tensor], bool] = lambda tensor: True) 
 # NOTE: `torch.tensor(data)` builds its tensor without an op and then hands it to `lift_fresh` (under a dispatch
 # mode): that storage is new although the op received it (AdamW's step counters, 4 bytes a parameter)
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
+# NOTE: a fake tensor's device is asked through the dispatcher (`prim.device`) each time C++ code reads it: in a
+# traced ResNet-50 step 4,938 of 8,643 calls (57%), each one through this mode's Python. It creates no storage: it
+# passes straight through, neither counted nor recorded as a call
+_PRIM_DEVICE = torch.ops.prim.device.default
 
 
 class LiveStorageMode(TorchDispatchMode):
@@ -130,6 +134,8 @@ class LiveStorageMode(TorchDispatchMode):
             self._released(key, nbytes)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _PRIM_DEVICE:
+            return func(*args)
         kwargs = kwargs or {}
         op = self.in_place.op_for(func, args, kwargs)
         out = self._counted(op, args, kwargs)
