@@ -2,7 +2,9 @@
 device's used memory beside the tensor peak, of the packed-bit notebook (Lewandowski & Kosson, section 4)."""
 
 import math
+import warnings
 
+import matplotlib.pyplot as plt
 import pytest
 import torch
 
@@ -14,10 +16,15 @@ from workbench.experiments.packed_bit_optimizers import (
     device_memory_by_format,
     flan_t5_config,
     fused_backward,
+    make_model,
     memory_by_format,
+    parse_format,
+    plot_fused_backward,
     t5_available,
     used_memory,
 )
+from workbench.experiments.packed_bit_optimizers.peers import FLASH, FLASH_PLAIN, make_peer, peer_label, peer_peak
+from workbench.measure import MemoryMeter
 from workbench.models import MLP
 
 needs_t5 = pytest.mark.skipif(not t5_available(), reason="Table 2's T5 needs transformers (pip install transformers)")
@@ -53,7 +60,7 @@ def test_without_transformers_the_refusal_names_the_install(monkeypatch):
 
 @needs_t5
 def test_fused_backward_records_the_ceiling_kernel_time_and_device_columns(one_thread):
-    df = fused_backward(d_model=64, layers=1, batch=2, seq=8, steps=1, repeats=2, progress=False)
+    df = fused_backward(d_model=64, layers=1, batch=2, seq=8, steps=1, repeats=2, progress=False, peers=())
     assert list(df["step_in_backward"]) == [False, True]
     base, sib = df.iloc[0], df.iloc[1]
     assert sib["peak_bytes"] < base["peak_bytes"] and sib["peak_phase"] in {"forward", "backward", "end"}
@@ -111,3 +118,88 @@ def test_without_transformers_the_notebook_shows_table2_as_not_run():
     rows = claims.ledger({"fused_backward": pd.DataFrame()}, {}, device="cpu", device_class="cpu", verdicts=True).rows
     table2 = [r for r in rows if "(Table 2" in r["claim"]]
     assert len(table2) == 3 and all(r["verdict"] == "not run at this scale" for r in table2)
+
+
+def _flash_plain_peak(model_fn, batches, *, in_backward: bool, optimizer: str) -> int:
+    """The peak of FlashOptim's CPU path written out with its own API around MemoryMeter (parameters added from
+    their sizes, as measure_peak counts them), not through the peer helpers."""
+    import flashoptim
+
+    torch.manual_seed(0)
+    model = make_model(model_fn, parse_format("bf16"), "cpu")
+    cls, extra = (flashoptim.FlashSGD, {"momentum": 0.9}) if optimizer == "sgd" else (flashoptim.FlashAdamW, {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        opt = cls(model.parameters(), lr=1e-3, weight_decay=0.0, quantize=False, master_weight_bits=None,
+                  fused=False, **extra)
+    release = flashoptim.enable_gradient_release(model, opt) if in_backward else None
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    with MemoryMeter("cpu") as meter:
+        for x, y in batches:
+            torch.nn.functional.cross_entropy(model(x).float(), y).backward()
+            if release is None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    if release is not None:
+        release.remove()
+    return params + meter.peak_bytes
+
+
+@needs_t5
+def test_flashoptim_rows_beside_table_2_cuda_only_on_a_cpu_and_its_cpu_path_measured(one_thread):
+    pytest.importorskip("flashoptim")
+    df = fused_backward(d_model=64, layers=1, batch=2, seq=8, steps=1, repeats=2, progress=False,
+                        peers=(FLASH, FLASH_PLAIN))
+    assert list(df["format"]) == ["fp32", "fp32", FLASH, FLASH, FLASH_PLAIN, FLASH_PLAIN]
+    flash = df[df["format"] == FLASH]
+    assert not flash["available"].any() and flash["note"].str.startswith("unavailable: CUDA only").all()
+    assert flash["peak_bytes"].isna().all() and flash["step_s"].isna().all()
+    plain = df[df["format"] == FLASH_PLAIN].reset_index(drop=True)
+    assert plain["available"].all() and list(plain["step_in_backward"]) == [False, True]
+    # its own gradient release frees the gradients: the in-backward peak holds fewer of them, and is lower
+    assert plain.loc[1, "peak_gradients"] < plain.loc[0, "peak_gradients"]
+    assert plain.loc[1, "peak_bytes"] < plain.loc[0, "peak_bytes"] and plain.loc[0, "peak_ratio"] == 1.0
+    assert plain.loc[1, "time_ratio_lo"] <= plain.loc[1, "time_ratio"] <= plain.loc[1, "time_ratio_hi"]
+    fig = plot_fused_backward(df)
+    assert "not run: " + FLASH in fig.get_suptitle() and len(fig.axes[0].patches) == 4
+    plt.close(fig)
+
+
+@needs_t5
+def test_the_peer_rows_peak_is_the_peak_of_its_own_loop(one_thread):
+    pytest.importorskip("flashoptim")
+    config = flan_t5_config(64, 1)
+    batches = table2._token_batches(config.vocab_size, 2, 8, 2, seed=0)
+
+    def model_fn():
+        torch.manual_seed(0)
+        return T5Classifier(config)
+
+    for sib in (False, True):
+        row = peer_peak(FLASH_PLAIN, model_fn, batches, in_backward=sib, lr=1e-3)
+        assert row["peak_bytes"] == _flash_plain_peak(model_fn, batches, in_backward=sib, optimizer="adamw")
+
+
+def test_table_3_peers_run_their_sgd_form_and_say_why_not(one_thread):
+    pytest.importorskip("flashoptim")
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(2, 16, generator=gen), torch.randint(4, (2,), generator=gen)) for _ in range(2)]
+
+    def mlp():
+        torch.manual_seed(0)
+        return MLP(sizes=(16, 16, 4), activation="relu")
+
+    df = device_memory_by_format(mlp, batches, formats=["amp"], progress=False,
+                                 peers=[FLASH, FLASH_PLAIN, "optimi bf16 + Kahan"], in_backward=(False,))
+    rows = df.set_index("format")
+    assert list(df["format"]) == ["amp", peer_label(FLASH, "sgd"), peer_label(FLASH_PLAIN, "sgd"),
+                                  "optimi bf16 + Kahan"]
+    assert peer_label(FLASH, "sgd") == "FlashOptim FlashSGD (24-bit master, 8-bit momentum)"
+    assert rows.loc[peer_label(FLASH, "sgd"), "note"].startswith("unavailable: CUDA only")
+    assert rows.loc["optimi bf16 + Kahan", "note"] == "optimi: only its AdamW is set up here"
+    plain = rows.loc[peer_label(FLASH_PLAIN, "sgd")]
+    params = sum(p.numel() for p in mlp().parameters())
+    # its CPU path keeps the momentum at the weights' precision: 2 bytes a parameter, nothing else
+    assert plain["available"] and plain["peak_optimizer_state"] == 2 * params
+    assert plain["peak_bytes"] == _flash_plain_peak(mlp, batches, in_backward=False, optimizer="sgd")
+    assert isinstance(make_peer("torch fp32", mlp().parameters(), lr=0.1, optimizer="sgd"), torch.optim.SGD)

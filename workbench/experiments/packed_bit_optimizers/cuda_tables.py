@@ -4,7 +4,8 @@ Paper: Lewandowski & Kosson, "Memory Efficient Mixed Precision Optimizers": Fig 
 a dummy MLP, here 8192 x 8 layers (0.47e9 parameters)), Table 3's memory rows (ResNet-18 at width 64,
 batch 256, tensor peak and the device's used memory), Fig 3 (AdamW step throughput at 1e8 parameters,
 the compiled Triton step against ``torch.optim.AdamW(fused=True)``), Table 2 (transformers' T5 with
-flan-T5 large's shape, batch 16 x 128 tokens, with the step inside backward). ``meter`` checks
+flan-T5 large's shape, batch 16 x 128 tokens, with the step inside backward); Tables 2 and 3 with FlashOptim's
+rows beside them (FlashAdamW, FlashSGD for Table 3, in its own format and gradient release). ``meter`` checks
 :class:`~workbench.measure.MemoryMeter` on CUDA: the allocator's peak of a ResNet-18 training step
 against the tensor bytes the same step allocates (tracked on CUDA, and on the CPU).
 
@@ -28,8 +29,9 @@ from workbench.data import make_loader, synthetic_images
 from workbench.measure import MemoryMeter
 from workbench.models import MLP, build
 
-from .peak_memory import memory_by_format
 from .device_memory import device_memory_by_format
+from .peak_memory import memory_by_format
+from .peers import FLASH
 from .throughput import DEFAULT_CONFIGS, backward_step_ratio, throughput_table
 from .table2 import fused_backward
 
@@ -96,7 +98,7 @@ def _table3(width: int, batch: int, formats: list[str]) -> pd.DataFrame:
     data = synthetic_images(batch * 2, shape=(3, 32, 32), num_classes=10, seed=0)
     batches = list(make_loader(data, batch, shuffle=False))
     return device_memory_by_format(lambda: build("resnet18", width=width / 64), batches, formats=formats,
-                                   optimizer="sgd", device="cuda", progress=False)
+                                   optimizer="sgd", device="cuda", progress=False, peers=(FLASH,))
 
 
 PARTS: dict[str, Callable[[argparse.Namespace], pd.DataFrame]] = {

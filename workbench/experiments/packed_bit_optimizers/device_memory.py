@@ -27,6 +27,7 @@ from torch import nn
 from workbench.dtype_probe import Fp16Probe
 
 from .peak_memory import Format, memory_by_format
+from .peers import PeerUnavailable, peer_label, peer_peak
 
 __all__ = ["DEVICE_COLUMNS", "device_memory_by_format", "used_memory"]
 
@@ -66,23 +67,39 @@ def device_memory_by_format(
     model_fn: Callable[[], nn.Module], batches: list[tuple[torch.Tensor, torch.Tensor]], *,
     formats: Iterable[str | Format], optimizer: str = "sgd", in_backward: Iterable[bool] = (False, True),
     lr: float = 0.01, device: torch.device | str = "cpu", progress: bool = True, fp16_on_slow_cpu: str = "fp16",
-    fp16_probe: Fp16Probe | None = None,
+    fp16_probe: Fp16Probe | None = None, peers: Iterable[str] = (),
 ) -> pd.DataFrame:
     """`memory_by_format` (the tensor peak, with its phase and categories) with `DEVICE_COLUMNS` beside each
     row: every (format, step in backward) run in its own `used_memory` block, the cache emptied between.
     ``fp16_on_slow_cpu`` and ``fp16_probe`` as `memory_by_format` (the bf16 twin where fp16 is slow on a CPU;
-    ``ran_as``, ``dtype_note``)."""
+    ``ran_as``, ``dtype_note``). ``peers`` (`peers.PEER_METHODS`): each method's rows after the formats', in its
+    own format with the step in backward its own way (`peers.peer_peak`); one that cannot run here has ``available``
+    False and the reason in ``note``."""
     from tqdm.auto import tqdm
 
-    runs = [(f, sib) for f in formats for sib in in_backward]
+    runs = [(f, sib, False) for f in formats for sib in in_backward]
+    runs += [(name, sib, True) for name in peers for sib in in_backward]
     frames = []
-    for fmt, sib in tqdm(runs, desc="memory", disable=not progress):
+    for fmt, sib, peer in tqdm(runs, desc="memory", disable=not progress):
         with used_memory(device) as reading:
-            df = memory_by_format(model_fn, batches, formats=[fmt], optimizer=optimizer, in_backward=[sib],
-                                  lr=lr, device=device, progress=False, fp16_on_slow_cpu=fp16_on_slow_cpu,
-                                  fp16_probe=fp16_probe)
+            if peer:
+                df = pd.DataFrame([_peer_row(fmt, model_fn, batches, sib, optimizer, lr, device)])
+            else:
+                df = memory_by_format(model_fn, batches, formats=[fmt], optimizer=optimizer, in_backward=[sib],
+                                      lr=lr, device=device, progress=False, fp16_on_slow_cpu=fp16_on_slow_cpu,
+                                      fp16_probe=fp16_probe).assign(available=True, note="")
         frames.append(df.assign(**reading))
     df = pd.concat(frames, ignore_index=True)
     amp = df[(df["format"] == "amp") & ~df["step_in_backward"]]["peak_bytes"]
     df["ratio_vs_amp"] = df["peak_bytes"] / amp.iloc[0] if len(amp) else math.nan
     return df
+
+
+def _peer_row(name: str, model_fn, batches, in_backward: bool, optimizer: str, lr: float, device) -> dict:
+    label = peer_label(name, optimizer)
+    try:
+        row = peer_peak(name, model_fn, batches, in_backward=in_backward, optimizer=optimizer, lr=lr, device=device)
+        return {**row, "ran_as": label, "dtype_note": "", "available": True, "note": ""}
+    except PeerUnavailable as exc:
+        return {"format": label, "step_in_backward": in_backward, "ran_as": label, "dtype_note": "",
+                "available": False, "note": str(exc)}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -32,7 +33,8 @@ from .dtypes import plan_formats
 
 __all__ = [
     "Format", "FORMATS", "parse_format", "make_model", "make_optimizer", "packed_option_available",
-    "analytic_bytes_per_param", "measure_peak", "memory_by_format", "step_timeline", "peak_vs_amp", "find_row",
+    "analytic_bytes_per_param", "measure_peak", "memory_by_format", "peak_of", "step_timeline", "peak_vs_amp",
+    "find_row",
     "saving_ceiling",
 ]
 
@@ -211,9 +213,10 @@ class _Marks:
         _phase_mark(self.probe)
 
 
-def _run_metered(model, opt, fmt, batches, *, in_backward, device) -> tuple[MemoryMeter, _Marks]:
+def _run_metered(model, opt, fmt, batches, *, in_backward, device, release=step_in_backward
+                 ) -> tuple[MemoryMeter, _Marks]:
     marks = _Marks(model, opt, device)
-    handle = step_in_backward(model, opt) if in_backward else None
+    handle = release(model, opt) if in_backward else None
     # registered after step_in_backward's hooks, so a mark sees the gradient already freed
     hooks = [p.register_post_accumulate_grad_hook(lambda _p: marks("backward"))
              for p in model.parameters() if p.requires_grad]
@@ -277,26 +280,34 @@ def measure_peak(
     device = torch.device(device)
     model = make_model(model_fn, fmt, device)
     opt = make_optimizer(model.parameters(), fmt, optimizer=optimizer, lr=lr)
+    record, timeline = peak_of(model, opt, fmt, batches, in_backward=in_backward, device=device)
+    record["analytic_bytes_per_param"] = analytic_bytes_per_param(fmt, optimizer=optimizer, in_backward=in_backward)
+    return (record, timeline) if return_timeline else record
+
+
+def peak_of(model: nn.Module, opt: torch.optim.Optimizer, fmt: Format,
+            batches: list[tuple[torch.Tensor, torch.Tensor]], *, in_backward: bool, device: torch.device,
+            release: Callable = step_in_backward, name: str | None = None) -> tuple[dict, pd.DataFrame]:
+    """`measure_peak`'s record and timeline of a model and optimizer built already (`fmt`: the model's number
+    format). ``release(model, opt)`` puts the step into backward where ``in_backward`` (a peer's own way:
+    `peers.peer_peak`); ``name`` is the row's ``format`` (default ``fmt.name``)."""
+    name = fmt.name if name is None else name
     params = sum(p.numel() for p in model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    meter, marks = _run_metered(model, opt, fmt, batches, in_backward=in_backward, device=device)
+    meter, marks = _run_metered(model, opt, fmt, batches, in_backward=in_backward, device=device, release=release)
     timeline = _timeline(meter, marks, param_bytes)
     peak = param_bytes + meter.peak_bytes
     at = timeline.loc[timeline["total"].idxmax()]
     record = {
-        "format": fmt.name, "step_in_backward": in_backward, "params": params,
-        "peak_bytes": peak, "peak_bytes_per_param": peak / params,
-        "analytic_bytes_per_param": analytic_bytes_per_param(fmt, optimizer=optimizer,
-                                                             in_backward=in_backward),
+        "format": name, "step_in_backward": in_backward, "params": params,
+        "peak_bytes": peak, "peak_bytes_per_param": peak / params, "analytic_bytes_per_param": math.nan,
         "steps": len(batches), "peak_phase": at["phase"], "peak_step": int(at["step"]), "peak_op": at["op"],
         "peak_gradients": int(at["gradients"]), "peak_optimizer_state": int(at["optimizer_state"]),
         "peak_activations_temporaries": int(at["activations_temporaries"]),
     }
-    if return_timeline:
-        timeline.insert(0, "format", fmt.name)
-        timeline.insert(1, "step_in_backward", in_backward)
-        return record, timeline
-    return record
+    timeline.insert(0, "format", name)
+    timeline.insert(1, "step_in_backward", in_backward)
+    return record, timeline
 
 
 def step_timeline(

@@ -31,10 +31,14 @@ from workbench.data import ImageSet, make_loader
 from workbench.measure import state_bytes, time_interleaved
 from workbench.train import train
 
-from .peak_memory import _loss, make_model, make_optimizer, parse_format
-from .peer_import import import_peer
+from workbench.optim import step_in_backward
 
-__all__ = ["PEER_METHODS", "PeerUnavailable", "peer_methods", "make_peer", "peer_table"]
+from .peak_memory import _loss, make_model, make_optimizer, parse_format, peak_of
+from .peer_import import import_peer
+from .step_times import step_of
+
+__all__ = ["PEER_METHODS", "PeerUnavailable", "peer_methods", "make_peer", "peer_label", "peer_peak", "peer_step",
+           "peer_table"]
 
 
 class PeerUnavailable(RuntimeError):
@@ -48,6 +52,7 @@ class _Method:
     fmt: str  # parse_format name of the model's number format
     extra_bits: int | None = None
     state_dtype: str = "fp32"
+    sgd: str | None = None  # its row's name with SGD (momentum 0.9) instead of AdamW; None: no SGD set up here
 
 
 # FlashOptim's own format (bf16 weights rounded to nearest + an 8-bit error term, int8 moments in groups of 32) and
@@ -58,18 +63,20 @@ FLASH_PLAIN = "FlashOptim FlashAdamW, its CPU path (bf16 moments, no error bits,
 
 
 def _ours(k: int, state: str) -> _Method:
-    return _Method(f"ours bf16+{k} ({state} states)", "workbench", f"bf16+{k}", k, state)
+    name = f"ours bf16+{k} ({state} states)"
+    return _Method(name, "workbench", f"bf16+{k}", k, state, sgd=name)
 
 
 _METHODS = {m.name: m for m in [
-    _Method("torch fp32", "torch", "fp32"),
-    _Method("AMP (fp32 + fp16 autocast)", "torch", "amp"),
-    _Method("torch bf16", "torch", "bf16"),
+    _Method("torch fp32", "torch", "fp32", sgd="torch fp32"),
+    _Method("AMP (fp32 + fp16 autocast)", "torch", "amp", sgd="AMP (fp32 + fp16 autocast)"),
+    _Method("torch bf16", "torch", "bf16", sgd="torch bf16"),
     _Method("torchao bf16 + SR", "torchao", "bf16"),
     _Method("optimi bf16 + Kahan", "optimi", "bf16"),
     _Method("bitsandbytes 8-bit AdamW", "bitsandbytes", "fp32"),
-    _Method(FLASH, "flashoptim", "bf16"),
-    _Method(FLASH_PLAIN, "flashoptim", "bf16"),
+    _Method(FLASH, "flashoptim", "bf16", sgd="FlashOptim FlashSGD (24-bit master, 8-bit momentum)"),
+    _Method(FLASH_PLAIN, "flashoptim", "bf16", sgd="FlashOptim FlashSGD, its CPU path (bf16 momentum, no error bits, "
+                                                   "unfused)"),
     *[_ours(k, s) for s in ("fp32", "bf16") for k in (0, 4, 8, 16)],
 ]}
 PEER_METHODS = tuple(_METHODS)
@@ -96,21 +103,28 @@ def _version(library: str) -> str:
 
 def make_peer(
     name: str, params: Iterable[torch.Tensor], *, lr: float, weight_decay: float = 0.0, seed: int = 0,
-    compile: bool = False,
+    compile: bool = False, optimizer: str = "adamw",
 ) -> torch.optim.Optimizer:
-    """The AdamW optimizer of method ``name`` (betas 0.9/0.999, eps 1e-8 for every method).
+    """The AdamW optimizer of method ``name`` (betas 0.9/0.999, eps 1e-8 for every method), or with
+    ``optimizer="sgd"`` its SGD with momentum 0.9 (Table 3's optimizer: torch's, ours and FlashOptim's).
 
     Raises ``PeerUnavailable`` when its library is not installed or this build lacks the option.
     """
     if name not in _METHODS:
         raise ValueError(f"unknown method {name!r}; allowed: {', '.join(PEER_METHODS)}")
+    if optimizer not in ("adamw", "sgd"):
+        raise ValueError(f"optimizer={optimizer!r}: allowed 'adamw' or 'sgd'")
     m = _METHODS[name]
+    if optimizer == "sgd" and m.sgd is None:
+        raise PeerUnavailable(f"{m.library}: only its AdamW is set up here")
     common = dict(lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay)
+    if optimizer == "sgd":
+        common = dict(lr=lr, momentum=0.9, weight_decay=weight_decay)
     if m.library == "torch":
-        return torch.optim.AdamW(params, **common)
+        return (torch.optim.SGD if optimizer == "sgd" else torch.optim.AdamW)(params, **common)
     if m.library == "workbench":
         try:
-            return make_optimizer(params, parse_format(m.fmt), optimizer="adamw", lr=lr, weight_decay=weight_decay,
+            return make_optimizer(params, parse_format(m.fmt), optimizer=optimizer, lr=lr, weight_decay=weight_decay,
                                   fused=True, compile=compile, seed=seed,
                                   state_dtype=torch.bfloat16 if m.state_dtype == "bf16" else None)
         except NotImplementedError as exc:
@@ -129,12 +143,49 @@ def make_peer(
         try:
             with warnings.catch_warnings():  # its CPU path warns that it is plain low-precision training: the row says
                 warnings.simplefilter("ignore", UserWarning)
-                return lib.FlashAdamW(params, **common, **options)
+                return (lib.FlashSGD if optimizer == "sgd" else lib.FlashAdamW)(params, **common, **options)
         except NotImplementedError as exc:  # "Quantization requires a CUDA device."
             raise PeerUnavailable(f"unavailable: CUDA only ({exc})") from exc
     # NOTE: bitsandbytes keeps small tensors (< 4096 values) in 32-bit state by default; the
     # threshold is left as shipped, so small layers' state shows up in the measured bytes.
     return lib.optim.AdamW8bit(params, **common)
+
+
+def _release(name: str) -> Callable:
+    """How method ``name`` puts its step into backward: FlashOptim's own gradient release, else
+    `workbench.optim.step_in_backward` (torch's optimizers, ours)."""
+    if _METHODS[name].library == "flashoptim":
+        return import_peer("flashoptim").enable_gradient_release
+    return step_in_backward
+
+
+def _built(name, model_fn, *, optimizer, lr, device):
+    fmt = parse_format(_METHODS[name].fmt)
+    model = make_model(model_fn, fmt, device)
+    return model, make_peer(name, model.parameters(), lr=lr, optimizer=optimizer), fmt
+
+
+def peer_peak(name: str, model_fn: Callable[[], nn.Module], batches: list[tuple[torch.Tensor, torch.Tensor]], *,
+              in_backward: bool, optimizer: str = "adamw", lr: float, device: torch.device | str = "cpu") -> dict:
+    """`peak_memory.measure_peak`'s record for method ``name`` in its own format, the step in backward its own
+    way (`_release`); ``format`` is `peer_label`'s. Raises ``PeerUnavailable`` where it cannot run here."""
+    model, opt, fmt = _built(name, model_fn, optimizer=optimizer, lr=lr, device=device)
+    return peak_of(model, opt, fmt, batches, in_backward=in_backward, device=torch.device(device),
+                   release=_release(name), name=peer_label(name, optimizer))[0]
+
+
+def peer_label(name: str, optimizer: str = "adamw") -> str:
+    """Method ``name``'s row name for ``optimizer`` (its SGD form's name, e.g. FlashOptim's FlashSGD)."""
+    return (_METHODS[name].sgd or name) if optimizer == "sgd" else name
+
+
+def peer_step(name: str, model_fn: Callable[[], nn.Module], batch: tuple[torch.Tensor, torch.Tensor], *,
+              in_backward: bool, optimizer: str = "adamw", lr: float, device: torch.device | str = "cpu"
+              ) -> tuple[Callable[[], None], object]:
+    """``(step, handle)``: one training step of method ``name`` (as `step_times`' steps of a format, the step in
+    backward its own way). Raises ``PeerUnavailable`` where it cannot run here."""
+    model, opt, fmt = _built(name, model_fn, optimizer=optimizer, lr=lr, device=device)
+    return step_of(model, opt, fmt, batch, in_backward=in_backward, device=device, release=_release(name))
 
 
 def _build(name, model_fn, *, lr, weight_decay, seed, compile, device):

@@ -146,14 +146,18 @@ def plot_fused_backward(df: pd.DataFrame, *, note: str = "", scale: str = "") ->
     """Table 2: peak tensor memory (phase of the peak, and the ordinary run's saving ceiling: its gradient
     bytes at the peak) and step time with and without the step in backward; time whiskers = paired
     per-round extremes of the ratio, applied to the median. An empty ``df`` (transformers absent, so Table 2's
-    T5 was not built) gives a figure that says so."""
+    T5 was not built) gives a figure that says so; a peer that could not run (``available`` False) is named with
+    its reason under the title."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     if df.empty:
         for ax in axes:
             ax.axis("off")
         fig.text(0.5, 0.5, "Table 2 not run: its T5 needs transformers (pip install transformers)", ha="center")
         return _noted(fig, note, scale)
-    labels = [f"{f}\n{'in backward' if s else 'ordinary'}"
+    ran = df["available"] if "available" in df else pd.Series(True, index=df.index)
+    missing = df[~ran].drop_duplicates("format")
+    df = df[ran].reset_index(drop=True)
+    labels = [f"{f.split(' (')[0]}\n{'in backward' if s else 'ordinary'}"  # a peer's name without its format
               for f, s in zip(df["format"], df["step_in_backward"], strict=True)]
     axes[0].bar(labels, df["peak_bytes"] / 2**20, color="C1")
     for i, (mib, phase) in enumerate(zip(df["peak_bytes"] / 2**20, df["peak_phase"], strict=True)):
@@ -170,8 +174,9 @@ def plot_fused_backward(df: pd.DataFrame, *, note: str = "", scale: str = "") ->
     for ax in axes:
         ax.tick_params(axis="x", labelsize=8)
     model = df["model"].iloc[0] if "model" in df else "transformer"
-    fig.suptitle(f"{model}: {df['params'].iloc[0] / 1e6:.1f}M params, {int(df['tokens'].iloc[0])} tokens per batch",
-                 fontsize=10)
+    gaps = "; ".join(f"{f}: {n}" for f, n in zip(missing["format"], missing["note"], strict=True))
+    fig.suptitle(f"{model}: {df['params'].iloc[0] / 1e6:.1f}M params, {int(df['tokens'].iloc[0])} tokens per batch"
+                 + (f"\nnot run: {gaps}" if gaps else ""), fontsize=10)
     return _noted(fig, note, scale)
 
 

@@ -65,7 +65,13 @@ def _training_step(model_fn, fmt, batch, *, in_backward, optimizer, lr, device, 
     model = make_model(model_fn, fmt, device)
     opt = make_optimizer(model.parameters(), fmt, optimizer=optimizer, lr=lr, fused=fused and fmt.packed,
                          compile=compile and fmt.packed)
-    handle = step_in_backward(model, opt) if in_backward else None
+    return step_of(model, opt, fmt, batch, in_backward=in_backward, device=device)
+
+
+def step_of(model, opt, fmt, batch, *, in_backward, device, release=step_in_backward):
+    """``(step, handle)``: one training step of a model and optimizer built already (the step in backward put
+    there by ``release(model, opt)``, whose handle is returned), on ``batch`` moved to ``device``."""
+    handle = release(model, opt) if in_backward else None
     x, y = batch[0].to(device), batch[1].to(device)
 
     def step() -> None:

@@ -22,6 +22,7 @@ also records the device's used memory (`device_memory.used_memory`), the unit a 
 from __future__ import annotations
 
 import importlib.util
+import math
 import statistics
 from collections.abc import Iterable
 
@@ -32,9 +33,10 @@ from torch import nn
 from workbench.measure import time_interleaved
 from workbench.timing import kernel_seconds
 
+from .device_memory import used_memory
 from .peak_memory import measure_peak, parse_format
 from .peer_import import import_peer
-from .device_memory import used_memory
+from .peers import FLASH, PeerUnavailable, peer_label, peer_peak, peer_step
 from .step_times import _training_step, paired_ratio
 
 __all__ = ["T5Classifier", "flan_t5_config", "fused_backward", "t5_available"]
@@ -95,7 +97,7 @@ def _token_batches(vocab: int, batch: int, seq: int, steps: int, seed: int) -> l
 
 def fused_backward(
     *, d_model: int = 1024, layers: int = 24, batch: int = 16, seq: int = 128, steps: int = 2, repeats: int = 3,
-    optimizer: str = "adamw", lr: float = 2e-5, formats: Iterable[str] = ("fp32",),
+    optimizer: str = "adamw", lr: float = 2e-5, formats: Iterable[str] = ("fp32",), peers: Iterable[str] = (FLASH,),
     device: torch.device | str = "cpu", seed: int = 0, progress: bool = True,
 ) -> pd.DataFrame:
     """Table 2: peak memory and step time of T5 fine-tuning with and without the step in backward.
@@ -106,6 +108,11 @@ def fused_backward(
     interleaved round by round; ``time_ratio`` = median in-backward / median ordinary, ``time_ratio_lo``/
     ``_hi`` the paired per-round extremes; ``kernel_s``/``kernel_share`` the device time of one more step
     under the profiler and its share of ``step_s``.
+
+    ``peers`` (`peers.PEER_METHODS`, default FlashOptim in its own format): each one's rows beside the formats', its
+    weights in its own format and the step in backward its own way (FlashOptim's gradient release), its ratios
+    against its own ordinary run; one that cannot run here (FlashOptim's format: CUDA only) is a pair of rows with
+    ``available`` False and the reason in ``note``.
     """
     if batch < 1 or seq < 2 or steps < 1 or repeats < 1:
         raise ValueError(f"need batch >= 1, seq >= 2, steps >= 1, repeats >= 1, got {batch}, {seq}, {steps}, "
@@ -118,18 +125,35 @@ def fused_backward(
         torch.manual_seed(seed)
         return T5Classifier(config)
 
-    runs = [(name, sib) for name in formats for sib in (False, True)]
-    rows = []
+    peers = list(peers)
+    runs = [(name, sib) for name in [*formats, *peers] for sib in (False, True)]
+
+    def peak(name: str, sib: bool) -> dict:
+        if name in peers:
+            return peer_peak(name, model_fn, batches, in_backward=sib, optimizer=optimizer, lr=lr, device=device)
+        return measure_peak(model_fn, parse_format(name), batches, in_backward=sib, optimizer=optimizer, lr=lr,
+                            device=device)
+
+    def step(name: str, sib: bool) -> tuple:
+        if name in peers:
+            return peer_step(name, model_fn, batches[0], in_backward=sib, optimizer=optimizer, lr=lr, device=device)
+        return _training_step(model_fn, parse_format(name), batches[0], in_backward=sib, optimizer=optimizer, lr=lr,
+                              device=device)
+
+    label = {name: peer_label(name, optimizer) if name in peers else name for name, _ in runs}  # its rows' format
+    rows, unavailable = [], {}
     for name, sib in runs:  # every memory run before the timed models exist: the device reading is absolute
         with used_memory(device) as reading:
-            row = measure_peak(model_fn, parse_format(name), batches, in_backward=sib, optimizer=optimizer,
-                               lr=lr, device=device)
-        rows.append({**row, **reading})
+            try:
+                row = peak(name, sib)
+            except PeerUnavailable as exc:  # a peer that cannot run here: its rows say why
+                unavailable[name], row = str(exc), {"format": label[name], "step_in_backward": sib}
+        rows.append({**row, **reading, "available": name not in unavailable, "note": unavailable.get(name, "")})
     fns, handles = {}, []
     for name, sib in runs:
-        fns[(name, sib)], handle = _training_step(model_fn, parse_format(name), batches[0], in_backward=sib,
-                                                  optimizer=optimizer, lr=lr, device=device)
-        handles.append(handle)
+        if name not in unavailable:
+            fns[(label[name], sib)], handle = step(name, sib)
+            handles.append(handle)
     times = time_interleaved(fns, warmup=1, repeats=repeats, device=device, progress=progress,
                              desc="fused backward")
     kernel = {key: kernel_seconds(fn, calls=1, warmup=0, device=device) for key, fn in fns.items()}
@@ -138,8 +162,8 @@ def fused_backward(
             h.remove()
     df = pd.DataFrame(rows)
     keys = list(zip(df["format"], df["step_in_backward"], strict=True))
-    df["step_s"] = [statistics.median(times[k]) for k in keys]
-    df["kernel_s"] = [kernel[k] for k in keys]
+    df["step_s"] = [statistics.median(times[k]) if k in times else math.nan for k in keys]
+    df["kernel_s"] = [kernel.get(k, math.nan) for k in keys]
     df["kernel_share"] = df["kernel_s"] / df["step_s"]
     df["tokens"] = batch * seq
     df["device"] = device.type
@@ -149,6 +173,6 @@ def fused_backward(
     df["peak_ratio"] = df["peak_bytes"] / first["peak_bytes"].transform("first")
     df["ceiling"] = (first["peak_gradients"].transform("first") / first["peak_bytes"].transform("first"))
     # arguments swapped on purpose: paired_ratio(times, a, b) is b / a, here in-backward / ordinary
-    ratios = [paired_ratio(times, (f, False), (f, s)) for f, s in keys]
+    ratios = [paired_ratio(times, (f, False), (f, s)) if (f, s) in times else (math.nan,) * 3 for f, s in keys]
     df["time_ratio"], df["time_ratio_lo"], df["time_ratio_hi"] = zip(*ratios, strict=True)
     return df
