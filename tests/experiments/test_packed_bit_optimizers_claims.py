@@ -92,11 +92,11 @@ def _rounds(times):
     return round_times(times)
 
 
-def _tp(share_ratio=1.0, steps_ratio=None, unaligned_share=None, bf16_states=None, spread=0.0):
+def _tp(share_ratio=1.0, steps_ratio=None, unaligned_share=None, bf16_states=None, spread=0.0, int8_states=None):
     """Throughput records: torch's step, a packed bf16+8 step whose bytes/s over torch's is share_ratio and whose
     paired steps/s ratio is steps_ratio (by default the share's: x 28 / 24; spread: +-spread), its kernel alone
-    (faster: never judged), and optionally a bf16+12 step at unaligned_share of its share and a bf16+8 step with
-    bf16 moments."""
+    (faster: never judged), and optionally a bf16+12 step at unaligned_share of its share and bf16+8 steps with
+    bf16 and with 8-bit moments."""
     steps_ratio = share_ratio * 28 / 24 if steps_ratio is None else steps_ratio
     def row(method, k, bpp, ratio, *, timed="step", states="fp32", share=None):
         share = ratio * bpp / 28 if share is None else share
@@ -114,6 +114,8 @@ def _tp(share_ratio=1.0, steps_ratio=None, unaligned_share=None, bf16_states=Non
     if bf16_states is not None:
         rows.append(row("Packed AdamW bf16+8 bf16 states fused triton kernel", 8, 16.0, bf16_states,
                         states="bfloat16"))
+    if int8_states is not None:
+        rows.append(row("Packed AdamW bf16+8 int8 states fused cpu kernel", 8, 12.25, int8_states, states="int8"))
     df = pd.DataFrame(rows)
     df["extra_bits"] = df["extra_bits"].astype(object)
     df["numel"], df["n_tensors"], df["threads"] = 2_000_000, 8, 1
@@ -572,6 +574,13 @@ def test_throughput_targets_judge_the_optimizer_step_on_their_device():
             for v in (0.9, 0.3, 0.043 / 1.12)] == ["reproduced", "partly", "not reproduced"]
     row = _row(_judge({"throughput": _tp(steps_ratio=1.1, bf16_states=1.5)}, device_class="gpu"), fp32)
     assert "bf16+8 fused triton kernel" in row["scale"] and "steps in a row 1.10x" in row["scale"]
+    # 8-bit moments (issue 46): their own rows only, never the fp32-moment step's
+    int8 = "8-bit moments: packed fused step at least 1.0x"
+    assert _verdict({"throughput": _tp(steps_ratio=1.2)}, int8) == "not run at this scale"
+    assert [_verdict({"throughput": _tp(steps_ratio=1.2, int8_states=v)}, int8) for v in (1.0, 0.85, 0.46)] == [
+        "reproduced", "partly", "not reproduced"]
+    assert _verdict({"throughput": _tp(int8_states=1.5)}, int8, device_class="gpu") == "other device"
+    assert _row(_judge({"throughput": _tp(steps_ratio=1.2, int8_states=0.46)}), cpu)["measured"] == pytest.approx(1.2)
 
 
 def test_fig6_error_ratios():
@@ -640,7 +649,7 @@ def real_records(one_thread):
         "memory_resnet18": device_memory_by_format(lambda: build("resnet18", width=0.0625), resnet_batches,
                                                    formats=["fp32", "amp", "fp16", "fp16+8"], progress=False),
         "throughput": step_throughput(numel=4096, n_tensors=2, configs=["bf16+8", "bf16+12", ("bf16", 8, {
-            "state_dtype": torch.bfloat16})], repeats=2,
+            "state_dtype": torch.bfloat16}), "bf16+8 int8 states"], repeats=2,
                                       compile=False, progress=False, bandwidth=1e9),
         "accuracy": accuracy, "step_time": speed, "step_time_rounds": round_times(speed.attrs["times"]),
         "addition_error": addition_error(sizes=[100], n_ops=[1, 5], width=64),

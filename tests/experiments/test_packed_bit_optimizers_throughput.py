@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from workbench.experiments.packed_bit_optimizers import plot_throughput, step_throughput, throughput_share_ratio
+from workbench.experiments.packed_bit_optimizers.cpu_throughput import bytes_per_param
 from workbench.experiments.packed_bit_optimizers.throughput import steps_in_a_row, training_step
 from workbench.optim import PackedAdamW
 
@@ -109,3 +110,15 @@ def test_the_command_times_each_tensor_count_and_names_flashoptim_cuda_only_on_a
     if importlib.util.find_spec("flashoptim") is not None and not torch.cuda.is_available():
         assert len(flash) == 2 and flash["method"].str.contains("[unavailable: CUDA only (", regex=False).all()
         assert flash["median_s"].isna().all() and (flash["bytes_per_param"] == 12.25).all()
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_bytes_moved_count_the_moments_the_optimizer_holds(state_dtype):
+    """The analytic bytes per parameter (bandwidth fractions, the int8 target's definition) against the state a
+    PackedAdamW step leaves: weights r/w and gradient read (6), then every state tensor read and written."""
+    p = torch.nn.Parameter(torch.randn(4096).to(torch.bfloat16))
+    p.grad = torch.randn(4096).to(torch.bfloat16)
+    opt = PackedAdamW([p], extra_bits=8, state_dtype=state_dtype, fused=True)
+    opt.step()
+    held = sum(v.untyped_storage().nbytes() for v in opt.state[p].values() if isinstance(v, torch.Tensor))
+    assert bytes_per_param(8, False, state_dtype) == 6 + 2 * held / p.numel()

@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from workbench.measure import time_interleaved
-from workbench.optim import PackedAdamW, cpu_kernel, cpu_variants
+from workbench.optim import PackedAdamW, cpu_kernel, cpu_variants, quantized
 from workbench.optim.formats import storage_bits
 from workbench.optim.update import adam_math, compiled_update
 from workbench.optim.tune_cpu_kernel import training_step
@@ -55,8 +55,9 @@ _COMPILED_AT: dict[str, int] = {}
 
 def bytes_per_param(extra_bits: int, stochastic_rounding: bool, state_dtype: torch.dtype) -> float:
     """Bytes an AdamW packed step moves per parameter: 16-bit value r/w, gradient read, extra bits
-    r/w, two moments r/w (24 for bf16+8 with fp32 moments, 16 with bf16 moments)."""
-    state = 2 if state_dtype == torch.bfloat16 else 4
+    r/w, two moments r/w (24 for bf16+8 with fp32 moments, 16 with bf16 moments, 12.25 with 8-bit moments: a
+    code and a share of its group's bf16 scale each)."""
+    state = {torch.bfloat16: 2.0, torch.int8: 1 + 2 / quantized.GROUP}.get(state_dtype, 4.0)
     return 2 + 2 + 2 + 2 * storage_bits(extra_bits, stochastic_rounding) / 8 + 2 * 2 * state
 
 
