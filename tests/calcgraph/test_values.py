@@ -8,7 +8,7 @@ from torch import nn
 
 from workbench.calcgraph import plan_training, training_program
 from workbench.calcgraph.plan import _user_rows
-from workbench.measure import AllocatorMeter
+from workbench.measure import AllocatorMeter, MemoryMeter
 
 
 class Trimmed(nn.Module):
@@ -59,3 +59,28 @@ def test_integer_factories_inside_forward_keep_their_values():
 def test_a_matrix_product_of_mixed_dtypes_is_refused_as_the_real_kernel_refuses_it():
     with pytest.raises(ValueError, match=r"of torch.int32.*addmm.default needs one dtype"):
         plan_training(lambda: nn.Linear(4, 2), (4,), input_dtype=torch.int32, calibrate=False)
+
+
+class EndToken(nn.Module):
+    """Reads each sequence's hidden state at its end token, as transformers' T5 classifier does: a boolean mask
+    of the token ids indexes the (fake) hidden states, a value that decides the result's shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, tokens):
+        hidden = self.embed(tokens).relu()
+        return self.head(hidden[tokens == 1])
+
+
+def test_a_boolean_mask_of_token_ids_indexes_as_in_the_real_run(one_thread):
+    tokens = torch.randint(2, 50, (4, 12))
+    tokens[:, -1] = 1  # one end token per sequence: the mask picks a row each, the result is [batch, 16]
+    tokens[0, 3] = 1  # and one more in the first: five rows, which only the values say
+    total = lambda out, _: out.sum()  # noqa: E731 - five rows against four sequences: no per-row target
+    graph = plan_training(EndToken, tokens, loss=total, calibrate=False)
+    with MemoryMeter("cpu") as meter:
+        training_program(EndToken, (12,), 4, input_dtype=torch.long, make_batch=_user_rows(tokens), loss=total)
+    assert graph.required_bytes(4) == meter.peak_bytes

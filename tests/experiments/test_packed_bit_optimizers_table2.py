@@ -19,6 +19,7 @@ from workbench.experiments.packed_bit_optimizers import (
     make_model,
     memory_by_format,
     parse_format,
+    planned_fused_backward,
     plot_fused_backward,
     t5_available,
     used_memory,
@@ -115,9 +116,10 @@ def test_without_transformers_the_notebook_shows_table2_as_not_run():
 
     fig = plot_fused_backward(pd.DataFrame())
     assert any("needs transformers" in t.get_text() for t in fig.texts)
-    rows = claims.ledger({"fused_backward": pd.DataFrame()}, {}, device="cpu", device_class="cpu", verdicts=True).rows
+    rows = claims.ledger({"fused_backward": pd.DataFrame(), "fused_backward_plan": pd.DataFrame()}, {},
+                         device="cpu", device_class="cpu", verdicts=True).rows
     table2 = [r for r in rows if "(Table 2" in r["claim"]]
-    assert len(table2) == 3 and all(r["verdict"] == "not run at this scale" for r in table2)
+    assert len(table2) == 4 and all(r["verdict"] == "not run at this scale" for r in table2)
 
 
 def _flash_plain_peak(model_fn, batches, *, in_backward: bool, optimizer: str) -> int:
@@ -203,3 +205,23 @@ def test_table_3_peers_run_their_sgd_form_and_say_why_not(one_thread):
     assert plain["available"] and plain["peak_optimizer_state"] == 2 * params
     assert plain["peak_bytes"] == _flash_plain_peak(mlp, batches, in_backward=False, optimizer="sgd")
     assert isinstance(make_peer("torch fp32", mlp().parameters(), lr=0.1, optimizer="sgd"), torch.optim.SGD)
+
+
+@needs_t5
+def test_table_2_planned_at_a_size_is_what_the_run_at_that_size_measures(one_thread):
+    df = planned_fused_backward(d_model=64, layers=1, batch=2, seq=8, check=(64, 1, 2, 8))
+    assert list(zip(df["size"], df["program"], strict=True)) == [("paper", "ordinary"), ("paper", "in backward"),
+                                                   ("paper", "ordinary, gradients kept"), ("check", "ordinary"),
+                                                   ("check", "in backward")]
+    run = fused_backward(d_model=64, layers=1, batch=2, seq=8, steps=2, repeats=1, progress=False, peers=())
+    for sib in (False, True):  # the plan of the program against MemoryMeter's run of Table 2's own code
+        planned = df[(df["size"] == "check") & (df["step_in_backward"] == sib)]["planned_bytes"].iloc[0]
+        measured = run[run["step_in_backward"] == sib]["peak_bytes"].iloc[0]
+        assert planned == pytest.approx(measured, rel=1e-3)
+    paper = df[df["size"] == "paper"].set_index("program")
+    params = sum(p.numel() for p in T5Classifier(flan_t5_config(64, 1)).parameters())
+    # gradients kept between steps: every fp32 gradient is alive at the peak, which they raise
+    assert paper.loc["ordinary, gradients kept", "gradients_at_peak"] == 4 * params == paper["params"].iloc[0] * 4
+    assert paper.loc["ordinary, gradients kept", "planned_bytes"] > paper.loc["ordinary", "planned_bytes"]
+    with pytest.raises(ValueError, match="need d_model, layers, batch, seq >= 1"):
+        planned_fused_backward(batch=0)

@@ -12,7 +12,10 @@ program does not do, and this module puts them back:
   does every factory of integers (positions, the lengths `pad_packed_sequence` writes), and
   `_pack_padded_sequence` runs torch's own kernel on a one-element-per-step stand-in for its real lengths
   and returns fake data of the packed size with the real `batch_sizes`, which the recurrent kernels and
-  `pad_packed_sequence` read as the real program does. The lengths come from the batch, so the plan of
+  `pad_packed_sequence` read as the real program does. A real boolean mask indexing a fake tensor (a
+  classifier that reads the hidden state at each sequence's end token: `hidden[input_ids == eos]`) is turned
+  into the positions it holds, as torch's indexing kernels turn it, and the fake kernel sizes the result from
+  them. The lengths come from the batch, so the plan of
   such a model is exact at the batches it is traced at and not affine in the batch size: each batch size
   is traced on its own (`CompiledGraph.nonaffine`).
 - Dtype rules fake kernels skip. The meta kernels of matrix products accept a `Long` input against `Float`
@@ -36,6 +39,8 @@ _ONE_DTYPE = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.ba
               _aten.addbmm.default, _aten.mv.default, _aten.addmv.default, _aten.dot.default,
               _aten.vdot.default, _aten._addmm_activation.default}
 _PACK = _aten._pack_padded_sequence.default
+# ops that take a list of index tensors, where a boolean mask stands for the positions it holds
+_MASKED = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default, _aten._index_put_impl_.default}
 
 
 def _refuse_mixed_matmul(func, args) -> None:
@@ -60,6 +65,26 @@ class _PackAtKnownLengths:
             stand_in = torch.zeros((*data.shape[:2], *([1] * (data.dim() - 2))))
             rows, batch_sizes = self.op(stand_in, lengths, batch_first)
         return data.new_empty((rows.shape[0], *data.shape[2:])), batch_sizes
+
+
+def _real_mask(index) -> bool:
+    return isinstance(index, torch.Tensor) and not isinstance(index, FakeTensor) and index.dtype in (torch.bool,
+                                                                                                   torch.uint8)
+
+
+class _IndexAtKnownMasks:
+    """`aten.index` (and `index_put`) on a fake tensor indexed by a real boolean mask (see the module docstring)."""
+
+    def __init__(self, op) -> None:
+        self.op, self.__name__ = op, op.__name__
+
+    def __call__(self, tensor: torch.Tensor, indices, *args, **kwargs):
+        # NOTE: torch's own kernels expand a mask into the positions it holds (one index tensor per mask dimension,
+        # `nonzero`) before indexing; done here for real, the fake kernel is left only shapes it knows
+        with unset_fake_temporarily():
+            known = [part for index in indices
+                     for part in (index.nonzero().unbind(1) if _real_mask(index) else (index,))]
+        return self.op(tensor, known, *args, **kwargs)
 
 
 class _RealIntegers:
@@ -88,4 +113,6 @@ def with_known_values(func, args, kwargs) -> tuple[object, bool]:
         return func, True
     if func is _PACK and not isinstance(args[1], FakeTensor):
         return _PackAtKnownLengths(func), False
+    if func in _MASKED and any(_real_mask(index) for index in args[1]):
+        return _IndexAtKnownMasks(func), False
     return func, False

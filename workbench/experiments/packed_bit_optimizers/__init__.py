@@ -54,6 +54,7 @@ from .dtypes import FP16_ON_SLOW_CPU, bf16_twin, plan_formats
 from .throughput import memory_bandwidth, step_throughput, throughput_share_ratio
 from .step_times import paired_ratio, round_times, rounds_ratio, speed_workload, step_time_by_format
 from .table2 import T5Classifier, flan_t5_config, fused_backward, t5_available
+from .table2_plan import planned_fused_backward
 
 __all__ = [
     "accumulation_memory", "accuracy_by_format", "accuracy_summary", "addition_error",
@@ -62,9 +63,9 @@ __all__ = [
     "fp8_extra_bits", "fused_backward", "load_task", "loss_scaling_curves", "make_model", "make_optimizer",
     "make_peer", "measure_peak", "memory_bandwidth", "memory_by_format", "packed_option_available",
     "paired_gap", "paired_ratio", "parse_format", "plan_formats", "peak_vs_amp", "PEER_METHODS", "peer_methods",
-    "peer_table", "PeerUnavailable", "plot_accuracy", "plot_addition_error", "plot_fused_backward",
-    "plot_memory", "plot_peers", "plot_throughput", "plot_timeline", "round_times", "rounds_ratio",
-    "saving_ceiling", "speed_workload", "step_throughput", "step_time_by_format", "step_timeline",
+    "peer_table", "PeerUnavailable", "planned_fused_backward", "plot_accuracy", "plot_addition_error",
+    "plot_fused_backward", "plot_memory", "plot_peers", "plot_throughput", "plot_timeline", "round_times",
+    "rounds_ratio", "saving_ceiling", "speed_workload", "step_throughput", "step_time_by_format", "step_timeline",
     "T5Classifier", "t5_available", "throughput_share_ratio", "truncate_significand", "truncate_to_e5m2",
     "used_memory",
 ]

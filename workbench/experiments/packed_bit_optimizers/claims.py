@@ -33,7 +33,7 @@ from .throughput import throughput_share_ratio
 from .table_claims import (
     CEILING_RULE, LIKE_RULE, LIKE_STATES, NOT_COMPARABLE, STATES_RULE, TABLE2_REL, TABLE2_SAVING,
     apply_gates, below_ceiling, fp32_momentum, fused_name, half_precision_alone, round_ratio, step_shares, table2,
-    table2_shares, table3_memory, twins_said, vs_amp,
+    table2_planned, table2_shares, table3_memory, twins_said, vs_amp,
 )
 
 __all__ = ["CLAIMS", "NOT_COMPARABLE", "ledger"]
@@ -289,9 +289,18 @@ CLAIMS: tuple[Claim, ...] = (
           paper=TABLE2_SAVING, measure=table2("memory"),
           rule=within(TABLE2_SAVING, rel=TABLE2_REL, better="higher", partly_rel=0.5, refuted=0.0),
           definition="Table 2 (flan-T5 on GLUE): 1 - peak(in backward) / peak(ordinary): MNLI 29,930 -> 26,818 MB "
-                     "(10.4%), QNLI 30,239 -> 26,826 (11.3%), MRPC 29,964 -> 26,649 (11.1%). The step in backward "
-                     "frees gradients, so a run whose gradients at the ordinary peak are under the band's low end "
-                     "(ceiling) cannot show it: 'not comparable'"),
+                     "(10.4%), QNLI 30,239 -> 26,826 (11.3%), MRPC 29,964 -> 26,649 (11.1%); the ordinary loop frees "
+                     "its gradients at zero_grad (torch's default). Judged at the paper's size: measured there (gpu "
+                     "profile), else planned there (CalcGraph). The step in backward frees gradients, so a smaller "
+                     "run whose gradients at the ordinary peak are under the band's low end (ceiling) cannot show "
+                     "it: 'not comparable'"),
+    Claim("step fused into backward lowers peak memory by 11% (Table 2) against a loop that keeps its gradients "
+          "between steps (section 3.2): tensor peak, planned", unit="fraction of peak saved", paper=TABLE2_SAVING,
+          measure=table2_planned(keep_grads=True),
+          rule=within(TABLE2_SAVING, rel=TABLE2_REL, better="higher", partly_rel=0.5, refuted=0.0),
+          definition="Table 2 as above, the ordinary run's gradients kept from one step to the next (zeroed in "
+                     "place, not freed): section 3.2's 'every gradient of every parameter has to be stored in the "
+                     "memory at all time'; planned at flan-T5 large's size (the real runs free theirs)"),
     Claim("step fused into backward lowers peak memory by 11% (Table 2): device's used memory",
           unit="fraction of peak saved", paper=TABLE2_SAVING, measure=table2("device"),
           rule=within(TABLE2_SAVING, rel=TABLE2_REL, better="higher", partly_rel=0.5, refuted=0.0),

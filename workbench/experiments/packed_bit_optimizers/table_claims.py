@@ -21,6 +21,7 @@ from workbench.timing import HOST_BOUND, host_bound
 from .peak_memory import find_row
 from .dtypes import TWIN_STEP_BYTES
 from .paper_scale import PAPER_T3
+from .table2_plan import PAPER_T2
 from .step_times import rounds_ratio
 
 __all__ = ["CEILING_RULE", "HARD_REGIME", "LIKE_RULE", "LIKE_STATES", "NOT_COMPARABLE", "PLAN_RECORD", "STATES_RULE",
@@ -226,10 +227,64 @@ def step_shares(*names: Callable[[Mapping], str]) -> Callable[[Records, Mapping]
 TABLE2_SAVING, TABLE2_REL = 0.11, 0.15  # Table 2: 11% lower peak; reproduced within 15% of it
 
 
-def table2(what: str) -> Callable[[Records, Mapping], Measured | None]:
-    """Table 2 from the fused_backward records: the saving in the tensor peak (``"memory"``) or the device's
-    used memory (``"device"``, CUDA only), or the time ratio (``"time"``)."""
+T2_PLAN_RECORD = "fused_backward_plan"  # `table2_plan.planned_fused_backward`: Table 2's size under fake tensors
+
+
+def t2_paper_size(params: Mapping) -> bool:
+    """True when Table 2's run (``fused_backward``) ran at the paper's flan-T5 large, batch and tokens."""
+    return all(params.get(f"tf_{key}") == value for key, value in PAPER_T2.items())
+
+
+def _t2_plan(records: Records) -> object | None:
+    plan = record_frame(records, T2_PLAN_RECORD)
+    return None if plan is None or "size" not in plan else plan
+
+
+def table2_planned(keep_grads: bool) -> Callable[[Records, Mapping], Measured | None]:
+    """1 - peak(in backward) / peak(ordinary) of Table 2's program planned at the paper's size, the ordinary loop
+    freeing its gradients at ``zero_grad`` (torch's default) or (``keep_grads``) keeping them zeroed between steps.
+    Spread: +- the difference between the saving planned and the one MemoryMeter measured in the same notebook
+    run at the check size (``fused_backward``'s own run), where both are there."""
     def measure(records: Records, params: Mapping) -> Measured | None:
+        plan = _t2_plan(records)
+        if plan is None:
+            return None
+        paper = plan[plan["size"] == "paper"]
+        base = find_row(paper, program="ordinary, gradients kept" if keep_grads else "ordinary")
+        sib = find_row(paper, program="in backward")
+        if base is None or sib is None:
+            return None
+        saving = float(1 - sib["planned_bytes"] / base["planned_bytes"])
+        loop = "keeps its gradients zeroed between steps" if keep_grads else "frees its gradients at zero_grad"
+        scale = (f"planned (CalcGraph, fake tensors) at the paper's size: {base['model']} ({base['params'] / 1e6:.1f}M "
+                 f"params), two steps, fresh optimizer; the ordinary loop {loop}: "
+                 f"peak {base['planned_bytes'] / 2**20:,.0f} -> {sib['planned_bytes'] / 2**20:,.0f} MiB, gradients "
+                 f"live at the ordinary peak {base['gradients_at_peak'] / 2**20:,.0f} MiB "
+                 f"({base['gradients_at_peak'] / base['planned_bytes']:.1%}, the ceiling)")
+        check = plan[plan["size"] == "check"]
+        runs = record_frame(records, "fused_backward")
+        got = [(find_row(check, step_in_backward=s), find_row(runs, format="fp32", step_in_backward=s))
+               for s in (False, True)]
+        if any(p is None or m is None or finite(m.get("peak_bytes")) is None for p, m in got):
+            return Measured(saving, scale=scale + "; the planner not checked in this run")
+        (pb, mb), (ps, ms) = got
+        planned, metered = 1 - ps["planned_bytes"] / pb["planned_bytes"], 1 - ms["peak_bytes"] / mb["peak_bytes"]
+        scale += (f"; planner checked in this run on the same program at {pb['model']}: plan / MemoryMeter "
+                  f"{pb['planned_bytes'] / mb['peak_bytes'] - 1:+.3%} (ordinary), "
+                  f"{ps['planned_bytes'] / ms['peak_bytes'] - 1:+.3%} (in backward); saving there: planned "
+                  f"{planned:.2%}, measured {metered:.2%} (spread: +- their difference)")
+        gap = abs(float(planned - metered))
+        return Measured(saving, spread=(saving - gap, saving + gap), scale=scale)
+    return measure
+
+
+def table2(what: str) -> Callable[[Records, Mapping], Measured | None]:
+    """Table 2 from the fused_backward records: the saving in the tensor peak (``"memory"``; below the paper's size
+    the plan at it where there is one, `table2_planned`) or the device's used memory (``"device"``, CUDA only), or
+    the time ratio (``"time"``)."""
+    def measure(records: Records, params: Mapping) -> Measured | None:
+        if what == "memory" and not t2_paper_size(params) and _t2_plan(records) is not None:
+            return table2_planned(keep_grads=False)(records, params)
         df = record_frame(records, "fused_backward")
         base = find_row(df, format="fp32", step_in_backward=False)
         sib = find_row(df, format="fp32", step_in_backward=True)
@@ -256,8 +311,11 @@ def table2(what: str) -> Callable[[Records, Mapping], Measured | None]:
 
 
 def below_ceiling(records: Records, params: Mapping) -> str | None:
-    """`NOT_COMPARABLE` when the ordinary run's ceiling lies below the claim's band: freeing every gradient
-    live at its peak could not reach it."""
+    """`NOT_COMPARABLE` when a run below the paper's size (and no plan at it) has its ordinary ceiling below the
+    claim's band: freeing every gradient live at its peak could not reach it. At the paper's size (run or planned)
+    a low ceiling is the finding itself, judged by the rule."""
+    if t2_paper_size(params) or _t2_plan(records) is not None:
+        return None
     base = find_row(record_frame(records, "fused_backward"), format="fp32", step_in_backward=False)
     if base is None or "ceiling" not in base:
         return None
