@@ -167,9 +167,7 @@ class CompiledGraph:
     def timeline(self, batch_size: int, *, inputs: bool = True, envelope: bool = True) -> np.ndarray:
         """Live bytes after each allocation or free event of the program."""
         sizes, trace = self._sizes(batch_size, inputs=inputs, envelope=envelope)
-        ev = trace.events
-        delta = np.where(ev >= 0, sizes[np.maximum(ev, 0)], -sizes[np.maximum(-ev - 1, 0)])
-        return np.cumsum(delta)
+        return trace.live(sizes)
 
     def _scratch(self, batch_size: int, length: int, envelope: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Calibrated scratch at each event (bytes above the live level while the op at it runs) and
@@ -380,14 +378,7 @@ class CompiledGraph:
     def variables(self, batch_size: int) -> pd.DataFrame:
         """Every allocation of the program: zone, kind, name, op, phase, bytes, live span."""
         sizes, trace = self._sizes(batch_size)
-        n = len(sizes)
-        born = np.full(n, -1)
-        died = np.full(n, len(trace.events))
-        for pos, e in enumerate(trace.events):
-            if e >= 0:
-                born[e] = pos
-            else:
-                died[-e - 1] = pos
+        born, died = trace.lifetimes()
         frame = pd.DataFrame(trace.info)
         frame["zone"] = frame["zone"].fillna("workspace")
         frame["kind"] = frame["kind"].fillna("temporary")

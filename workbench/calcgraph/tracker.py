@@ -213,6 +213,18 @@ class _Trace:
     keys: list[tuple] = field(repr=False, default_factory=list)  # each call's `_call_key` (traces under fake tensors)
     sources: dict[int, int] = field(repr=False, default_factory=dict)  # a clone's allocation -> the one it copied
 
+    def live(self, sizes: np.ndarray | None = None) -> np.ndarray:
+        """Live bytes after each event, each allocation of ``sizes`` bytes (default: its traced size)."""
+        sizes, ev = self.sizes if sizes is None else sizes, self.events
+        return np.cumsum(np.where(ev >= 0, sizes[np.maximum(ev, 0)], -sizes[np.maximum(-ev - 1, 0)]))
+
+    def lifetimes(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each allocation's event of birth and of death (``len(events)`` for one alive at the end)."""
+        ev, at = self.events, np.arange(len(self.events))
+        born, died = np.full(len(self.sizes), -1), np.full(len(self.sizes), len(ev))
+        born[ev[ev >= 0]], died[-ev[ev < 0] - 1] = at[ev >= 0], at[ev < 0]
+        return born, died
+
 
 def _call_key(op, args: tuple) -> tuple:
     """What a kernel's scratch depends on: the op and its positional arguments, tensors by shape and dtype (also

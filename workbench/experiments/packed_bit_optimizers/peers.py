@@ -29,9 +29,8 @@ from tqdm.auto import tqdm
 
 from workbench.data import ImageSet, make_loader
 from workbench.measure import state_bytes, time_interleaved
-from workbench.train import train
-
 from workbench.optim import step_in_backward
+from workbench.train import train
 
 from .peak_memory import _loss, make_model, make_optimizer, parse_format, peak_of
 from .peer_import import import_peer
@@ -117,9 +116,8 @@ def make_peer(
     m = _METHODS[name]
     if optimizer == "sgd" and m.sgd is None:
         raise PeerUnavailable(f"{m.library}: only its AdamW is set up here")
-    common = dict(lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay)
-    if optimizer == "sgd":
-        common = dict(lr=lr, momentum=0.9, weight_decay=weight_decay)
+    common = dict(lr=lr, weight_decay=weight_decay, **(dict(momentum=0.9) if optimizer == "sgd" else
+                                                       dict(betas=(0.9, 0.999), eps=1e-8)))
     if m.library == "torch":
         return (torch.optim.SGD if optimizer == "sgd" else torch.optim.AdamW)(params, **common)
     if m.library == "workbench":
@@ -159,17 +157,11 @@ def _release(name: str) -> Callable:
     return step_in_backward
 
 
-def _built(name, model_fn, *, optimizer, lr, device):
-    fmt = parse_format(_METHODS[name].fmt)
-    model = make_model(model_fn, fmt, device)
-    return model, make_peer(name, model.parameters(), lr=lr, optimizer=optimizer), fmt
-
-
 def peer_peak(name: str, model_fn: Callable[[], nn.Module], batches: list[tuple[torch.Tensor, torch.Tensor]], *,
               in_backward: bool, optimizer: str = "adamw", lr: float, device: torch.device | str = "cpu") -> dict:
     """`peak_memory.measure_peak`'s record for method ``name`` in its own format, the step in backward its own
     way (`_release`); ``format`` is `peer_label`'s. Raises ``PeerUnavailable`` where it cannot run here."""
-    model, opt, fmt = _built(name, model_fn, optimizer=optimizer, lr=lr, device=device)
+    model, opt, fmt = _build(name, model_fn, lr=lr, device=device, optimizer=optimizer)
     return peak_of(model, opt, fmt, batches, in_backward=in_backward, device=torch.device(device),
                    release=_release(name), name=peer_label(name, optimizer))[0]
 
@@ -184,16 +176,17 @@ def peer_step(name: str, model_fn: Callable[[], nn.Module], batch: tuple[torch.T
               ) -> tuple[Callable[[], None], object]:
     """``(step, handle)``: one training step of method ``name`` (as `step_times`' steps of a format, the step in
     backward its own way). Raises ``PeerUnavailable`` where it cannot run here."""
-    model, opt, fmt = _built(name, model_fn, optimizer=optimizer, lr=lr, device=device)
+    model, opt, fmt = _build(name, model_fn, lr=lr, device=device, optimizer=optimizer)
     return step_of(model, opt, fmt, batch, in_backward=in_backward, device=device, release=_release(name))
 
 
-def _build(name, model_fn, *, lr, weight_decay, seed, compile, device):
+def _build(name, model_fn, *, lr, device, weight_decay=0.0, seed=0, compile=False, optimizer="adamw"):
+    """(model in method ``name``'s format on ``device``, its optimizer, the format), seeded by ``seed``."""
     torch.manual_seed(seed)
     fmt = parse_format(_METHODS[name].fmt)
     model = make_model(model_fn, fmt, device)
     return model, make_peer(name, model.parameters(), lr=lr, weight_decay=weight_decay, seed=seed,
-                            compile=compile), fmt
+                            compile=compile, optimizer=optimizer), fmt
 
 
 def peer_table(

@@ -67,17 +67,12 @@ def t2_program(d_model: int, layers: int, seq: int, *, in_backward: bool, keep_g
 
 def _peak(trace) -> tuple[int, int, str]:
     """(peak tensor bytes, gradient bytes live at it, the step it falls in) of one trace."""
-    events = trace.events
-    ids = np.where(events >= 0, events, -events - 1)
-    live = np.cumsum(np.where(events >= 0, trace.sizes[ids], -trace.sizes[ids]))
+    live, (born, died) = trace.live(), trace.lifetimes()
     at = int(live.argmax())
-    born = np.full(len(trace.sizes), len(events))
-    died = np.full(len(trace.sizes), len(events))
-    born[events[events >= 0]] = np.nonzero(events >= 0)[0]
-    died[-events[events < 0] - 1] = np.nonzero(events < 0)[0]
-    alive = (born <= at) & (died > at)
-    grads = sum(int(trace.sizes[i]) for i in np.nonzero(alive)[0] if trace.info[i]["kind"] == "gradient")
-    return int(live[at]), grads, trace.info[int(ids[at])]["phase"]
+    alive = np.nonzero((born <= at) & (died > at))[0]
+    grads = sum(int(trace.sizes[i]) for i in alive if trace.info[i]["kind"] == "gradient")
+    event = int(trace.events[at])
+    return int(live[at]), grads, trace.info[event if event >= 0 else -event - 1]["phase"]
 
 
 def planned_fused_backward(*, d_model: int = 1024, layers: int = 24, batch: int = 16, seq: int = 128,
