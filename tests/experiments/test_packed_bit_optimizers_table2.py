@@ -214,10 +214,14 @@ def test_table_2_planned_at_a_size_is_what_the_run_at_that_size_measures(one_thr
                                                    ("paper", "ordinary, gradients kept"), ("check", "ordinary"),
                                                    ("check", "in backward")]
     run = fused_backward(d_model=64, layers=1, batch=2, seq=8, steps=2, repeats=1, progress=False, peers=())
+    check = df[df["size"] == "check"]
     for sib in (False, True):  # the plan of the program against MemoryMeter's run of Table 2's own code
-        planned = df[(df["size"] == "check") & (df["step_in_backward"] == sib)]["planned_bytes"].iloc[0]
+        planned = check[check["step_in_backward"] == sib]["planned_bytes"].iloc[0]
         measured = run[run["step_in_backward"] == sib]["peak_bytes"].iloc[0]
         assert planned == pytest.approx(measured, rel=1e-3)
+    # and against the allocator's own count of the same program run for real, kernels' scratch included
+    assert (check["plan_error"] == check["planned_bytes"] / check["allocator_bytes"] - 1).all()
+    assert check["plan_error"].between(-0.05, 0.05).all() and df[df["size"] == "paper"]["allocator_bytes"].isna().all()
     paper = df[df["size"] == "paper"].set_index("program")
     params = sum(p.numel() for p in T5Classifier(flan_t5_config(64, 1)).parameters())
     # gradients kept between steps: every fp32 gradient is alive at the peak, which they raise

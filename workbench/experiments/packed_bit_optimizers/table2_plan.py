@@ -10,8 +10,9 @@ plan. Table 2's program (`table2.fused_backward`'s model: `T5Classifier` of `fla
 two steps with a fresh optimizer) is traced under fake tensors (CalcGraph's tracker, `workbench.calcgraph`) once at
 the batch asked, each way: no fit, since only that batch is answered. A trace is exact for the program it runs
 (tensors, not the kernels' scratch); the token ids are real, so the classifier's end-of-sequence mask indexes as
-in a real run (`calcgraph.values`). The planner is checked in the same notebook run on the same program at the
-size that runs there (`check`: `fused_backward`'s MemoryMeter peaks).
+in a real run (`calcgraph.values`). The planner is checked in the same run on the same program at a size that runs
+here (`check`): that program run for real under `workbench.measure.AllocatorMeter` (the c10 allocator's own total,
+scratch included: another count than the plan's tensors).
 
 What the saving can be is read off the plan itself: ``gradients_at_peak``, the gradient bytes live at the ordinary
 run's peak, is all the step in backward can free there (its ``ceiling`` over the peak). Where a step ends with
@@ -22,6 +23,8 @@ plans that loop too.
 
 from __future__ import annotations
 
+import gc
+import math
 import time
 from collections.abc import Callable
 
@@ -32,6 +35,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from workbench.calcgraph import training_program
 from workbench.calcgraph.forked import run_forked, trace_program
+from workbench.measure import AllocatorMeter
 
 from .table2 import T5Classifier, _token_batches, flan_t5_config
 
@@ -79,9 +83,11 @@ def planned_fused_backward(*, d_model: int = 1024, layers: int = 24, batch: int 
                            check: tuple[int, int, int, int] | None = None, keep_grads: bool = True) -> pd.DataFrame:
     """Planned peak of Table 2's program at ``(d_model, layers, batch, seq)`` each way (and, with ``keep_grads``,
     the ordinary loop that keeps its gradients), and at ``check`` (the same four, the size a real run measures
-    beside it) ordinary and in backward. One row per program and size: ``size`` ("paper" / "check"),
-    ``program``, ``step_in_backward``, ``keep_grads``, ``params``, ``planned_bytes``, ``gradients_at_peak``,
-    ``peak_step``, ``trace_s`` (summed over the programs' traces, run side by side in forked workers), ``model``."""
+    beside it) ordinary and in backward, each also run for real there (``allocator_bytes``: AllocatorMeter's peak;
+    ``plan_error`` = planned / allocator - 1; NaN at the paper's size). One row per program and size: ``size``
+    ("paper" / "check"), ``program``, ``step_in_backward``, ``keep_grads``, ``params``, ``planned_bytes``,
+    ``gradients_at_peak``, ``peak_step``, ``trace_s`` (each program's trace, run side by side in forked workers),
+    ``model``."""
     if min(d_model, layers, batch, seq) < 1:
         raise ValueError(f"need d_model, layers, batch, seq >= 1, got {d_model}, {layers}, {batch}, {seq}")
     jobs = [("paper", (d_model, layers, batch, seq), p) for p in _PROGRAMS if keep_grads or not p[2]]
@@ -98,8 +104,15 @@ def planned_fused_backward(*, d_model: int = 1024, layers: int = 24, batch: int 
     rows = []
     for (size, dims, (name, sib, kept)), result in zip(jobs, made, strict=True):
         (peak, grads, step), params, seconds = result if result is not None else traced(dims, (name, sib, kept))
+        allocator = math.nan
+        if size == "check":  # the same program for real, after every trace: the allocator's own count
+            gc.collect()
+            with AllocatorMeter("cpu") as meter:
+                t2_program(dims[0], dims[1], dims[3], in_backward=sib, keep_grads=kept)(dims[2])
+            allocator = meter.peak_bytes
         rows.append({"size": size, "program": name, "step_in_backward": sib, "keep_grads": kept, "params": params,
                      "d_model": dims[0], "layers": dims[1], "batch": dims[2], "seq": dims[3], "planned_bytes": peak,
+                     "allocator_bytes": allocator, "plan_error": peak / allocator - 1,
                      "gradients_at_peak": grads, "peak_step": step, "trace_s": seconds,
                      "model": f"T5 d_model {dims[0]}, {dims[1]}+{dims[1]} layers, batch {dims[2]} x {dims[3]} "
                               f"tokens, AdamW fp32"})

@@ -243,8 +243,8 @@ def _t2_plan(records: Records) -> object | None:
 def table2_planned(keep_grads: bool) -> Callable[[Records, Mapping], Measured | None]:
     """1 - peak(in backward) / peak(ordinary) of Table 2's program planned at the paper's size, the ordinary loop
     freeing its gradients at ``zero_grad`` (torch's default) or (``keep_grads``) keeping them zeroed between steps.
-    Spread: +- the difference between the saving planned and the one MemoryMeter measured in the same notebook
-    run at the check size (``fused_backward``'s own run), where both are there."""
+    Spread: +- the difference between the saving planned and the one the allocator gave in the same run at the check
+    size (`table2_plan`'s real runs under AllocatorMeter), where there is one."""
     def measure(records: Records, params: Mapping) -> Measured | None:
         plan = _t2_plan(records)
         if plan is None:
@@ -262,18 +262,15 @@ def table2_planned(keep_grads: bool) -> Callable[[Records, Mapping], Measured | 
                  f"live at the ordinary peak {base['gradients_at_peak'] / 2**20:,.0f} MiB "
                  f"({base['gradients_at_peak'] / base['planned_bytes']:.1%}, the ceiling)")
         check = plan[plan["size"] == "check"]
-        runs = record_frame(records, "fused_backward")
-        got = [(find_row(check, step_in_backward=s), find_row(runs, format="fp32", step_in_backward=s))
-               for s in (False, True)]
-        if any(p is None or m is None or finite(m.get("peak_bytes")) is None for p, m in got):
+        pb, ps = (find_row(check, program=name) for name in ("ordinary", "in backward"))
+        if pb is None or ps is None or "allocator_bytes" not in check or not check["allocator_bytes"].notna().all():
             return Measured(saving, scale=scale + "; the planner not checked in this run")
-        (pb, mb), (ps, ms) = got
-        planned, metered = 1 - ps["planned_bytes"] / pb["planned_bytes"], 1 - ms["peak_bytes"] / mb["peak_bytes"]
-        scale += (f"; planner checked in this run on the same program at {pb['model']}: plan / MemoryMeter "
-                  f"{pb['planned_bytes'] / mb['peak_bytes'] - 1:+.3%} (ordinary), "
-                  f"{ps['planned_bytes'] / ms['peak_bytes'] - 1:+.3%} (in backward); saving there: planned "
-                  f"{planned:.2%}, measured {metered:.2%} (spread: +- their difference)")
-        gap = abs(float(planned - metered))
+        planned = 1 - ps["planned_bytes"] / pb["planned_bytes"]
+        allocated = 1 - ps["allocator_bytes"] / pb["allocator_bytes"]
+        scale += (f"; planner checked in this run on the same program at {pb['model']} against AllocatorMeter: "
+                  f"plan / allocator {pb['plan_error']:+.3%} (ordinary), {ps['plan_error']:+.3%} (in backward); "
+                  f"saving there: planned {planned:.2%}, allocator {allocated:.2%} (spread: +- their difference)")
+        gap = abs(float(planned - allocated))
         return Measured(saving, spread=(saving - gap, saving + gap), scale=scale)
     return measure
 
