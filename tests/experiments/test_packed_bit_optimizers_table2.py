@@ -229,3 +229,5 @@ def test_table_2_planned_at_a_size_is_what_the_run_at_that_size_measures(one_thr
     assert paper.loc["ordinary, gradients kept", "planned_bytes"] > paper.loc["ordinary", "planned_bytes"]
     with pytest.raises(ValueError, match="need d_model, layers, batch, seq >= 1"):
         planned_fused_backward(batch=0)
+    with pytest.raises(ValueError, match=r"check: \(d_model, layers, batch, seq\), each >= 1, got \(64, 1, 2\)"):
+        planned_fused_backward(check=(64, 1, 2))

@@ -90,6 +90,8 @@ def planned_fused_backward(*, d_model: int = 1024, layers: int = 24, batch: int 
     ``model``."""
     if min(d_model, layers, batch, seq) < 1:
         raise ValueError(f"need d_model, layers, batch, seq >= 1, got {d_model}, {layers}, {batch}, {seq}")
+    if check is not None and (len(check) != 4 or min(check) < 1):
+        raise ValueError(f"check: (d_model, layers, batch, seq), each >= 1, got {check!r}")
     jobs = [("paper", (d_model, layers, batch, seq), p) for p in _PROGRAMS if keep_grads or not p[2]]
     jobs += [("check", check, p) for p in _PROGRAMS[:2]] if check is not None else []
 
