@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from workbench.measure import LiveStorageMode, cpu_rng_state_as_op
 
+from .kernels import PlanFakeTensorMode
 from .values import _refuse_mixed_matmul, with_known_values
 
 __all__: list[str] = []  # internal to workbench.calcgraph
@@ -302,7 +303,7 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
         gc.collect(1)
         gc.disable()
     try:
-        with _quiet_fake_tensor_logs(), (FakeTensorMode(allow_non_fake_inputs=True) if fake
+        with _quiet_fake_tensor_logs(), (PlanFakeTensorMode(allow_non_fake_inputs=True) if fake
                                          else contextlib.nullcontext()), cpu_rng_state_as_op(fake=fake):
             with tracker:
                 program(tracker)
@@ -314,6 +315,8 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
     finally:
         if collecting:
             gc.enable()
+        if fake:  # its entries were made by the meta kernels `PlanFakeTensorMode` chose: not for another fake mode's
+            FakeTensorMode.cache_clear()
         tracker.unwatch()
         tracker.close()
     events = _canonical_frees(tracker.events)
