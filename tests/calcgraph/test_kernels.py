@@ -20,16 +20,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 BATCH_NORM = "native_batch_norm.default"
 
 
-def _zoo_program(case, size: int, annotate) -> None:
+def _zoo_program(case, size: int, annotate, device: str = "cpu") -> None:
     training_program(case.build, case.shape, size, loss=case.loss, optimizer=case.optimizer,
-                     input_dtype=case.input_dtype, annotate=annotate,
-                     make_batch=None if case.sample is None else _user_rows(case.sample))
+                     input_dtype=case.input_dtype, annotate=annotate, device=device,
+                     make_batch=None if case.sample is None else _user_rows(case.sample.to(device)))
 
 
-def _traced(program, mode=None, monkeypatch=None):
+def _traced(program, mode=None, monkeypatch=None, device: str = "cpu"):
     if mode is not None:
-        monkeypatch.setattr(tracker, "PlanFakeTensorMode", mode)
-    return _trace(program, device=torch.device("cpu"))
+        monkeypatch.setattr(tracker, "_fake_mode", lambda _device: mode)
+    return _trace(program, device=torch.device(device))
 
 
 def _cnn(dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -77,3 +77,19 @@ def test_batchnorms_tensors_are_the_real_kernels(name):
 def test_a_trace_leaves_no_entry_in_torchs_dispatch_cache():
     _traced(lambda annotate: PROGRAMS["cnn autocast bf16"](annotate=annotate))
     assert len(FakeTensorMode.cache) == 0
+
+
+def test_a_cuda_program_is_traced_on_torchs_own_path_here(monkeypatch):
+    assert tracker._fake_mode(torch.device("cuda")) is FakeTensorMode
+    assert tracker._fake_mode(torch.device("cpu")) is tracker.PlanFakeTensorMode
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", [n for n in ZOO if "lstm" not in n and n != "gru"])  # cuDNN's RNNs: `Unplannable`
+def test_on_cuda_the_meta_kernels_give_torchs_traces(name, monkeypatch):
+    """Whether a CUDA program may take the C++ meta kernels too (`tracker._fake_mode`): equal traces both ways."""
+    program = functools.partial(_zoo_program, ZOO[name], 3, device="cuda")
+    ours = _traced(program, tracker.PlanFakeTensorMode, monkeypatch, device="cuda")
+    torchs = _traced(program, FakeTensorMode, monkeypatch, device="cuda")
+    assert ours.signature == torchs.signature, name
+    np.testing.assert_array_equal(ours.sizes, torchs.sizes, err_msg=name)

@@ -8,7 +8,8 @@ against 0.3 ms for the same call found in the dispatch cache. Every trace starts
 (`tracker._trace`), so a training program's first step ran its normalisation and activation backward through
 decompositions: in a DenseNet-BC-100 trace, 1.8 of its 2.6 s were the first step and 0.5 the second.
 
-A plan traces at concrete batch sizes, never symbolic ones, so each op with a C++ meta kernel takes it here. That
+A plan traces at concrete batch sizes, never symbolic ones, so each op of a CPU program with a C++ meta kernel takes
+it here (a CUDA program keeps torch's path until a CUDA test has compared the two: `tracker._fake_mode`). That
 kernel gives the same shapes, strides and dtypes as the decomposition (the same traces, byte for byte, for the
 advisor's suite and CalcGraph's zoo: `tests/calcgraph/test_kernels.py`), with one exception, BatchNorm's saved
 statistics at a reduced-precision input:

@@ -281,6 +281,12 @@ def _canonical_frees(events: list[int]) -> list[int]:
     return out[:-1]
 
 
+def _fake_mode(device: torch.device | None) -> type[FakeTensorMode]:
+    # NOTE: the C++ meta kernels (`kernels.py`) for a CPU program only: they were checked against torch's own path
+    # on the CPU's ops; a CUDA program's (cuDNN's BatchNorm and convolutions) are checked by a CUDA test first
+    return PlanFakeTensorMode if device is None or device.type == "cpu" else FakeTensorMode
+
+
 def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: bool = False,
            device: torch.device | None = None) -> _Trace:
     """Run `program` (on `device`) under the tracker: under fake tensors (a plan), or for real (`fake=False`,
@@ -303,7 +309,7 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
         gc.collect(1)
         gc.disable()
     try:
-        with _quiet_fake_tensor_logs(), (PlanFakeTensorMode(allow_non_fake_inputs=True) if fake
+        with _quiet_fake_tensor_logs(), (_fake_mode(device)(allow_non_fake_inputs=True) if fake
                                          else contextlib.nullcontext()), cpu_rng_state_as_op(fake=fake):
             with tracker:
                 program(tracker)
