@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from workbench.measure import LiveStorageMode, cpu_rng_state_as_op
 
-from .kernels import PlanFakeTensorMode
+from .kernels import PlanFakeTensorMode, plan_cache
 from .values import _refuse_mixed_matmul, with_known_values
 
 __all__: list[str] = []  # internal to workbench.calcgraph
@@ -293,12 +293,11 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
     calibration)."""
     tracker = _Tracker(device)
     tracker.profiled, tracker.fake = profiled, fake
-    if fake:
-        # NOTE: a trace must depend on its program and batch only, not on what this process traced before: on
-        # FakeTensor's warm dispatch cache an LSTM's backward frees its initial state after `mkldnn_rnn_layer_backward`
-        # allocates, on a cold one before, so two traces at one batch differed and a fit across processes
-        # (`calcgraph.forked`) read the program as not affine. Every trace starts cold (the advisor's ResNet-50 traces
-        # took 27 s in one process against 21 s); within it, step 2 still reuses step 1's entries.
+    mode = _fake_mode(device) if fake else None
+    if mode is FakeTensorMode:
+        # NOTE: a trace must depend on its program and batch only, not on what this process traced before: on torch's
+        # warm dispatch cache an LSTM's backward allocated otherwise than on a cold one (`kernels.py`), so with torch's
+        # own path every trace starts cold; within it, step 2 still reuses step 1's entries
         FakeTensorMode.cache_clear()
     # NOTE: a tensor held in a reference cycle is freed when Python's cyclic collector runs, which depends on all the
     # process did before: a BERT built for real and copied (`program._build_model`) freed its fp32 fake weights at a
@@ -309,8 +308,9 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
         gc.collect(1)
         gc.disable()
     try:
-        with _quiet_fake_tensor_logs(), (_fake_mode(device)(allow_non_fake_inputs=True) if fake
-                                         else contextlib.nullcontext()), cpu_rng_state_as_op(fake=fake):
+        with _quiet_fake_tensor_logs(), (mode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()), \
+                (plan_cache() if mode is PlanFakeTensorMode else contextlib.nullcontext()), \
+                cpu_rng_state_as_op(fake=fake):
             with tracker:
                 program(tracker)
     except Exception as error:
@@ -321,8 +321,6 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
     finally:
         if collecting:
             gc.enable()
-        if fake:  # its entries were made by the meta kernels `PlanFakeTensorMode` chose: not for another fake mode's
-            FakeTensorMode.cache_clear()
         tracker.unwatch()
         tracker.close()
     events = _canonical_frees(tracker.events)
