@@ -10,9 +10,9 @@ DenseNet-BC-100 trace, 1.8 of its 2.6 s were the first step and 0.5 the second.
 
 A plan traces at concrete batch sizes, never symbolic ones, so each op of a CPU program with a C++ meta kernel takes
 it here (a CUDA program keeps torch's path until a CUDA test has compared the two: `tracker._fake_mode`). That
-kernel gives the same shapes, strides and dtypes as the decomposition (the same traces, byte for byte, for the
-advisor's suite and CalcGraph's zoo: `tests/calcgraph/test_kernels.py`), with one exception, BatchNorm's saved
-statistics at a reduced-precision input:
+kernel gives the same shapes, strides and dtypes as the decomposition (the same traces, byte for byte: tested on
+CalcGraph's zoo and three CNNs in `tests/calcgraph/test_kernels.py`, and compared once on the advisor suite's four
+models at each precision and variant), with one exception, BatchNorm's saved statistics at a reduced-precision input:
 
 | input, weight | CPU kernel | C++ meta kernel | decomposition |
 |---|---|---|---|
