@@ -9,7 +9,8 @@ training program's first step ran its normalisation and activation backward thro
 DenseNet-BC-100 trace, 1.8 of its 2.6 s were the first step and 0.5 the second.
 
 A plan traces at concrete batch sizes, never symbolic ones, so each op of a CPU program with a C++ meta kernel takes
-it here (a CUDA program keeps torch's path until a CUDA test has compared the two: `tracker._fake_mode`). That
+it here (a CUDA program, or any on a torch other than 2.13, keeps torch's path until a test has compared the two
+there: `tracker._fake_mode`). That
 kernel gives the same shapes, strides and dtypes as the decomposition (the same traces, byte for byte: tested on
 CalcGraph's zoo and three CNNs in `tests/calcgraph/test_kernels.py`, and compared once on the advisor suite's four
 models at each precision and variant), with one exception, BatchNorm's saved statistics at a reduced-precision input:
@@ -43,10 +44,18 @@ from torch.utils._pytree import tree_leaves
 
 __all__: list[str] = []  # used through the tracker
 
+# NOTE: `PlanFakeTensorMode` overrides private methods of torch's `FakeTensorMode`, compared (tests) on this torch
+# only: another (the GPU machine's image has torch 2.11) traces on torch's own path
+CHECKED_TORCH = "2.13"
 CACHE_ENTRIES = 50_000  # a process's plan cache is emptied past this many entries (a ResNet-50 program makes ~1,500)
 _CACHE: dict = {}
 _META = torch._C.DispatchKey.Meta
 _BATCH_NORM = torch.ops.aten.native_batch_norm.default
+
+
+def checked_torch() -> bool:
+    """Whether this torch is the one `PlanFakeTensorMode` was compared on (`CHECKED_TORCH`)."""
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2]) == CHECKED_TORCH
 
 
 def _meta_agrees(func, args: tuple) -> bool:

@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from workbench.measure import LiveStorageMode, cpu_rng_state_as_op
 
-from .kernels import PlanFakeTensorMode, plan_cache
+from .kernels import PlanFakeTensorMode, checked_torch, plan_cache
 from .values import _refuse_mixed_matmul, with_known_values
 
 __all__: list[str] = []  # internal to workbench.calcgraph
@@ -282,9 +282,9 @@ def _canonical_frees(events: list[int]) -> list[int]:
 
 
 def _fake_mode(device: torch.device | None) -> type[FakeTensorMode]:
-    # NOTE: the C++ meta kernels (`kernels.py`) for a CPU program only: they were checked against torch's own path
-    # on the CPU's ops; a CUDA program's (cuDNN's BatchNorm and convolutions) are checked by a CUDA test first
-    return PlanFakeTensorMode if device is None or device.type == "cpu" else FakeTensorMode
+    # NOTE: the C++ meta kernels (`kernels.py`) for a CPU program on the torch they were compared on only: a CUDA
+    # program's (cuDNN's BatchNorm and convolutions) are compared by a CUDA test first
+    return PlanFakeTensorMode if checked_torch() and (device is None or device.type == "cpu") else FakeTensorMode
 
 
 def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: bool = False,
