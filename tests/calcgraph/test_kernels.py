@@ -1,4 +1,4 @@
-"""A plan's fake tensors take each op's C++ meta kernel over its Python decomposition, and keep their dispatch cache
+"""A plan's fake tensors take each op's meta kernel over its Python decomposition, and keep their dispatch cache
 from trace to trace (`calcgraph.kernels`, issue 45): the same traces as torch's own `FakeTensorMode`, except BatchNorm's
 saved statistics under autocast and an LSTM backward's first call, where they now agree with the kernel that runs
 (checked against real runs, not against either fake path), and the same traces on a cold cache and on a warm one."""
@@ -119,7 +119,7 @@ def test_a_cuda_program_or_another_torch_is_traced_on_torchs_own_path(monkeypatc
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", [n for n in ZOO if "lstm" not in n and n != "gru"])  # cuDNN's RNNs: `Unplannable`
 def test_on_cuda_the_meta_kernels_give_torchs_traces(name, monkeypatch):
-    """Whether a CUDA program may take the C++ meta kernels too (`tracker._fake_mode`): equal traces both ways (on
+    """Whether a CUDA program may take the meta kernels too (`tracker._fake_mode`): equal traces both ways (on
     the GPU machine's torch, which may differ from the one `kernels.CHECKED_TORCH` names)."""
     program = functools.partial(_zoo_program, ZOO[name], 3, device="cuda")
     ours = _traced(program, tracker.PlanFakeTensorMode, monkeypatch, device="cuda")

@@ -1,21 +1,23 @@
-"""The fake tensors a plan is traced under (issue 45: the cost of a trace): each op's shapes from torch's C++ meta
-kernel where it has one, and a dispatch cache kept from one trace to the next.
+"""The fake tensors a plan is traced under (issue 45: the cost of a trace): each op's shapes from its meta kernel
+where it has one, and a dispatch cache kept from one trace to the next.
 
-`FakeTensorMode` (torch 2.13) prefers an op's Python decomposition (`torch._decomp`) over its C++ meta kernel
-wherever the meta kernel is not registered as supporting symbolic sizes. A decomposition computes the outputs'
-shapes by running the op's arithmetic op by op, each through fake dispatch again: a BatchNorm forward took 8 ms
-against 0.3 ms for the same call found in the dispatch cache. A trace started with that cache cold, so a
-training program's first step ran its normalisation and activation backward through decompositions: in a
-DenseNet-BC-100 trace, 1.8 of its 2.6 s were the first step and 0.5 the second.
+`FakeTensorMode` (torch 2.13) prefers an op's Python decomposition (`torch._decomp`) over its meta kernel (the
+op's kernel for the meta device: C++, or for some ops, BatchNorm's among them, a decomposition torch registers there)
+wherever that kernel is not registered as supporting symbolic sizes. Under fake tensors a decomposition runs the op's
+arithmetic op by op, each through fake dispatch again (its cache key, its cache entry); the meta kernel runs once on
+meta tensors. A BatchNorm forward took 8 ms through fake dispatch against 0.3 ms for the same call found in the
+dispatch cache. A trace started with that cache cold, so a training program's first step ran its normalisation and
+activation backward through decompositions: in a DenseNet-BC-100 trace, 1.8 of its 2.6 s were the first step and
+0.5 the second.
 
-A plan traces at concrete batch sizes, never symbolic ones, so each op of a CPU program with a C++ meta kernel takes
-it here (a CUDA program, or any on a torch other than 2.13, keeps torch's path until a test has compared the two
-there: `tracker._fake_mode`). That
-kernel gives the same shapes, strides and dtypes as the decomposition (the same traces, byte for byte: tested on
-CalcGraph's zoo and three CNNs in `tests/calcgraph/test_kernels.py`, and compared once on the advisor suite's four
-models at each precision and variant), with one exception, BatchNorm's saved statistics at a reduced-precision input:
+A plan traces at concrete batch sizes, never symbolic ones, so each op of a CPU program with a meta kernel takes it
+here (a CUDA program, or any on a torch other than 2.13, keeps torch's path until a test has compared the two there:
+`tracker._fake_mode`). That kernel gives the same shapes, strides and dtypes as the decomposition (the same traces,
+byte for byte: tested on CalcGraph's zoo and three CNNs in `tests/calcgraph/test_kernels.py`, and compared once on the
+advisor suite's four models at each precision and variant and on transformers' BERT and GPT-2), with one exception,
+BatchNorm's saved statistics at a reduced-precision input:
 
-| input, weight | CPU kernel | C++ meta kernel | decomposition |
+| input, weight | CPU kernel | meta kernel | decomposition under fake tensors |
 |---|---|---|---|
 | bf16, fp32 (autocast) | fp32 | fp32 | bf16 |
 | bf16, bf16 (bf16 weights) | bf16 | fp32 | bf16 |
@@ -59,7 +61,7 @@ def checked_torch() -> bool:
 
 
 def _meta_agrees(func, args: tuple) -> bool:
-    """Whether `func`'s C++ meta kernel gives what the real kernel gives for `args` (see the module docstring)."""
+    """Whether `func`'s meta kernel gives what the real kernel gives for `args` (see the module docstring)."""
     if func is not _BATCH_NORM:
         return True
     x, weight = args[0], args[1] if len(args) > 1 else None
@@ -68,7 +70,7 @@ def _meta_agrees(func, args: tuple) -> bool:
 
 
 class PlanFakeTensorMode(FakeTensorMode):
-    """`FakeTensorMode` that runs an op's C++ meta kernel rather than its Python decomposition (module docstring)."""
+    """`FakeTensorMode` that runs an op's meta kernel rather than its Python decomposition (module docstring)."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

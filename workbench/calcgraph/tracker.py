@@ -282,7 +282,7 @@ def _canonical_frees(events: list[int]) -> list[int]:
 
 
 def _fake_mode(device: torch.device | None) -> type[FakeTensorMode]:
-    # NOTE: the C++ meta kernels (`kernels.py`) for a CPU program on the torch they were compared on only: a CUDA
+    # NOTE: the meta kernels (`kernels.py`) for a CPU program on the torch they were compared on only: a CUDA
     # program's (cuDNN's BatchNorm and convolutions) are compared by a CUDA test first
     return PlanFakeTensorMode if checked_torch() and (device is None or device.type == "cpu") else FakeTensorMode
 
