@@ -12,20 +12,13 @@ from torch import nn
 from torch._subclasses import FakeTensorMode
 
 from workbench.calcgraph import kernels, tracker, training_program
-from workbench.calcgraph.plan import _user_rows
 from workbench.calcgraph.tracker import _trace
-from workbench.calcgraph.zoo import ZOO
+from workbench.calcgraph.zoo import ZOO, case_program
 from workbench.optim import PackedAdamW
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BATCH_NORM = "native_batch_norm.default"
 LSTM_BACKWARD = "mkldnn_rnn_layer_backward.default"
-
-
-def _zoo_program(case, size: int, annotate, device: str = "cpu") -> None:
-    training_program(case.build, case.shape, size, loss=case.loss, optimizer=case.optimizer,
-                     input_dtype=case.input_dtype, annotate=annotate, device=device,
-                     make_batch=None if case.sample is None else _user_rows(case.sample.to(device)))
 
 
 def _traced(program, mode=None, monkeypatch=None, device: str = "cpu"):
@@ -45,7 +38,7 @@ PROGRAMS = {
     "cnn bf16 weights": functools.partial(training_program, functools.partial(_cnn, torch.bfloat16), (3, 6, 6), 3,
                                           input_dtype=torch.bfloat16,
                                           optimizer=lambda params: PackedAdamW(params, extra_bits=8, seed=0)),
-    **{f"zoo {name}": functools.partial(_zoo_program, case, 3) for name, case in ZOO.items()},
+    **{f"zoo {name}": functools.partial(case_program(case), 3) for name, case in ZOO.items()},
 }
 
 
@@ -121,7 +114,7 @@ def test_a_cuda_program_or_another_torch_is_traced_on_torchs_own_path(monkeypatc
 def test_on_cuda_the_meta_kernels_give_torchs_traces(name, monkeypatch):
     """Whether a CUDA program may take the meta kernels too (`tracker._fake_mode`): equal traces both ways (on
     the GPU machine's torch, which may differ from the one `kernels.CHECKED_TORCH` names)."""
-    program = functools.partial(_zoo_program, ZOO[name], 3, device="cuda")
+    program = functools.partial(case_program(ZOO[name], "cuda"), 3)
     ours = _traced(program, tracker.PlanFakeTensorMode, monkeypatch, device="cuda")
     torchs = _traced(program, FakeTensorMode, monkeypatch, device="cuda")
     assert ours.signature == torchs.signature, name

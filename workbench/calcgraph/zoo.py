@@ -29,7 +29,7 @@ from .plan import _user_rows, plan_training
 from .tracker import Unplannable
 from .program import training_program
 
-__all__ = ["HELD_OUT_BATCHES", "ZOO", "ZooCase", "accuracy_table", "measure_case", "plan_case"]
+__all__ = ["HELD_OUT_BATCHES", "ZOO", "ZooCase", "accuracy_table", "case_program", "measure_case", "plan_case"]
 
 # NOTE: batch sizes that calibration never runs (it runs 1, 2, 4, 8, 32, checks 16 and 64, and doubles a
 # check that misses), so that the table judges the calibrated plan where it predicts rather than where it
@@ -214,14 +214,24 @@ def plan_case(case: ZooCase, device: torch.device | str = "cpu") -> CompiledGrap
                          optimizer=case.optimizer, input_dtype=case.input_dtype, calibrate=False, device=device)
 
 
+def case_program(case: ZooCase, device: torch.device | str = "cpu") -> Callable[..., None]:
+    """`case`'s training program on `device`, `program(batch_size, annotate=None)` (`training_program`; its own
+    sample's rows where it has one)."""
+    device = torch.device(device)
+    batches = _user_rows(case.sample.to(device)) if case.sample is not None else None
+
+    def program(batch_size: int, annotate=None) -> None:
+        training_program(case.build, case.shape, batch_size, optimizer=case.optimizer, input_dtype=case.input_dtype,
+                         loss=case.loss, make_batch=batches, device=device, annotate=annotate)
+    return program
+
+
 def measure_case(case: ZooCase, batch_size: int, device: torch.device | str = "cpu") -> AllocatorMeter:
     """One real run of `case`'s training program at `batch_size` under `AllocatorMeter` (read its peaks)."""
     gc.collect()  # garbage of an earlier run freed inside the meter would lower its count
-    device = torch.device(device)
-    batches = _user_rows(case.sample.to(device)) if case.sample is not None else None
+    program = case_program(case, device)
     with AllocatorMeter(device) as meter:
-        training_program(case.build, case.shape, batch_size, optimizer=case.optimizer, input_dtype=case.input_dtype,
-                         loss=case.loss, make_batch=batches, device=device)
+        program(batch_size)
     return meter
 
 
