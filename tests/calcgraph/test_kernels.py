@@ -119,3 +119,51 @@ def test_on_cuda_the_meta_kernels_give_torchs_traces(name, monkeypatch):
     torchs = _traced(program, FakeTensorMode, monkeypatch, device="cuda")
     assert ours.signature == torchs.signature, name
     np.testing.assert_array_equal(ours.sizes, torchs.sizes, err_msg=name)
+
+
+def _key_cases(mode: FakeTensorMode) -> dict[str, object]:
+    """Fake tensors (and arguments beside them) that differ in one piece of what torch keys a tensor by."""
+    with mode:
+        base = torch.empty(4, 6)
+        cases = {
+            "4x6": base, "another 4x6": torch.empty(4, 6), "6x4": torch.empty(6, 4), "transposed": base.t(),
+            "bf16": torch.empty(4, 6, dtype=torch.bfloat16), "int64": torch.empty(4, 6, dtype=torch.long),
+            "offset slice": torch.empty(5, 6)[1:], "slice at 0": torch.empty(5, 6)[:4],
+            "in a larger storage": torch.empty(30)[:24].view(4, 6),
+            "requires grad": torch.empty(4, 6, requires_grad=True),
+            "expanded": torch.empty(1, 6).expand(4, 6), "channels last": torch.empty(2, 3, 4, 5).to(
+                memory_format=torch.channels_last), "contiguous 4-d": torch.empty(2, 3, 4, 5), "0-d": torch.empty(()),
+            "empty": torch.empty(0, 6), "complex": torch.empty(4, 6, dtype=torch.cfloat),
+            "conjugate": torch.empty(4, 6, dtype=torch.cfloat).conj(),
+            "negative": torch._neg_view(torch.empty(4, 6, dtype=torch.cfloat)),
+            "sparse": torch.empty(4, 6).to_sparse(), "a list of two": [base, base], "an int": 4, "a float": 4.0,
+        }
+        with torch.inference_mode():
+            cases["inference"] = torch.empty(4, 6)
+    return cases
+
+
+def test_a_dense_fake_tensors_cache_key_tells_apart_what_torchs_key_tells_apart():
+    """`PlanFakeTensorMode._prep_args_for_hash` keys a dense fake tensor by one tuple: two arguments get one key
+    exactly where torch's own key gives them one."""
+    from torch._subclasses._fake_tensor_utils import _CacheKeyState
+
+    mode = kernels.PlanFakeTensorMode(allow_non_fake_inputs=True)
+    cases = _key_cases(mode)
+
+    def keys(prep) -> dict[str, tuple]:
+        out = {}
+        for name, arg in cases.items():
+            result: list = []
+            try:
+                prep(mode, result, (arg,), _CacheKeyState(), [])
+            except Exception as error:  # noqa: BLE001 - a bypass (sparse) must bypass both ways
+                result = [type(error).__name__]
+            out[name] = tuple(result)
+        return out
+    ours, torchs = keys(kernels.PlanFakeTensorMode._prep_args_for_hash), keys(FakeTensorMode._prep_args_for_hash)
+    assert ours["sparse"] == torchs["sparse"] == ("_BypassDispatchCache",)
+    for a in cases:
+        for b in cases:
+            assert (ours[a] == ours[b]) == (torchs[a] == torchs[b]), (a, b)
+    assert ours["4x6"] == ours["another 4x6"] and ours["4x6"] != ours["in a larger storage"]
