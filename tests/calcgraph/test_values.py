@@ -84,3 +84,30 @@ def test_a_boolean_mask_of_token_ids_indexes_as_in_the_real_run(one_thread):
     with MemoryMeter("cpu") as meter:
         training_program(EndToken, (12,), 4, input_dtype=torch.long, make_batch=_user_rows(tokens), loss=total)
     assert graph.required_bytes(4) == meter.peak_bytes
+
+
+@pytest.mark.parametrize("options", [dict(extra_bits=8), dict(extra_bits=5), dict(extra_bits=8, state_dtype=torch.int8),
+                                     dict(extra_bits=8, fused=True), dict(extra_bits=5, fused=True)],
+                         ids=["byte planes", "int32 words", "int8 moments", "fused planes", "fused words"])
+def test_a_packed_optimizers_state_is_fake_under_a_plans_trace(options):
+    """Its extra bits (uint8 planes, int32 words) and int8 moments are integer tensors: made by a factory of
+    integers they ran for real (`with_known_values`), as large as the parameters on the planning host, and each
+    kernel call converted them to fake again. Made like their parameter, they are fake."""
+    from torch._subclasses import FakeTensor
+
+    from workbench.calcgraph.tracker import _trace
+    from workbench.optim import PackedAdamW
+
+    made = []
+
+    def optimizer(params):
+        made.append(PackedAdamW(params, seed=0, **options))
+        return made[-1]
+    build = lambda: nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 3)).to(torch.bfloat16)  # noqa: E731
+    _trace(lambda annotate: training_program(build, (16,), 4, optimizer=optimizer, input_dtype=torch.bfloat16,
+                                             annotate=annotate))
+    states = [t for st in made[0].state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    assert states and all(isinstance(t, FakeTensor) for t in states), \
+        [(t.dtype, tuple(t.shape)) for t in states if not isinstance(t, FakeTensor)]
+    assert {t.dtype for t in states} >= ({torch.int8} if "state_dtype" in options else
+                                         {torch.int32 if options["extra_bits"] == 5 else torch.uint8})

@@ -307,7 +307,7 @@ def _moments(n, kinds, g, *, garbage=False):
     """(codes, scales) pairs: random moments quantized, with special values mixed in (or random bytes)."""
     out = []
     for kind in kinds:
-        st = new_quantized(n, "exp_avg_sq" if kind == "square" else "exp_avg", "cpu")
+        st = new_quantized(n, "exp_avg_sq" if kind == "square" else "exp_avg", torch.empty(0))
         codes, scales = st.values()
         if garbage:
             codes.view(torch.uint8).copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g))
@@ -408,7 +408,7 @@ def test_the_cpu_kernel_refuses_misplaced_segments_and_wrong_codes():
     n = 64
     half = torch.zeros(n, dtype=BF16)
     planes = [torch.zeros(n, dtype=torch.uint8)]
-    good = [t for k in ("exp_avg", "exp_avg_sq") for t in new_quantized(n, k, "cpu").values()]
+    good = [t for k in ("exp_avg", "exp_avg_sq") for t in new_quantized(n, k, torch.empty(0)).values()]
     static = dict(math_fn=adam_math, extra_bits=8, stochastic_rounding=False, master_rounding="truncate",
                   options=ADAMW[1], quantized=("signed", "square"))
     segments = GradSegments((0, 40), (torch.zeros(8, dtype=BF16), torch.zeros(8, dtype=BF16)), None)

@@ -57,7 +57,7 @@ def test_every_bf16_value_below_every_scale_mantissa(kernel):
     n = grad.numel()
     half = torch.full((n,), 0.5, dtype=BF16)
     planes = [torch.zeros(n, dtype=torch.uint8)]
-    st = new_quantized(n, "exp_avg", "cpu")
+    st = new_quantized(n, "exp_avg", torch.empty(0))
     coef = lambda step: torch.tensor([1e-2, 0.0, 0.9, 0.95])  # noqa: E731  no weight decay: the buffer is the gradient
     _run(n, sgd_math, {"momentum": True, "nesterov": False, "first": True}, grad, coef, list(st.values()), half,
          planes)
@@ -69,6 +69,6 @@ def test_random_adamw_moments_near_ties(kernel):
     half = (torch.randn(n, generator=g) * 0.02).to(BF16)
     grad = (torch.randn(n, generator=g) * torch.exp(torch.randn(n, generator=g))).to(BF16)
     planes = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)]
-    states = [*new_quantized(n, "exp_avg", "cpu").values(), *new_quantized(n, "exp_avg_sq", "cpu").values()]
+    states = [t for key in ("exp_avg", "exp_avg_sq") for t in new_quantized(n, key, torch.empty(0)).values()]
     _run(n, adam_math, {"decoupled": True}, grad, lambda step: coef_for(adam_math, step=step + 1), states, half,
          planes, steps=4)

@@ -90,7 +90,7 @@ def _sharded_zeros(p: DTensor, lead: tuple[int, ...], dtype: torch.dtype) -> DTe
     part = local(p)
     shape = torch.Size((*lead, *p.shape))
     stride = torch.empty(shape, device="meta").stride()
-    zeros = torch.zeros((*lead, *part.shape), dtype=dtype, device=part.device)
+    zeros = part.new_zeros((*lead, *part.shape), dtype=dtype)
     return DTensor.from_local(zeros, p.device_mesh, _state_placements(p, len(lead)), run_check=False,
                               shape=shape, stride=stride)
 
@@ -101,7 +101,7 @@ def new_extra(p: torch.Tensor, bits: int) -> torch.Tensor:
     if isinstance(p, DTensor):
         return _sharded_zeros(p, (bits // 8,), torch.uint8)
     shape, dtype = extra_storage(p.numel(), bits, aligned=True)
-    return torch.zeros(shape, dtype=dtype, device=p.device)
+    return p.new_zeros(shape, dtype=dtype)
 
 
 def new_moment(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

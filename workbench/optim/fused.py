@@ -245,17 +245,18 @@ class FlatGroup:
             off += (p.numel() + 31) // 32 * 32
         self.total = off
         self._offsets = tuple(self.offsets)
-        dev, dtype = params[0].device, params[0].dtype
-        self.half = torch.zeros(off, dtype=dtype, device=dev)
+        # made like the first parameter: its device, and fake under a plan's trace (see `quantized.new_quantized`)
+        like = params[0]
+        self.half = like.new_zeros(off)
         shape, edtype = extra_storage(off, bits, aligned=True)
-        self.extra = torch.zeros(shape, dtype=edtype, device=dev)
+        self.extra = like.new_zeros(shape, dtype=edtype)
         int8 = state_dtype == torch.int8
         if int8:  # 8-bit moments: 1-D codes and a scale per 32 values (``quantized``), segments on group bounds
             self.keys = keys = stored_keys(keys)
-            self.states = {k: torch.zeros(off // GROUP, dtype=torch.bfloat16, device=dev) if i % 2 else
-                           torch.zeros(off, dtype=code_dtype(kind_of(k)), device=dev) for i, k in enumerate(keys)}
+            self.states = {k: like.new_zeros(off // GROUP, dtype=torch.bfloat16) if i % 2 else
+                           like.new_zeros(off, dtype=code_dtype(kind_of(k))) for i, k in enumerate(keys)}
         else:
-            self.states = {k: torch.zeros(off, dtype=state_dtype, device=dev) for k in keys}
+            self.states = {k: like.new_zeros(off, dtype=state_dtype) for k in keys}
         self._grad: weakref.ref | None = None
         for p, o in zip(params, self.offsets, strict=True):
             # each segment in its parameter's memory order, viewed with its strides (``layout``)

@@ -204,7 +204,7 @@ class PackedOptimizer(torch.optim.Optimizer):
         int8 = group["state_dtype"] == torch.int8
         for k in self._state_keys(group):
             if k not in st:
-                st.update(new_quantized(p.numel(), k, p.device) if int8 else {k: new_moment(p, group["state_dtype"])})
+                st.update(new_quantized(p.numel(), k, local(p)) if int8 else {k: new_moment(p, group["state_dtype"])})
         return st
 
     def _check_made_for(self, p: torch.Tensor) -> None:

@@ -83,10 +83,12 @@ def scales_for(n: int) -> int:
     return (n + GROUP - 1) // GROUP
 
 
-def new_quantized(n: int, key: str, device: torch.device) -> dict[str, torch.Tensor]:
-    """Zero codes (1-D, ``n`` values in the parameter's memory order) and zero scales for state ``key``."""
-    return {key: torch.zeros(n, dtype=code_dtype(kind_of(key)), device=device),
-            scale_key(key): torch.zeros(scales_for(n), dtype=torch.bfloat16, device=device)}
+def new_quantized(n: int, key: str, like: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Zero codes (1-D, ``n`` values in the parameter's memory order) and zero scales for state ``key``, made like
+    ``like`` (the parameter: its device, and a fake tensor under a plan's trace, where a factory of integers runs
+    for real: ``calcgraph.values``)."""
+    return {key: like.new_zeros(n, dtype=code_dtype(kind_of(key))),
+            scale_key(key): like.new_zeros(scales_for(n), dtype=torch.bfloat16)}
 
 
 def _sqrt(x: torch.Tensor) -> torch.Tensor:
