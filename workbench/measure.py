@@ -138,13 +138,13 @@ class LiveStorageMode(TorchDispatchMode):
             return func(*args)
         kwargs = kwargs or {}
         op = self.in_place.op_for(func, args, kwargs)
-        out = self._counted(op, args, kwargs)
+        out = self._counted(op, args, kwargs, op_tensors((args, kwargs)))
         self.in_place.done(op, out)
         return out
 
-    def _counted(self, op, args, kwargs):
-        """Run `op` and count the storages it creates."""
-        inputs = {s._cdata for s in _storages((args, kwargs))}
+    def _counted(self, op, args, kwargs, tensors: list[torch.Tensor]):
+        """Run `op` and count the storages it creates (`tensors`: those among its arguments)."""
+        inputs = {t.untyped_storage()._cdata for t in tensors if t.device.type != "meta" and not t.is_sparse}
         out = op(*args, **kwargs)
         if self._watching():
             for storage in _storages(out, self._counts):

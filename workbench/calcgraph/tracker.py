@@ -109,11 +109,11 @@ class _Tracker(LiveStorageMode):
         # block (the 2026-11-27 H100 zoo: every Adam case a constant 512 bytes a parameter over)
         return not (self.device is not None and self.device.type == "cuda" and tensor.device.type == "cpu")
 
-    def _counted(self, op, args, kwargs):
+    def _counted(self, op, args, kwargs, tensors):
         if self.fake:
             _refuse_unplannable(op)
             _refuse_mixed_matmul(op, args)
-            op, real = with_known_values(op, args, kwargs)
+            op, real = with_known_values(op, args, tensors)
             if op is _CLONE:
                 self._source = self.live.get(args[0].untyped_storage()._cdata)
         else:
@@ -121,9 +121,9 @@ class _Tracker(LiveStorageMode):
         with unset_fake_temporarily() if real else contextlib.nullcontext():
             if self.profiled:
                 with torch.profiler.record_function(f"{CALL_PREFIX}{len(self.calls)}"):
-                    out = super()._counted(op, args, kwargs)
+                    out = super()._counted(op, args, kwargs, tensors)
             else:
-                out = super()._counted(op, args, kwargs)
+                out = super()._counted(op, args, kwargs, tensors)
         self._source = None
         self.calls.append((op.__name__, len(self.events)))
         if self.fake:

@@ -102,10 +102,9 @@ class _RealIntegers:
         return out
 
 
-def with_known_values(func, args, kwargs) -> tuple[object, bool]:
-    """The op to run in a fake trace for `func(*args, **kwargs)`, and whether to run it for real (outside
-    the fake mode): ops on real integer or boolean tensors only keep their values."""
-    tensors = op_tensors((args, kwargs))
+def with_known_values(func, args: tuple, tensors: list[torch.Tensor]) -> tuple[object, bool]:
+    """The op to run in a fake trace for `func(*args, ...)`, whose arguments hold `tensors`, and whether to run it
+    for real (outside the fake mode): ops on real integer or boolean tensors only keep their values."""
     if not tensors:  # a factory: real where it makes integers (`pad_packed_sequence` writes its lengths)
         return (func if torch.Tag.nondeterministic_seeded in func.tags else _RealIntegers(func)), False
     if not any(isinstance(t, FakeTensor) for t in tensors) and not any(
