@@ -282,3 +282,27 @@ def test_only_kineto_markers_are_held_back_from_stderr(capfd):
         with pytest.raises(RuntimeError, match="calibration needs torch.profiler, which is already running"):
             with allocator_events("calibration"):
                 pass
+
+
+def test_the_allocator_events_are_the_allocators_and_the_callers_marks_only():
+    """No op's range is recorded (`RecordScope.USER_SCOPE`): readers take the allocator's events and their own
+    `record_function` marks (calibration's op calls, VBS's layer calls)."""
+    with allocator_events() as profiler:
+        with torch.profiler.record_function("workbench.test.mark"):
+            kept = torch.ones(1 << 18, dtype=torch.uint8) * 2
+    names = {e.name() for e in profiler.profiler.kineto_results.events()}
+    assert "workbench.test.mark" in names and not any(n.startswith("aten::") for n in names), names
+    assert sum(n for _, n in allocator_trace(profiler)) >= 1 << 18
+    del kept
+
+
+def test_a_torch_whose_profiler_entry_point_takes_no_scopes_records_every_op(monkeypatch):
+    enable = torch.autograd.profiler._enable_profiler
+    monkeypatch.setattr(torch.autograd.profiler, "_enable_profiler", lambda config, activities: enable(config,
+                                                                                                      activities))
+    with allocator_events() as profiler:
+        kept = torch.ones(1 << 18, dtype=torch.uint8) * 2
+    assert any(e.name().startswith("aten::") for e in profiler.profiler.kineto_results.events())
+    assert sum(n for _, n in allocator_trace(profiler)) >= 1 << 18
+    assert torch.autograd.profiler._enable_profiler.__name__ == "<lambda>"  # handed back after the start
+    del kept

@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from torch._C._profiler import _EventType
+from torch._C._profiler import RecordScope, _EventType
 
 from .kineto import quiet_profile, without_kineto_markers
 from .measure_args import _device
@@ -22,16 +22,20 @@ __all__ = ["AllocatorMeter", "allocator_events", "allocator_trace"]
 def allocator_events(user: str = "allocator_events", device: torch.device | str = "cpu"
                      ) -> Iterator[torch.profiler.profile]:
     """torch.profiler recording the allocators' events (`profile_memory=True`: the CPU allocator's, and on a
-    CUDA `device` the caching allocator's too, each event with its device) around the block, without the trace
-    markers kineto prints at each start and stop; read `.profiler.kineto_results` after the block. Only one
-    profiler runs at a time: `user` names the caller in the error raised when one already runs."""
+    CUDA `device` the caching allocator's too, each event with its device) and the ranges of the caller's
+    `torch.profiler.record_function` around the block, without the trace markers kineto prints at each start and
+    stop; read `.profiler.kineto_results` after the block. Only one profiler runs at a time: `user` names the
+    caller in the error raised when one already runs."""
     # NOTE: fd 2 held for the whole block, not only the profiler's start and stop: c10 warns there when a block
     # allocated before entry is freed inside (garbage collected meanwhile), a free `allocator_trace` leaves out.
     # CUDA's activity is asked for on a CUDA device, as torch's own memory timeline does for its device events.
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.device(device).type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with without_kineto_markers(), quiet_profile(user, activities, profile_memory=True) as profiler:
+    # NOTE: no op's range (`RecordScope.USER_SCOPE` only): every reader takes the allocator's events and its own
+    # marks, and recording each op besides took half of a profiled training step's start-to-stop and of its reading
+    with without_kineto_markers(), quiet_profile(user, activities, profile_memory=True,
+                                                 scopes={RecordScope.USER_SCOPE}) as profiler:
         yield profiler
 
 

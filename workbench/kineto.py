@@ -13,9 +13,10 @@ import contextlib
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import torch
+from torch._C._profiler import RecordScope
 
 __all__ = ["quiet_profile", "without_kineto_markers"]
 
@@ -50,15 +51,41 @@ def without_kineto_markers() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _recording_only(scopes: Collection[RecordScope] | None) -> Iterator[None]:
+    """A profiler started inside the block records only the ranges of `scopes` (None: every scope).
+
+    # NOTE: torch's C++ entry point `_enable_profiler` takes the scopes, `torch.profiler.profile` does not ask
+    # for them: the block hands them to it. A torch whose entry point refuses them records every scope.
+    """
+    if scopes is None:
+        yield
+        return
+    enable = torch.autograd.profiler._enable_profiler
+
+    def only(config, activities):
+        try:
+            return enable(config, activities, set(scopes))
+        except TypeError:
+            return enable(config, activities)
+    torch.autograd.profiler._enable_profiler = only
+    try:
+        yield
+    finally:
+        torch.autograd.profiler._enable_profiler = enable
+
+
+@contextlib.contextmanager
 def quiet_profile(user: str, activities: Sequence[torch.profiler.ProfilerActivity], *,
-                  profile_memory: bool = False) -> Iterator[torch.profiler.profile]:
+                  profile_memory: bool = False, scopes: Collection[RecordScope] | None = None
+                  ) -> Iterator[torch.profiler.profile]:
     """`torch.profiler.profile(activities, profile_memory=...)` around the block, started and stopped without
-    kineto's markers; read `.profiler.kineto_results` after the block. Only one profiler runs at a time:
-    `user` names the caller in the error raised when one already runs."""
+    kineto's markers; read `.profiler.kineto_results` after the block. `scopes`: the ranges it records (None:
+    all; `{RecordScope.USER_SCOPE}`: `record_function`'s, no op's). Only one profiler runs at a time: `user`
+    names the caller in the error raised when one already runs."""
     if torch.autograd.profiler._is_profiler_enabled:
         raise RuntimeError(f"{user} needs torch.profiler, which is already running; stop it first")
     profiler = torch.profiler.profile(activities=list(activities), profile_memory=profile_memory)
-    with without_kineto_markers():
+    with without_kineto_markers(), _recording_only(scopes):
         profiler.__enter__()
     try:
         yield profiler
