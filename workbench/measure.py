@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pandas as pd
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import _device_handler as _fake_device
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from .inplace import InPlace, as_the_user_runs
@@ -74,7 +76,8 @@ def _storages(tree, keep: Callable[[torch.Tensor], bool] = lambda tensor: True) 
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
 # NOTE: a fake tensor's device is asked through the dispatcher (`prim.device`) each time C++ code reads it: in a
 # traced ResNet-50 step 4,938 of 8,643 calls (57%), each one through this mode's Python. It creates no storage: it
-# passes straight through, neither counted nor recorded as a call
+# is neither counted nor recorded as a call, and a fake tensor's is answered here by torch's own handler (the fake
+# mode's, without its dispatch under this mode: a DenseNet-BC-100 trace 6% shorter)
 _PRIM_DEVICE = torch.ops.prim.device.default
 
 
@@ -135,7 +138,7 @@ class LiveStorageMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _PRIM_DEVICE:
-            return func(*args)
+            return _fake_device(args) if isinstance(args[0], FakeTensor) else func(*args)
         kwargs = kwargs or {}
         op = self.in_place.op_for(func, args, kwargs)
         out = self._counted(op, args, kwargs, op_tensors((args, kwargs)))
