@@ -97,3 +97,40 @@ def test_a_batch_that_is_not_a_power_of_two_is_calibrated_one_past_a_power_of_tw
         ran = plans.plan(Config()).graph.calibrated_batches
         held = probe != batch_size and probe in ran if probe else all(b & (b - 1) == 0 for b in ran)
         assert held, (batch_size, ran)
+
+
+def test_programs_traced_ahead_in_groups_equal_those_traced_here(monkeypatch):
+    """`Plans.trace_ahead` hands each worker every program of a precision at one batch (they share its dispatch
+    cache): the traces it brings back are those traced in this process, and one a worker failed is traced here."""
+    import os
+
+    import numpy as np
+
+    from workbench.advisor import plans as plans_module
+    from workbench.calcgraph.forked import ENV
+
+    work = Workload.of(mlp, torch.randn(6, 24), torch.randint(0, 5, (6,)), None, "adamw", 1e-3, torch.device("cpu"))
+    grid = [Config(p, 8 if p == "bf16" else None, step_in_backward=sib, checkpoint=ckpt) for p in ("fp32", "bf16")
+            for sib in (False, True) for ckpt in ("none", "uniform")]
+    uniform = [(0, 4, True), (4, 9, True)]
+    parent, traced = os.getpid(), plans_module._trace_program
+
+    def failing_in_workers(work, key, size):
+        if os.getpid() != parent and key[0].step_in_backward and key[0].precision == "bf16":
+            raise RuntimeError("a worker's trace failed")
+        return traced(work, key, size)
+    monkeypatch.setattr(plans_module, "_trace_program", failing_in_workers)
+    monkeypatch.setenv(ENV, "2")
+    ahead = Plans(work, grid, uniform=uniform)
+    ahead.trace_ahead([(c, None) for c in grid])
+    made = {(key[0].name, size) for key, sizes in ahead._ahead.items() for size in sizes}
+    assert made == {(c.name, s) for c in grid for s in ((2, 3, 4) if c.name in ("fp32", "bf16+8") else (3,))
+                    if not (c.step_in_backward and c.precision == "bf16")}
+    monkeypatch.setenv(ENV, "1")
+    here = Plans(work, grid, uniform=uniform)
+    for cfg in grid:
+        a, b = ahead.graph(cfg), here.graph(cfg)  # the failed ones traced here, now
+        assert a._exact.keys() == b._exact.keys(), cfg.name
+        for size in a._exact:
+            assert a._exact[size].signature == b._exact[size].signature, (cfg.name, size)
+            np.testing.assert_array_equal(a._exact[size].sizes, b._exact[size].sizes)

@@ -135,6 +135,18 @@ def _trace_program(work: Workload, key: tuple, size: int) -> tuple:
     return trace_program(work.program(key[0], segments=key[1], recomputed=recomputed), size, work.device), recomputed
 
 
+def _trace_group(work: Workload, keys: Sequence[tuple], size: int) -> list[tuple | None]:
+    """`_trace_program` of each of `keys` at batch `size` in turn, None for one that failed (its caller traces it
+    again itself and meets the error there)."""
+    out: list[tuple | None] = []
+    for key in keys:
+        try:
+            out.append(_trace_program(work, key, size))
+        except Exception:  # noqa: BLE001 - see the docstring
+            out.append(None)
+    return out
+
+
 class Plans:
     """Every candidate's `Plan`, each distinct program traced once (see the module docstring)."""
 
@@ -187,10 +199,20 @@ class Plans:
                 for size in (_trace_sizes(*key) if _is_plain(*key) else _trace_sizes(*key)[1:2])]
         if len(jobs) < 2:
             return
-        made = run_forked([functools.partial(_trace_program, self.work, key, size) for key, size in jobs])
-        for (key, size), result in zip(jobs, made, strict=True):
-            if result is not None:
-                self._ahead.setdefault(key, {})[size] = result
+        # NOTE: one worker traces every program of a precision at one batch, one after the other: they run the same
+        # layers on the same shapes, so each finds most of its op calls in the dispatch cache its predecessors filled
+        # in that process (`calcgraph.kernels`), where a program at another batch or precision finds few. Groups go
+        # largest first, each to whichever worker is free.
+        groups: dict[tuple, list] = {}
+        for key, size in jobs:
+            groups.setdefault((replace(key[0], step_in_backward=False, checkpoint="none"), size), []).append(key)
+        order = sorted(groups.items(), key=lambda item: -len(item[1]))
+        made = run_forked([functools.partial(_trace_group, self.work, members, size)
+                           for (_, size), members in order])
+        for ((_, size), members), results in zip(order, made, strict=True):
+            for key, result in zip(members, results or [None] * len(members), strict=True):
+                if result is not None:
+                    self._ahead.setdefault(key, {})[size] = result
 
     @property
     def traces(self) -> int:
