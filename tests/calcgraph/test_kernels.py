@@ -3,6 +3,7 @@ from trace to trace (`calcgraph.kernels`, issue 45): the same traces as torch's 
 saved statistics under autocast and an LSTM backward's first call, where they now agree with the kernel that runs
 (checked against real runs, not against either fake path), and the same traces on a cold cache and on a warm one."""
 
+import contextlib
 import functools
 
 import numpy as np
@@ -167,3 +168,28 @@ def test_a_dense_fake_tensors_cache_key_tells_apart_what_torchs_key_tells_apart(
         for b in cases:
             assert (ours[a] == ours[b]) == (torchs[a] == torchs[b]), (a, b)
     assert ours["4x6"] == ours["another 4x6"] and ours["4x6"] != ours["in a larger storage"]
+
+
+SLICES = [(0, 1, 3, 1), (1, 2, None, 1), (1, None, 2, 1), (-1, 1, -1, 2), (0, -3, None, 1), (2, 0, 9 ** 18, 1),
+          (1, 5, 2, 1), (0, -100, 100, 3), (3, 1, 4, 1), (1, 4, 4, 1)]
+
+
+@pytest.mark.parametrize("dim, start, end, step", SLICES)
+@pytest.mark.parametrize("layout", ["contiguous", "channels last", "offset view"])
+def test_a_slice_is_the_view_torch_makes(dim, start, end, step, layout, monkeypatch):
+    """`aten.slice` at concrete sizes takes its C++ kernel on the meta device (`PlanFakeTensorMode._dispatch_impl`),
+    not torch's Python rule: the same view (sizes, strides, offset) of the same storage as torch's fake tensors and
+    a real tensor make."""
+    def sliced(mode):
+        with mode if mode is not None else contextlib.nullcontext():
+            base = torch.empty(2, 5, 4, 6)
+            x = {"contiguous": base, "channels last": base.to(memory_format=torch.channels_last),
+                 "offset view": base[1:, 1:]}[layout]
+            y = torch.ops.aten.slice.Tensor(x, dim, start, end, step)
+            return tuple(y.shape), y.stride(), y.storage_offset(), y.dtype, \
+                y.untyped_storage()._cdata == x.untyped_storage()._cdata
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    with kernels.plan_cache():  # not torch's cache, where torch's own path would find our output
+        ours = sliced(kernels.PlanFakeTensorMode())
+    FakeTensorMode.cache_clear()
+    assert ours == sliced(FakeTensorMode()) == sliced(None)

@@ -25,6 +25,12 @@ BatchNorm's saved statistics at a reduced-precision input:
 There the op takes the path that agrees with the kernel that runs: the meta kernel where the weight's dtype is
 not the input's, the decomposition where it is.
 
+Two more of torch's Python paths are cut short at concrete sizes. `aten.slice` takes its C++ kernel on the meta
+device rather than torch's rule for unbacked sizes (`fake_impls.slice_forward`: guards on every bound, an `as_strided`
+dispatched again), the same view of the same storage. And the dispatch cache keys a dense fake tensor by one tuple of
+what torch's `TensorMetadata` holds for it, where torch built the dataclass and walked its fields (half the cost of
+an op found in the cache). Both are compared with torch's own in `tests/calcgraph/test_kernels.py`.
+
 The dispatch cache (`plan_cache`) is this process's own, kept across traces and emptied past `CACHE_ENTRIES`. Traces
 had started cold because one op came back from torch's cache otherwise than it ran: oneDNN's LSTM backward, whose
 meta kernel returns its two bias gradients as one tensor and whose cached call (like the CPU kernel) as two, so an
@@ -41,7 +47,7 @@ from collections.abc import Iterator
 
 import torch
 from torch._subclasses import FakeTensorMode
-from torch._subclasses.fake_tensor import FakeTensor, _BypassDispatchCache
+from torch._subclasses.fake_tensor import FakeTensor, _BypassDispatchCache, in_kernel_invocation_manager
 from torch.utils._pytree import tree_leaves
 
 __all__: list[str] = []  # used through the tracker
@@ -53,6 +59,7 @@ CACHE_ENTRIES = 50_000  # a process's plan cache is emptied past this many entri
 _CACHE: dict = {}
 _META = torch._C.DispatchKey.Meta
 _BATCH_NORM = torch.ops.aten.native_batch_norm.default
+_SLICE = torch.ops.aten.slice.Tensor
 _DENSE = "dense fake tensor"  # the first element of such a tensor's key (`PlanFakeTensorMode._prep_args_for_hash`)
 
 
@@ -70,6 +77,14 @@ def _meta_agrees(func, args: tuple) -> bool:
                                                                         weight.dtype != x.dtype)
 
 
+def _concrete_slice(mode: FakeTensorMode, args: tuple, kwargs: dict) -> bool:
+    """Whether `aten.slice.Tensor(*args, **kwargs)` slices one of `mode`'s fake tensors of concrete sizes by whole
+    numbers."""
+    tensor = args[0] if args else None
+    return not kwargs and type(tensor) is FakeTensor and tensor.fake_mode is mode and tensor.constant is None and (
+        not tensor._has_symbolic_sizes_strides and all(a is None or type(a) is int for a in args[1:]))
+
+
 class PlanFakeTensorMode(FakeTensorMode):
     """`FakeTensorMode` that runs an op's meta kernel rather than its Python decomposition (module docstring)."""
 
@@ -78,6 +93,14 @@ class PlanFakeTensorMode(FakeTensorMode):
         self._calls: list[tuple] = []  # the op calls being dispatched, innermost last (a decomposition nests them)
 
     def _dispatch_impl(self, func, types, args, kwargs):
+        if func is _SLICE and _concrete_slice(self, args, kwargs):
+            # NOTE: torch's Python rule for `slice` (`fake_impls.slice_forward`, for unbacked sizes) asks the shape
+            # environment's guards of every bound and dispatches an `as_strided` again: 0.42 ms a call missing the
+            # cache, a ninth of a DenseNet-BC-100 trace at a new batch. At concrete sizes the op's own kernel on the
+            # meta device (C++) makes the same view of the same storage.
+            with in_kernel_invocation_manager(self):
+                out = func(*args, **kwargs)
+            return self.wrap_meta_outputs_with_default_device_logic(out, func, (args[0],), device=None)
         self._calls.append((func, args))
         try:
             return super()._dispatch_impl(func, types, args, kwargs)
