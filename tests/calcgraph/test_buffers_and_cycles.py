@@ -92,3 +92,23 @@ def test_a_tensor_in_a_reference_cycle_is_freed_at_the_next_phase_mark_in_every_
     assert trace.marks["step1"] < born < freed < trace.marks["step2"]  # collected as step 2 begins
     assert all(e < 0 for e in trace.events[freed:trace.marks["step2"]])  # among the frees just before it
     assert CompiledGraph(_program, device="cpu").affine
+
+
+def test_a_real_run_frees_a_cycle_where_its_trace_does_and_leaves_the_collector_as_it_found_it():
+    """Calibration's real runs follow the collector's rule of the fake traces they are mapped onto: paused, and
+    run at each phase mark (the cycle's tensor freed just before step 2, as in `trace_program`)."""
+    import gc
+
+    from workbench.calcgraph.calibrate import _observe
+
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            trace = _observe(lambda tracker: _program(3, tracker), torch.device("cpu")).trace
+            assert gc.isenabled() == enabled
+        finally:
+            gc.enable()
+        first = next(i for i, info in enumerate(trace.info) if info["op"] == "sigmoid.default")
+        freed = int(np.nonzero(trace.events == -first - 1)[0][0])
+        assert trace.marks["step1"] < freed < trace.marks["step2"], enabled
+        assert all(e < 0 for e in trace.events[freed:trace.marks["step2"]])

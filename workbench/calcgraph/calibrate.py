@@ -19,6 +19,8 @@ affine in the batch size, call by call, so that the plan predicts them at any ba
 
 from __future__ import annotations
 
+import gc
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -47,10 +49,19 @@ def _observe(program: Callable[[_Tracker], None], device: torch.device) -> _Obse
     """One real run of `program` under the tracker and the profiler's events of `device`'s allocator."""
     if torch.autograd.profiler._is_profiler_enabled:
         raise RuntimeError("calibration needs torch.profiler, which is already running; stop it first")
-    with allocator_events("calibration", device) as profiler:  # without kineto's start/stop markers on stderr
-        trace = _trace(program, fake=False, profiled=True, device=device)
-    events = profiler.profiler.kineto_results.events()
-    memory = allocator_trace(profiler, device)
+    # NOTE: Python's cyclic collector paused from the profiler's start to the reading of its events (the run itself
+    # collects at its marks, `_trace`): the tens of thousands of event objects read set off passes over the process's
+    # whole heap, a notebook's too
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with allocator_events("calibration", device) as profiler:  # without kineto's start/stop markers on stderr
+            trace = _trace(program, fake=False, profiled=True, device=device)
+        events = profiler.profiler.kineto_results.events()
+        memory = allocator_trace(profiler, device)
+    finally:
+        if collecting:
+            gc.enable()
     if not memory and len(trace.sizes) and trace.sizes.max() > 0:
         raise NoAllocatorEvents(f"calibration: torch.profiler recorded no allocator event on {device} in a "
                                 f"training step that allocated {int(trace.sizes.sum())} bytes of tensors "
