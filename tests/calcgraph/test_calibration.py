@@ -159,3 +159,22 @@ def test_a_profiler_without_the_device_s_allocator_events_leaves_the_default_pla
         assert plan_training(mlp, (8,)).calibration is None
     with pytest.raises(calibration.NoAllocatorEvents, match="allocated [0-9]+ bytes"):
         plan_training(mlp, (8,), calibrate=True)
+
+
+def test_a_calibration_run_marks_every_call_but_views():
+    """A view allocates nothing: its call is left unmarked for the profiler (its scratch 0), every other is marked."""
+    from workbench.calcgraph.tracker import CALL_PREFIX, _trace
+    from workbench.measure import allocator_events
+
+    with allocator_events() as profiler:
+        trace = _trace(lambda tracker: training_program(LSTMNet, LSTM_SHAPE, 4, annotate=tracker), fake=False,
+                       profiled=True)
+    marked = {int(e.name()[len(CALL_PREFIX):]) for e in profiler.profiler.kineto_results.events()
+              if e.name().startswith(CALL_PREFIX)}
+
+    def is_view(name: str) -> bool:
+        op, _, overload = name.partition(".")
+        packet = getattr(torch.ops.aten, op, None)
+        return packet is not None and getattr(packet, overload).is_view
+    views = {i for i, (name, _) in enumerate(trace.calls) if is_view(name)}
+    assert views and marked == set(range(len(trace.calls))) - views
