@@ -62,7 +62,9 @@ __all__ = ["PackedOptimizer"]
 
 def _extra_arg(extra: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
     """Byte planes go to the update as separate 1-D views (one vectorised loop); words as they are."""
-    return list(extra.reshape(extra.shape[0], -1).unbind(0)) if extra.dtype == torch.uint8 else extra
+    if extra.dtype != torch.uint8:
+        return extra
+    return list((extra if extra.dim() == 2 else extra.reshape(extra.shape[0], -1)).unbind(0))
 
 
 class PackedOptimizer(torch.optim.Optimizer):
