@@ -2,6 +2,7 @@
 validated against it on every model family (equal where no kernel keeps scratch, below it where one does),
 over the same step run plainly: the program the meter counts must be the user's."""
 
+import contextlib
 import gc
 import os
 
@@ -294,6 +295,20 @@ def test_the_allocator_events_are_the_allocators_and_the_callers_marks_only():
     assert "workbench.test.mark" in names and not any(n.startswith("aten::") for n in names), names
     assert sum(n for _, n in allocator_trace(profiler)) >= 1 << 18
     del kept
+
+
+def test_a_cuda_device_s_allocator_events_keep_every_scope(monkeypatch):
+    """CUDA's caching allocator events have not been seen on a GPU with the ops' ranges left out: there the profiler
+    records every scope, as before."""
+    import workbench.allocator as allocator
+
+    asked = []
+    monkeypatch.setattr(allocator, "quiet_profile", lambda *args, **kwargs: asked.append(kwargs["scopes"]) or
+                        contextlib.nullcontext())
+    for device in ("cuda", "cuda:1", "cpu"):
+        with allocator_events(device=device):
+            pass
+    assert asked == [None, None, {torch._C._profiler.RecordScope.USER_SCOPE}]
 
 
 def test_a_torch_whose_profiler_entry_point_takes_no_scopes_records_every_op(monkeypatch):
