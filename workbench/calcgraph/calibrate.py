@@ -19,8 +19,6 @@ affine in the batch size, call by call, so that the plan predicts them at any ba
 
 from __future__ import annotations
 
-import gc
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,7 +27,7 @@ import torch
 from torch.autograd import DeviceType
 
 from ..measure import allocator_events, allocator_trace
-from .tracker import CALL_PREFIX, _Trace, _TraceError, _Tracker, _trace
+from .tracker import CALL_PREFIX, _Trace, _TraceError, _Tracker, _trace, collector_paused
 
 __all__: list[str] = []  # used through CompiledGraph.calibrate
 
@@ -52,16 +50,11 @@ def _observe(program: Callable[[_Tracker], None], device: torch.device) -> _Obse
     # NOTE: Python's cyclic collector paused from the profiler's start to the reading of its events (the run itself
     # collects at its marks, `_trace`): the tens of thousands of event objects read set off passes over the process's
     # whole heap, a notebook's too
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         with allocator_events("calibration", device) as profiler:  # without kineto's start/stop markers on stderr
             trace = _trace(program, fake=False, profiled=True, device=device)
         events = profiler.profiler.kineto_results.events()
         memory = allocator_trace(profiler, device)
-    finally:
-        if collecting:
-            gc.enable()
     if not memory and len(trace.sizes) and trace.sizes.max() > 0:
         raise NoAllocatorEvents(f"calibration: torch.profiler recorded no allocator event on {device} in a "
                                 f"training step that allocated {int(trace.sizes.sum())} bytes of tensors "

@@ -77,12 +77,16 @@ def _meta_agrees(func, args: tuple) -> bool:
                                                                         weight.dtype != x.dtype)
 
 
+def _concrete(mode: FakeTensorMode, arg: object) -> bool:
+    """Whether `arg` is one of `mode`'s fake tensors, of concrete sizes and no constant value."""
+    return type(arg) is FakeTensor and arg.fake_mode is mode and arg.constant is None and \
+        not arg._has_symbolic_sizes_strides
+
+
 def _concrete_slice(mode: FakeTensorMode, args: tuple, kwargs: dict) -> bool:
-    """Whether `aten.slice.Tensor(*args, **kwargs)` slices one of `mode`'s fake tensors of concrete sizes by whole
-    numbers."""
-    tensor = args[0] if args else None
-    return not kwargs and type(tensor) is FakeTensor and tensor.fake_mode is mode and tensor.constant is None and (
-        not tensor._has_symbolic_sizes_strides and all(a is None or type(a) is int for a in args[1:]))
+    """Whether `aten.slice.Tensor(*args, **kwargs)` slices one of `mode`'s concrete fake tensors by whole numbers."""
+    return not kwargs and bool(args) and _concrete(mode, args[0]) and all(a is None or type(a) is int
+                                                                         for a in args[1:])
 
 
 class PlanFakeTensorMode(FakeTensorMode):
@@ -137,8 +141,7 @@ class PlanFakeTensorMode(FakeTensorMode):
         result.append(type(args))
         result.append(f"length_{len(args)}")
         for arg in args:
-            if type(arg) is FakeTensor and arg.fake_mode is self and arg.layout is torch.strided and (
-                    arg.constant is None and not arg._has_symbolic_sizes_strides and not arg.is_quantized):
+            if _concrete(self, arg) and arg.layout is torch.strided and not arg.is_quantized:
                 result.append((_DENSE, arg.dtype, arg.shape, arg.stride(), arg.device, arg.storage_offset(),
                                arg.untyped_storage().nbytes(), arg.requires_grad, arg.is_conj(), arg.is_neg(),
                                arg.is_inference()))

@@ -282,6 +282,19 @@ def _canonical_frees(events: list[int]) -> list[int]:
     return out[:-1]
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic collector paused inside the block (explicit `gc.collect` still runs), left after it as it was
+    found."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _fake_mode(device: torch.device | None) -> type[FakeTensorMode]:
     # NOTE: the meta kernels (`kernels.py`) for a CPU program on the torch they were compared on only: a CUDA
     # program's (cuDNN's BatchNorm and convolutions) are compared by a CUDA test first
@@ -307,10 +320,9 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
     # real run (calibration) as in the fake trace it is mapped onto: 15% of DenseNet-BC-100's calibration had been
     # the collector's passes over the process's heap, at whichever allocations set them off.
     gc.collect(1)
-    pausing = gc.isenabled()
-    gc.disable()
     try:
-        with _quiet_fake_tensor_logs(), (mode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()), \
+        with collector_paused(), _quiet_fake_tensor_logs(), \
+                (mode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()), \
                 (plan_cache() if mode is PlanFakeTensorMode else contextlib.nullcontext()), \
                 cpu_rng_state_as_op(fake=fake):
             with tracker:
@@ -321,8 +333,6 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
         where = f"layer '{label}' ({kind})" if label and kind != label else (f"layer {label}" if label else "")
         raise _TraceError(error, where, tracker._phase) from error
     finally:
-        if pausing:
-            gc.enable()
         tracker.unwatch()
         tracker.close()
     events = _canonical_frees(tracker.events)
