@@ -298,7 +298,8 @@ def advise(
     runs: dict[str, int] = {}
     phases: dict[str, float] = {}  # wall seconds of each phase of planning (`Advice.planning_seconds`)
     calibrate = dev.type in ("cpu", "cuda") if calibrate is None else calibrate
-    plans = Plans(work, grid)
+    # on the CPU, each plain program's line is checked by its calibration's real runs, not by one more trace
+    plans = Plans(work, grid, checked_by_calibration=calibrate and dev.type == "cpu" and world_size == 1)
     # each distinct program once, then the plain one each optimal plan is budgeted against
     programs = [replace(c, checkpoint="none") if c.checkpoint == "optimal" else c for c in grid]
     with _timed(phases, "traces"):

@@ -102,31 +102,23 @@ class Plan:
         return out
 
 
-def _compile(work: Workload, cfg: Config, segments: Sequence | None, like: CompiledGraph | None = None,
-             traced: dict[int, tuple] | None = None) -> CompiledGraph:
-    """CalcGraph's plan of a candidate's program, with `recomputed`: the ids of the allocations its checkpoints'
-    recomputation makes (see `workload._recomputation`). `traced`: its traces made already, batch ->
-    `(trace, recomputed)` (`_trace_program`).
-
-    # NOTE: a precision's plain program is traced at batches 2 and 3 and checked at 4 (CalcGraph's default);
-    # its variants (step in backward, checkpoints: the same layers, the same shapes) at 3 only, each allocation's
-    # growth borrowed from the plain program `like` (`calcgraph.derive`), or at 2 and 3 where that cannot place one
-    """
+def _compile(work: Workload, cfg: Config, segments: Sequence | None, sizes: tuple[int, ...] = (2, 3, 4),
+             like: CompiledGraph | None = None, traced: dict[int, tuple] | None = None) -> CompiledGraph:
+    """CalcGraph's plan of a candidate's program traced at batch `sizes` (`Plans._trace_sizes`), with `recomputed`:
+    the ids of the allocations its checkpoints' recomputation makes (see `workload._recomputation`). `traced`: its
+    traces made already, batch -> `(trace, recomputed)` (`_trace_program`)."""
     traced = traced or {}
     recomputed: set[int] = set().union(*(ids for _, ids in traced.values()))
     graph = CompiledGraph(work.program(cfg, segments=segments, recomputed=recomputed), device=work.device,
-                          trace_sizes=_trace_sizes(cfg, segments), input_shape=tuple(work.inputs.shape[1:]),
+                          trace_sizes=sizes, input_shape=tuple(work.inputs.shape[1:]),
                           description=cfg.name, like=like, traced={s: t for s, (t, _) in traced.items()})
     graph.recomputed = recomputed
     return graph
 
 
-def _is_plain(cfg: Config, segments: Sequence | None) -> bool:
-    return not cfg.step_in_backward and cfg.checkpoint == "none" and segments is None
-
-
-def _trace_sizes(cfg: Config, segments: Sequence | None) -> tuple[int, ...]:
-    return (2, 3, 4) if _is_plain(cfg, segments) else (2, 3)
+def _plain(key: tuple) -> tuple:
+    """The plain program (no step in backward, no checkpoints) of the program `key` (`Plans._key`)."""
+    return replace(key[0], step_in_backward=False, checkpoint="none"), None
 
 
 def _trace_program(work: Workload, key: tuple, size: int) -> tuple:
@@ -150,8 +142,13 @@ def _trace_group(work: Workload, keys: Sequence[tuple], size: int) -> list[tuple
 class Plans:
     """Every candidate's `Plan`, each distinct program traced once (see the module docstring)."""
 
-    def __init__(self, work: Workload, grid: Sequence[Config], *, uniform: Sequence | None = None) -> None:
+    def __init__(self, work: Workload, grid: Sequence[Config], *, uniform: Sequence | None = None,
+                 checked_by_calibration: bool = False) -> None:
         self.work = work
+        # each precision's plain program is fitted at batches 2 and 3 and its line checked by its calibration's real
+        # runs (`calibrate`), not by a trace at batch 4 (see `_trace_sizes`); every precision must then be calibrated
+        self.checked_by_calibration = checked_by_calibration
+        self._unchecked: set[tuple] = set()  # plain programs whose line is still to be checked
         self.uniform = None if uniform is None else list(uniform)  # the uniform checkpoint plan's segments
         packed = [c for c in grid if c.precision == "bf16"]
         # the packed variant whose program is traced for all of them (sharded: each traced, its state is sharded)
@@ -164,7 +161,6 @@ class Plans:
         self._views: dict[int, CompiledGraph] = {}  # each traced plan with its precision's calibration carried over
         self._states: dict[tuple, int] = {}
         self._peaks: dict[tuple, int] = {}  # every plan's program peaks (`Plan.memo`)
-        self.programs = 0  # distinct programs traced
 
     def _key(self, cfg: Config, segments: Sequence | None) -> tuple[Config, tuple | None]:
         """The program `cfg` runs with `segments`: its traced representative config and plan."""
@@ -180,11 +176,43 @@ class Plans:
         """The traced plan of the program `cfg` runs (traced now if new)."""
         key = self._key(cfg, segments)
         if key not in self._graphs:
-            plain = replace(key[0], step_in_backward=False, checkpoint="none")
-            like = None if (plain, None) == key else self.graph(plain)
-            self._graphs[key] = _compile(self.work, key[0], key[1], like, self._ahead.pop(key, None))
-            self.programs += 1
+            like = None if _plain(key) == key else self.graph(_plain(key)[0])
+            sizes = self._trace_sizes(key)
+            self._graphs[key] = _compile(self.work, *key, sizes, like, self._ahead.pop(key, None))
+            if like is None and len(sizes) == 2:
+                self._unchecked.add(key)
         return self._graphs[key]
+
+    @property
+    def programs(self) -> int:
+        """Distinct programs traced."""
+        return len(self._graphs)
+
+    def _trace_sizes(self, key: tuple) -> tuple[int, ...]:
+        """The batches the program `key` is fitted (and checked) at.
+
+        # NOTE: a precision's plain program is traced at batches 2 and 3 and checked at 4 (CalcGraph's default), or,
+        # `checked_by_calibration`, checked by the real runs its calibration takes anyway (`Calibration.line_held`,
+        # else at 4 then: `_check`); its variants (step in backward, checkpoints: the same layers, the same shapes)
+        # at 3 only, each allocation's growth borrowed from the plain program (`calcgraph.derive`), or at 2 and 3
+        # where that cannot place one, and checked at 4 where the plain program is not affine
+        """
+        if _plain(key) == key:
+            return (2, 3) if self.checked_by_calibration else (2, 3, 4)
+        plain = self._graphs.get(_plain(key))
+        return (2, 3) if plain is None or plain.affine else (2, 3, 4)
+
+    def _check(self, key: tuple) -> bool:
+        """Check the plain program `key`'s line by a trace at batch 4 (`CompiledGraph.check`), where its calibration
+        did not. Off the line, the programs derived from it are compiled again when next asked for."""
+        self._unchecked.discard(key)
+        if self._graphs[key].check(4):
+            return True
+        for other in [k for k in self._graphs if k != key and _plain(k) == key]:
+            del self._graphs[other]
+        self._views.clear()
+        self.forget_peaks()
+        return False
 
     def trace_ahead(self, programs: Sequence[tuple[Config, Sequence | None]]) -> None:
         """Trace every program of `programs` (a candidate and its checkpoint segments) not traced yet, side by side in
@@ -196,7 +224,7 @@ class Plans:
                 if k not in self._graphs and k not in self._ahead]
         # a variant is first traced at its fit's second batch, the one it is derived at (`CompiledGraph`)
         jobs = [(key, size) for key in keys
-                for size in (_trace_sizes(*key) if _is_plain(*key) else _trace_sizes(*key)[1:2])]
+                for size in (self._trace_sizes(key) if _plain(key) == key else self._trace_sizes(key)[1:2])]
         if len(jobs) < 2:
             return
         # NOTE: one worker traces every program of a precision at one batch, one after the other: they run the same
@@ -205,7 +233,7 @@ class Plans:
         # largest first, each to whichever worker is free.
         groups: dict[tuple, list] = {}
         for key, size in jobs:
-            groups.setdefault((replace(key[0], step_in_backward=False, checkpoint="none"), size), []).append(key)
+            groups.setdefault((_plain(key), size), []).append(key)
         order = sorted(groups.items(), key=lambda item: -len(item[1]))
         made = run_forked([functools.partial(_trace_group, self.work, members, size)
                            for (_, size), members in order])
@@ -247,8 +275,12 @@ class Plans:
     def calibrate(self, precision: Config, batch_size: int) -> int:
         """Measure the kernels' scratch of `precision`'s plain program (real steps at small batches; see the
         module docstring) for every later plan of that precision, once. Returns the real steps taken."""
-        graph = self.graph(precision)
-        if precision.precision in self._calibrated or not graph.affine or self.no_allocator_events:
+        graph, key = self.graph(precision), self._key(precision, None)
+        if precision.precision in self._calibrated or not graph.affine:
+            return 0
+        if self.no_allocator_events:
+            if key in self._unchecked:
+                self._check(key)
             return 0
         # NOTE: a shallow copy, not a second trace of the same program (a bf16 one at 100M parameters traces for
         # minutes): calibrating rebinds the copy's own calibration, and an affine plan reads its traces without
@@ -269,12 +301,21 @@ class Plans:
         except NoAllocatorEvents as error:  # see plan_training: said, and the plans stay uncalibrated
             warnings.warn(f"{error}: the plans are not calibrated", stacklevel=2)
             self.no_allocator_events = True
+            if key in self._unchecked:
+                self._check(key)
             return 1
+        checks = calibrated.calibration_error
+        steps = len(sizes) + len(check) + (int(checks["refined"].max()) if len(checks) else 0)
+        if key in self._unchecked:
+            ran = {int(s) for s in calibrated.calibration.sizes} - set(graph._fitted_at)
+            if ran and calibrated.calibration.line_held:
+                self._unchecked.discard(key)
+            elif not self._check(key):  # not affine: each batch traced, uncalibrated, as a program found so at once
+                return steps
         self._calibrated[precision.precision] = graph, calibrated
         self._views.clear()  # plans made before now were uncalibrated
         self.forget_peaks()
-        checks = calibrated.calibration_error
-        return len(sizes) + len(check) + (int(checks["refined"].max()) if len(checks) else 0)
+        return steps
 
 
 def _meta_state(work: Workload, cfg: Config) -> int:

@@ -3,7 +3,8 @@ of a program already fitted, borrowed from it so that the variant is traced once
 
 CalcGraph ("CalcGraph: taming the high costs of deep learning using models", 2022, Sections 3.2 and 4.3) compiles
 a training program once and answers any batch by arithmetic. A plan here is one trace per allocation size
-`a + b * batch`: two traces give `a` and `b`, a third checks them (`fit`).
+`a + b * batch`: two traces give `a` and `b`, a third checks them (`fit`), or, where the plan is calibrated
+anyway, the real runs at other batches do (`Calibration.line_held`, the advisor's `Plans`).
 
 A variant of a program (the same model and optimizer with step in backward or activation checkpoints) runs the
 same kernels on the same shapes in another order, and a checkpoint's recomputation runs the forward's kernels

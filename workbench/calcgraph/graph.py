@@ -79,7 +79,7 @@ class CompiledGraph:
         else:
             trace_ahead(self, trace_sizes)
             self.affine, self.slope, self.intercept, rows = fit(self._traced, trace_sizes)
-        self._base, self._base_size = self._exact[s2], s2
+        self._base, self._base_size, self._fitted_at = self._exact[s2], s2, (s1, s2)
         # NOTE: where the program is not affine in the batch size (a different allocation sequence,
         # or sizes off the fitted line) every prediction traces the program at that exact size.
         self.nonaffine = pd.DataFrame(rows, columns=["size", "allocation", "op", "predicted", "traced"])
@@ -105,6 +105,17 @@ class CompiledGraph:
                     f"{failure.phase}): {failure}"
                 ) from None
         return self._exact[size]
+
+    def check(self, size: int) -> bool:
+        """Trace the program at batch `size` and check the fitted line there, as `trace_sizes` beyond the first two
+        do (`derive.fit`): for a plan fitted at two batches and not yet checked. Off the line, the plan becomes one
+        that is not affine (each batch traced on its own, see `nonaffine`; uncalibrated). Returns `affine`."""
+        if self.affine and not self.derived:
+            self.affine, _, _, rows = fit(self._traced, (*self._fitted_at, size))
+            self.nonaffine = pd.DataFrame(rows, columns=self.nonaffine.columns)
+            if not self.affine:
+                self.calibration = None
+        return self.affine
 
     def _batch_one(self) -> _Trace | None:
         """Batch 1's own trace where its program is not the fitted one, else None (traced at the first need).

@@ -1,0 +1,91 @@
+"""A plain program's line checked by its calibration's real runs, not by a third trace (issue 45): fitted at batches
+2 and 3, its allocations must be on that line at every batch the calibration ran (4 and 8), or it is traced at 4 as
+before. Each verdict must be the third trace's: the same plans where the line holds, the same program found not affine
+where it does not."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from workbench.advisor import Config
+from workbench.advisor.plans import Plans
+from workbench.advisor.workload import Workload
+from workbench.calcgraph import plan_training
+
+from tests.advisor.test_derive import MODELS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+GRID = [Config(), Config(step_in_backward=True), Config("amp_bf16")]
+
+
+class Pairwise(nn.Module):
+    """A batch's examples compared with each other: a [batch, batch] tensor, memory quadratic in the batch (off the
+    line through batches 2 and 3: 16 and 36 bytes, 56 predicted at 4 where it takes 64)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(24, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + (x @ x.T).mean(dim=1, keepdim=True)
+
+
+def _plans(build, shape, checked: bool) -> Plans:
+    x, y = torch.randn(4, *shape), torch.randint(0, 5, (4,))
+    work = Workload.of(build, x, y, None, "adamw", 1e-3, torch.device("cpu"))
+    plans = Plans(work, GRID, checked_by_calibration=checked)
+    for cfg in GRID:
+        plans.graph(cfg)
+    for precision in dict.fromkeys(Config(c.precision) for c in GRID):
+        plans.calibrate(precision, 4)
+    return plans
+
+
+@pytest.mark.parametrize("name", ["cnn", "attention"])
+def test_where_the_real_runs_hold_the_line_the_plans_are_those_checked_by_a_trace(name):
+    build, shape = MODELS[name]
+    checked, traced = _plans(build, shape, True), _plans(build, shape, False)
+    for cfg in GRID:
+        a, b = checked.graph(cfg), traced.graph(cfg)
+        assert a.affine and b.affine, cfg.name
+        for size in (3, 6, 17, 64):
+            np.testing.assert_array_equal(a._planned_sizes(size), b._planned_sizes(size))
+    for precision, (_, calibrated) in checked._calibrated.items():
+        assert calibrated.calibration.line_held, precision
+    assert not checked._unchecked
+    assert checked.traces == traced.traces - 2  # no trace at batch 4 for either precision's plain program
+
+
+def test_where_a_size_leaves_the_line_the_program_is_traced_at_4_and_found_not_affine():
+    checked, traced = _plans(lambda: Pairwise(), (24,), True), _plans(lambda: Pairwise(), (24,), False)
+    for cfg in GRID:
+        a, b = checked.graph(cfg), traced.graph(cfg)
+        assert not a.affine and not b.affine, cfg.name  # step in backward: compiled again from the plain program
+        assert a.nonaffine.to_dict("records") == b.nonaffine.to_dict("records"), cfg.name
+        for size in (5, 9):
+            assert checked.plan(cfg).peak(size) == traced.plan(cfg).peak(size), (cfg.name, size)
+    assert not checked._calibrated and not traced._calibrated  # a program not affine is not calibrated
+    assert "mm.default" in set(checked.graph(Config()).nonaffine["op"])
+
+
+def test_without_the_allocators_events_the_line_is_checked_by_the_trace():
+    build, shape = MODELS["cnn"]
+    x, y = torch.randn(4, *shape), torch.randint(0, 5, (4,))
+    plans = Plans(Workload.of(build, x, y, None, "adamw", 1e-3, torch.device("cpu")), [Config()],
+                  checked_by_calibration=True)
+    assert sorted(plans.graph(Config())._exact) == [2, 3]
+    plans.no_allocator_events = True  # as after calibration found none
+    assert plans.calibrate(Config(), 4) == 0
+    assert sorted(plans.graph(Config())._exact) == [2, 3, 4] and not plans._unchecked
+
+
+def test_a_plan_fitted_at_two_batches_checked_later_is_the_plan_checked_at_once():
+    x = torch.randn(4, 24)
+    for model, affine in ((Pairwise(), False), (nn.Sequential(nn.Linear(24, 24), nn.ReLU(), nn.Linear(24, 5)), True)):
+        late = plan_training(model, x, trace_sizes=(2, 3), calibrate=False)
+        now = plan_training(model, x, trace_sizes=(2, 3, 4), calibrate=False)
+        assert late.affine and late.check(4) is affine and now.affine is affine
+        assert late.nonaffine.to_dict("records") == now.nonaffine.to_dict("records")
+        assert late.required_bytes(7) == now.required_bytes(7)
