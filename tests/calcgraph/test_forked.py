@@ -23,6 +23,15 @@ def test_closures_that_do_not_pickle_run_in_workers_and_come_back_in_order():
     assert run_forked(jobs, processes=2) == [(i, (2, 3), float(i)) for i in range(5)]
 
 
+def test_workers_leave_collection_to_the_traces_and_the_callers_heap_out_of_it():
+    import gc
+
+    enabled, frozen = gc.isenabled(), gc.get_freeze_count()
+    state = lambda: (gc.isenabled(), gc.get_freeze_count() > 0)  # noqa: E731
+    assert run_forked([state, state], processes=2) == [(False, True), (False, True)]
+    assert (gc.isenabled(), gc.get_freeze_count()) == (enabled, frozen)  # the caller's collector as it was
+
+
 def test_a_failing_job_is_left_to_the_caller_and_the_others_come_back():
     def boom():
         raise RuntimeError("no")

@@ -13,6 +13,7 @@ caller must run itself (no fork here, a CUDA context, a job that failed, workers
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import pickle
@@ -46,6 +47,11 @@ def worker_count() -> int:
 
 def _start_worker() -> None:
     torch.set_num_threads(1)  # a trace is one core's Python; a forked libgomp pool must not be entered
+    # NOTE: Python's cyclic collector off, and what the fork copied out of its reach: a trace collects at its marks
+    # itself (`tracker._trace`), and each automatic full collection after one walked the parent's whole heap (a
+    # notebook's: 0.1-0.2 s, and it touches every copied page); a worker lives for a few traces, with fake tensors
+    gc.disable()
+    gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the parent's: it stops the pool
 
 
