@@ -18,7 +18,9 @@ precision (`CompiledGraph.calibrated_like`): each op call takes the scratch meas
 same shapes, so a checkpoint's recomputation and a backward whose peak lies elsewhere count the scratch of
 the kernel that runs there. (A plain program's correction added at every candidate's peak missed a
 DenseNet-BC with uniform block checkpoints by -10.2%, -5.6% with step in backward: at 2 threads the peak of
-its checkpointed step is beside oneDNN's convolution backward scratch.)
+its checkpointed step is beside oneDNN's convolution backward scratch.) On the CPU the same real runs check the
+plain program's line, fitted from traces at batches 2 and 3, in place of a third trace (`Calibration.line_held`; a
+trace at batch 4 where they do not show it).
 """
 
 from __future__ import annotations
