@@ -40,6 +40,7 @@ def _plans(build, shape, checked: bool) -> Plans:
         plans.graph(cfg)
     for precision in dict.fromkeys(Config(c.precision) for c in GRID):
         plans.calibrate(precision, 4)
+    plans.plan(Config())  # where calibration did not show a line, a trace checks it now
     return plans
 
 
@@ -77,7 +78,8 @@ def test_without_the_allocators_events_the_line_is_checked_by_the_trace():
                   checked_by_calibration=True)
     assert sorted(plans.graph(Config())._exact) == [2, 3]
     plans.no_allocator_events = True  # as after calibration found none
-    assert plans.calibrate(Config(), 4) == 0
+    assert plans.calibrate(Config(), 4) == 0 and plans._unchecked
+    plans.plan(Config())
     assert sorted(plans.graph(Config())._exact) == [2, 3, 4] and not plans._unchecked
 
 
@@ -89,3 +91,22 @@ def test_a_plan_fitted_at_two_batches_checked_later_is_the_plan_checked_at_once(
         assert late.affine and late.check(4) is affine and now.affine is affine
         assert late.nonaffine.to_dict("records") == now.nonaffine.to_dict("records")
         assert late.required_bytes(7) == now.required_bytes(7)
+
+
+def test_the_lines_calibration_left_unchecked_are_traced_side_by_side(monkeypatch):
+    import os
+
+    from workbench.advisor import plans as plans_module
+    from workbench.calcgraph.forked import ENV
+
+    traced = plans_module._trace_program
+
+    def marked(work, key, size):  # each trace says which process made it
+        trace, recomputed = traced(work, key, size)
+        trace.made_by = os.getpid()
+        return trace, recomputed
+    monkeypatch.setattr(plans_module, "_trace_program", marked)
+    monkeypatch.setenv(ENV, "2")
+    plans = _plans(lambda: Pairwise(), (24,), True)  # neither precision's line shown: both checked at 4
+    made = [plans.graph(Config(p))._exact[4] for p in ("fp32", "amp_bf16")]
+    assert all(getattr(t, "made_by", os.getpid()) != os.getpid() for t in made)

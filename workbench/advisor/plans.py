@@ -148,9 +148,9 @@ class Plans:
                  checked_by_calibration: bool = False) -> None:
         self.work = work
         # each precision's plain program is fitted at batches 2 and 3 and its line checked by its calibration's real
-        # runs (`calibrate`), not by a trace at batch 4 (see `_trace_sizes`); every precision must then be calibrated
+        # runs (`calibrate`), else by a trace at batch 4 once a plan is asked for (`_check_lines`)
         self.checked_by_calibration = checked_by_calibration
-        self._unchecked: set[tuple] = set()  # plain programs whose line is still to be checked
+        self._unchecked: dict[tuple, None] = {}  # plain programs whose line is still to be checked, in order
         self.uniform = None if uniform is None else list(uniform)  # the uniform checkpoint plan's segments
         packed = [c for c in grid if c.precision == "bf16"]
         # the packed variant whose program is traced for all of them (sharded: each traced, its state is sharded)
@@ -182,7 +182,7 @@ class Plans:
             sizes = self._trace_sizes(key)
             self._graphs[key] = _compile(self.work, *key, sizes, like, self._ahead.pop(key, None))
             if like is None and len(sizes) == 2:
-                self._unchecked.add(key)
+                self._unchecked[key] = None
         return self._graphs[key]
 
     @property
@@ -195,26 +195,34 @@ class Plans:
 
         # NOTE: a precision's plain program is traced at batches 2 and 3 and checked at 4 (CalcGraph's default), or,
         # `checked_by_calibration`, checked by the real runs its calibration takes anyway (`Calibration.line_held`,
-        # else at 4 then: `_check`); its variants (step in backward, checkpoints: the same layers, the same shapes)
-        # at 3 only, each allocation's growth borrowed from the plain program (`calcgraph.derive`), or at 2 and 3
-        # where that cannot place one, and checked at 4 where the plain program is not affine
+        # else at 4 after all: `_check_lines`); its variants (step in backward, checkpoints: the same layers, the
+        # same shapes) at 3 only, each allocation's growth borrowed from the plain program (`calcgraph.derive`), or
+        # at 2 and 3 where that cannot place one, and checked at 4 where the plain program is not affine
         """
         if _plain(key) == key:
             return (2, 3) if self.checked_by_calibration else (2, 3, 4)
         plain = self._graphs.get(_plain(key))
         return (2, 3) if plain is None or plain.affine else (2, 3, 4)
 
-    def _check(self, key: tuple) -> bool:
-        """Check the plain program `key`'s line by a trace at batch 4 (`CompiledGraph.check`), where its calibration
-        did not. Off the line, the programs derived from it are compiled again when next asked for."""
-        self._unchecked.discard(key)
-        if self._graphs[key].check(4):
-            return True
-        for other in [k for k in self._graphs if k != key and _plain(k) == key]:
-            del self._graphs[other]
-        self._views.clear()
-        self.forget_peaks()
-        return False
+    def _check_lines(self) -> None:
+        """Check by a trace at batch 4 (`CompiledGraph.check`) the line of each plain program its calibration did not
+        show, or that was not calibrated, the traces side by side in forked workers. Off the line, a program is not
+        affine: its calibration is dropped and the programs derived from it are compiled again when next asked for."""
+        keys = list(self._unchecked)
+        made = run_forked([functools.partial(_trace_program, self.work, key, 4) for key in keys]) if len(keys) > 1 \
+            else [None] * len(keys)
+        for key, result in zip(keys, made, strict=True):
+            del self._unchecked[key]
+            graph = self._graphs[key]
+            if result is not None:
+                graph._exact.setdefault(4, result[0])
+            if graph.check(4):
+                continue
+            for other in [k for k in self._graphs if k != key and _plain(k) == key]:
+                del self._graphs[other]
+            self._calibrated.pop(key[0].precision, None)
+            self._views.clear()
+            self.forget_peaks()
 
     def trace_ahead(self, programs: Sequence[tuple[Config, Sequence | None]]) -> None:
         """Trace every program of `programs` (a candidate and its checkpoint segments) not traced yet, side by side in
@@ -252,6 +260,8 @@ class Plans:
         return sum(len(graph._exact) for graph in self._graphs.values())
 
     def plan(self, cfg: Config, segments: Sequence | None = None) -> Plan:
+        if self._unchecked:  # every precision calibrated that will be (see `advise`)
+            self._check_lines()
         rep = self._key(cfg, segments)[0]
         graph = self.graph(cfg, segments)
         if cfg.precision in self._calibrated and graph.affine:
@@ -278,11 +288,7 @@ class Plans:
         """Measure the kernels' scratch of `precision`'s plain program (real steps at small batches; see the
         module docstring) for every later plan of that precision, once. Returns the real steps taken."""
         graph, key = self.graph(precision), self._key(precision, None)
-        if precision.precision in self._calibrated or not graph.affine:
-            return 0
-        if self.no_allocator_events:
-            if key in self._unchecked:
-                self._check(key)
+        if precision.precision in self._calibrated or not graph.affine or self.no_allocator_events:
             return 0
         # NOTE: a shallow copy, not a second trace of the same program (a bf16 one at 100M parameters traces for
         # minutes): calibrating rebinds the copy's own calibration, and an affine plan reads its traces without
@@ -303,21 +309,16 @@ class Plans:
         except NoAllocatorEvents as error:  # see plan_training: said, and the plans stay uncalibrated
             warnings.warn(f"{error}: the plans are not calibrated", stacklevel=2)
             self.no_allocator_events = True
-            if key in self._unchecked:
-                self._check(key)
             return 1
-        checks = calibrated.calibration_error
-        steps = len(sizes) + len(check) + (int(checks["refined"].max()) if len(checks) else 0)
-        if key in self._unchecked:
-            ran = {int(s) for s in calibrated.calibration.sizes} - set(graph._fitted_at)
-            if ran and calibrated.calibration.line_held:
-                self._unchecked.discard(key)
-            elif not self._check(key):  # not affine: each batch traced, uncalibrated, as a program found so at once
-                return steps
+        # the line checked by these runs, or, where they do not show it, by a trace when a plan is next asked for
+        ran = {int(s) for s in calibrated.calibration.sizes} - set(graph._fitted_at)
+        if ran and calibrated.calibration.line_held:
+            self._unchecked.pop(key, None)
         self._calibrated[precision.precision] = graph, calibrated
         self._views.clear()  # plans made before now were uncalibrated
         self.forget_peaks()
-        return steps
+        checks = calibrated.calibration_error
+        return len(sizes) + len(check) + (int(checks["refined"].max()) if len(checks) else 0)
 
 
 def _meta_state(work: Workload, cfg: Config) -> int:
