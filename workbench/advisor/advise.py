@@ -311,6 +311,8 @@ def advise(
             with _timed(phases, "calibration"):
                 steps = plans.calibrate(precision, batch_size)
             runs["calibration runs"] = runs.get("calibration runs", 0) + steps
+    with _timed(phases, "traces"):  # the lines calibration did not show, by traces at batch 4
+        plans.check_lines()
     # NOTE: a real step is timed wherever it fits the memory free now (not the budget, which is what the user
     # wants the choice to take; at most 4x it, so that an absurd batch is not timed at a batch that fills the
     # machine): at the user's batch, else two smaller batches (see `costs.timing_batches`)

@@ -148,7 +148,7 @@ class Plans:
                  checked_by_calibration: bool = False) -> None:
         self.work = work
         # each precision's plain program is fitted at batches 2 and 3 and its line checked by its calibration's real
-        # runs (`calibrate`), else by a trace at batch 4 once a plan is asked for (`_check_lines`)
+        # runs (`calibrate`), else by a trace at batch 4 once a plan is asked for (`check_lines`)
         self.checked_by_calibration = checked_by_calibration
         self._unchecked: dict[tuple, None] = {}  # plain programs whose line is still to be checked, in order
         self.uniform = None if uniform is None else list(uniform)  # the uniform checkpoint plan's segments
@@ -195,7 +195,7 @@ class Plans:
 
         # NOTE: a precision's plain program is traced at batches 2 and 3 and checked at 4 (CalcGraph's default), or,
         # `checked_by_calibration`, checked by the real runs its calibration takes anyway (`Calibration.line_held`,
-        # else at 4 after all: `_check_lines`); its variants (step in backward, checkpoints: the same layers, the
+        # else at 4 after all: `check_lines`); its variants (step in backward, checkpoints: the same layers, the
         # same shapes) at 3 only, each allocation's growth borrowed from the plain program (`calcgraph.derive`), or
         # at 2 and 3 where that cannot place one, and checked at 4 where the plain program is not affine
         """
@@ -204,7 +204,7 @@ class Plans:
         plain = self._graphs.get(_plain(key))
         return (2, 3) if plain is None or plain.affine else (2, 3, 4)
 
-    def _check_lines(self) -> None:
+    def check_lines(self) -> None:
         """Check by a trace at batch 4 (`CompiledGraph.check`) the line of each plain program its calibration did not
         show, or that was not calibrated, the traces side by side in forked workers. Off the line, a program is not
         affine: its calibration is dropped and the programs derived from it are compiled again when next asked for."""
@@ -261,7 +261,7 @@ class Plans:
 
     def plan(self, cfg: Config, segments: Sequence | None = None) -> Plan:
         if self._unchecked:  # every precision calibrated that will be (see `advise`)
-            self._check_lines()
+            self.check_lines()
         rep = self._key(cfg, segments)[0]
         graph = self.graph(cfg, segments)
         if cfg.precision in self._calibrated and graph.affine:
