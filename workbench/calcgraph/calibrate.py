@@ -273,12 +273,12 @@ def calibrate(planned: _Trace, plan_sizes: Callable[[int], np.ndarray], observed
     if len(observed) < least or min(observed, default=1) < 1:
         raise ValueError(f"calibration needs >= {least} distinct batch sizes >= 1, got {tuple(sorted(observed))}")
     allocations, deltas, scratches, used, skipped, resized, founds, sequences = [], [], [], [], {}, [], [], set()
+    p_alloc, p_call, p_ops, p_allocs = _steps(planned)
     for size in sorted(observed):
         real = observed[size]
         if isinstance(real, str):
             skipped[size] = real
             continue
-        p_alloc, p_call, p_ops, p_allocs = _steps(planned)
         r_alloc, r_call, r_ops, r_allocs = _steps(real.trace)
         if not r_ops:
             raise ValueError(f"cannot calibrate at batch {size}: the real run dispatched no op in its steps")
@@ -303,26 +303,25 @@ def calibrate(planned: _Trace, plan_sizes: Callable[[int], np.ndarray], observed
     if len(used) < least:
         raise ValueError(f"calibration needs real runs at >= {least} batch sizes; failed at {skipped}")
     resized = np.stack(resized)
-    held = _line_held(planned, plan_sizes, used, resized, np.stack(founds), len(sequences) == 1)
+    held = _line_held(planned, p_alloc, plan_sizes, used, resized, np.stack(founds), len(sequences) == 1)
     return Calibration(np.asarray(used), np.stack(allocations), np.stack(scratches),
                        np.any(np.stack(deltas) != 0, axis=0), skipped, resized, held)
 
 
-def _line_held(planned: _Trace, plan_sizes: Callable[[int], np.ndarray], used: Sequence[int], resized: np.ndarray,
-               found: np.ndarray, one_sequence: bool) -> bool:
+def _line_held(planned: _Trace, first_alloc: int, plan_sizes: Callable[[int], np.ndarray], used: Sequence[int],
+               resized: np.ndarray, found: np.ndarray, one_sequence: bool) -> bool:
     """Whether the real runs at `used` show the plan's allocations on its line, as a fake trace at another batch
     checks them (`derive.fit`): every run made the same allocations in the same order; each allocation whose size
     moves with the batch, the batch's own tensors aside, was found in every run; each allocation a run matched
     exceeded the line by the same bytes in every run (0 where the kernel's tensor is its fake one's size); and
-    none of the build's allocations (not calibrated) moves with the batch. `found`: [runs, the steps' planned
-    allocations], which each run had.
+    none of the build's allocations (before `first_alloc`, not calibrated) moves with the batch. `found`: [runs, the
+    steps' planned allocations], which each run had.
 
     # NOTE: then the check trace is redundant (issue 45): a fake size off its line at a batch the real runs took
     # would have its real tensor off it too, by what no kernel excess that is the same at every batch explains.
     """
     if len(used) < 2:
         return False
-    first_alloc = _steps(planned)[0]
     moves = plan_sizes(used[0]) != plan_sizes(used[0] + 1)
     batch = np.asarray([info.get("kind") == "input" for info in planned.info], dtype=bool)
     return bool(one_sequence and not moves[:first_alloc].any()
