@@ -12,6 +12,7 @@ from workbench.advisor import Config
 from workbench.advisor.plans import Plans
 from workbench.advisor.workload import Workload
 from workbench.calcgraph import plan_training
+from workbench.calcgraph.derive import StepTracer
 
 from tests.advisor.test_derive import MODELS
 
@@ -96,16 +97,15 @@ def test_a_plan_fitted_at_two_batches_checked_later_is_the_plan_checked_at_once(
 def test_the_lines_calibration_left_unchecked_are_traced_side_by_side(monkeypatch):
     import os
 
-    from workbench.advisor import plans as plans_module
     from workbench.calcgraph.forked import ENV
 
-    traced = plans_module._trace_program
+    traced = StepTracer.__call__
 
-    def marked(work, key, size):  # each trace says which process made it
-        trace, recomputed = traced(work, key, size)
+    def marked(tracer, size):  # each trace says which process made it
+        trace = traced(tracer, size)
         trace.made_by = os.getpid()
-        return trace, recomputed
-    monkeypatch.setattr(plans_module, "_trace_program", marked)
+        return trace
+    monkeypatch.setattr(StepTracer, "__call__", marked)
     monkeypatch.setenv(ENV, "2")
     plans = _plans(lambda: Pairwise(), (24,), True)  # neither precision's line shown: both checked at 4
     made = [plans.graph(Config(p))._exact[4] for p in ("fp32", "amp_bf16")]

@@ -115,10 +115,10 @@ def test_programs_traced_ahead_in_groups_equal_those_traced_here(monkeypatch):
     uniform = [(0, 4, True), (4, 9, True)]
     parent, traced = os.getpid(), plans_module._trace_program
 
-    def failing_in_workers(work, key, size):
+    def failing_in_workers(work, key, size, steps):
         if os.getpid() != parent and key[0].step_in_backward and key[0].precision == "bf16":
             raise RuntimeError("a worker's trace failed")
-        return traced(work, key, size)
+        return traced(work, key, size, steps)
     monkeypatch.setattr(plans_module, "_trace_program", failing_in_workers)
     monkeypatch.setenv(ENV, "2")
     ahead = Plans(work, grid, uniform=uniform)

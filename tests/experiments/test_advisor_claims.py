@@ -92,8 +92,9 @@ def test_the_planning_model_has_the_parameters_asked_for_and_is_timed():
         suite.planning_model(5)
     row = suite.planning_time(20_000, batch_size=4, min_run_time=0.01, candidates=[Config()])
     assert row["candidates"] == 1 and row["planning_seconds"] > 0 and abs(row["parameters"] - 20_000) <= 600
-    # the plain program at batches 2 and 3, its line checked by its calibration's real runs (not by a trace at 4)
-    assert row["programs"] == 1 and row["traces"] == 2
+    # the plain program at batches 2 and 3, its line checked by its calibration's real runs (not by a trace at 4); at 3
+    # for one step, the second made from it
+    assert row["programs"] == 1 and row["traces"] == 2 and row["one_step_traces"] == 1
 
 
 def test_toy_scale_and_missing_records_give_no_verdict_and_rows_are_targets():

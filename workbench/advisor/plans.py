@@ -20,7 +20,8 @@ the kernel that runs there. (A plain program's correction added at every candida
 DenseNet-BC with uniform block checkpoints by -10.2%, -5.6% with step in backward: at 2 threads the peak of
 its checkpointed step is beside oneDNN's convolution backward scratch.) On the CPU the same real runs check the
 plain program's line, fitted from traces at batches 2 and 3, in place of a third trace (`Calibration.line_held`; a
-trace at batch 4 where they do not show it).
+trace at batch 4 where they do not show it). Every trace but each precision's first runs one training step, the second
+made from it (`CompiledGraph`'s `one_step`, `calcgraph.derive.repeat_step`) as that first two-step trace shows it may.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class Plan:
             tensors, live = self.graph.timeline(batch_size), self.graph.live_bytes(batch_size)
             at = int(live.argmax()) if len(live) else 0
             alive = frame[(frame["born"] <= at) & (frame["died"] > at)]
-            again = alive.index.isin(list(self.graph.recomputed)) & (alive["kind"] == "temporary")
+            again = alive.index.isin(list(_recomputed(self.graph))) & (alive["kind"] == "temporary")
             self.memo[key] = dict.fromkeys(CATEGORIES, 0)
             for kind, nbytes in alive["bytes"].groupby(alive["kind"].where(~again, "activation")).sum().items():
                 self.memo[key][_KINDS.get(kind, "workspace")] += int(nbytes)
@@ -104,18 +105,20 @@ class Plan:
         return out
 
 
+def _recomputed(graph: CompiledGraph) -> set[int]:
+    """Ids of the allocations `graph`'s traces tag `recomputed` (a checkpoint's recomputation: `workload`)."""
+    return {i for trace in graph._exact.values() for i, info in enumerate(trace.info) if info.get("recomputed")}
+
+
 def _compile(work: Workload, cfg: Config, segments: Sequence | None, sizes: tuple[int, ...] = (2, 3, 4),
-             like: CompiledGraph | None = None, traced: dict[int, tuple] | None = None) -> CompiledGraph:
-    """CalcGraph's plan of a candidate's program traced at batch `sizes` (`Plans._trace_sizes`), with `recomputed`:
-    the ids of the allocations its checkpoints' recomputation makes (see `workload._recomputation`). `traced`: its
-    traces made already, batch -> `(trace, recomputed)` (`_trace_program`)."""
-    traced = traced or {}
-    recomputed: set[int] = set().union(*(ids for _, ids in traced.values()))
-    graph = CompiledGraph(work.program(cfg, segments=segments, recomputed=recomputed), device=work.device,
-                          trace_sizes=sizes, input_shape=tuple(work.inputs.shape[1:]),
-                          description=cfg.name, like=like, traced={s: t for s, (t, _) in traced.items()})
-    graph.recomputed = recomputed
-    return graph
+             like: CompiledGraph | None = None, traced: dict[int, object] | None = None) -> CompiledGraph:
+    """CalcGraph's plan of a candidate's program traced at batch `sizes` (`Plans._trace_sizes`), its first step alone
+    traced where its second is the first made again (`CompiledGraph`'s `one_step`; not for a sharded program).
+    `traced`: its traces made already, batch -> trace (`_trace_program`)."""
+    one_step = work.program(cfg, segments=segments, steps=1) if work.world_size == 1 else None
+    return CompiledGraph(work.program(cfg, segments=segments), device=work.device, trace_sizes=sizes,
+                         input_shape=tuple(work.inputs.shape[1:]), description=cfg.name, like=like, traced=traced,
+                         one_step=one_step)
 
 
 def _plain(key: tuple) -> tuple:
@@ -123,19 +126,19 @@ def _plain(key: tuple) -> tuple:
     return replace(key[0], step_in_backward=False, checkpoint="none"), None
 
 
-def _trace_program(work: Workload, key: tuple, size: int) -> tuple:
-    """(trace, recomputed) of the program `key` (`Plans._key`) at batch `size`, as `_compile`'s graph traces it."""
-    recomputed: set[int] = set()
-    return trace_program(work.program(key[0], segments=key[1], recomputed=recomputed), size, work.device), recomputed
+def _trace_program(work: Workload, key: tuple, size: int, steps: int) -> object:
+    """The program `key` (`Plans._key`) traced at batch `size` for `steps` steps (`_compile`'s graph makes a
+    two-step trace of a one-step one)."""
+    return trace_program(work.program(key[0], segments=key[1], steps=steps), size, work.device)
 
 
-def _trace_group(work: Workload, keys: Sequence[tuple], size: int) -> list[tuple | None]:
-    """`_trace_program` of each of `keys` at batch `size` in turn, None for one that failed (its caller traces it
-    again itself and meets the error there)."""
-    out: list[tuple | None] = []
-    for key in keys:
+def _trace_group(work: Workload, jobs: Sequence[tuple[tuple, int]], size: int) -> list:
+    """`_trace_program` of each (key, steps) of `jobs` at batch `size` in turn, None for one that failed (its caller
+    traces it again itself and meets the error there)."""
+    out = []
+    for key, steps in jobs:
         try:
-            out.append(_trace_program(work, key, size))
+            out.append(_trace_program(work, key, size, steps))
         except Exception:  # noqa: BLE001 - see the docstring
             out.append(None)
     return out
@@ -156,7 +159,7 @@ class Plans:
         # the packed variant whose program is traced for all of them (sharded: each traced, its state is sharded)
         self._packed = (packed[0].extra_bits, packed[0].state_dtype) if packed and work.world_size == 1 else None
         self._graphs: dict[tuple, CompiledGraph] = {}
-        self._ahead: dict[tuple, dict[int, tuple]] = {}  # program -> its traces made side by side (`trace_ahead`)
+        self._ahead: dict[tuple, dict[int, object]] = {}  # program -> its traces made side by side (`trace_ahead`)
         # per precision, its plain program's plan as traced and as calibrated
         self._calibrated: dict[str, tuple[CompiledGraph, CompiledGraph]] = {}
         self.no_allocator_events = False  # calibration found none of the device allocator's events: not retried
@@ -209,13 +212,13 @@ class Plans:
         show, or that was not calibrated, the traces side by side in forked workers. Off the line, a program is not
         affine: its calibration is dropped and the programs derived from it are compiled again when next asked for."""
         keys = list(self._unchecked)
-        made = run_forked([functools.partial(_trace_program, self.work, key, 4) for key in keys]) if len(keys) > 1 \
+        made = run_forked([functools.partial(self._graphs[key]._tracer, 4) for key in keys]) if len(keys) > 1 \
             else [None] * len(keys)
         for key, result in zip(keys, made, strict=True):
             del self._unchecked[key]
             graph = self._graphs[key]
             if result is not None:
-                graph._exact.setdefault(4, result[0])
+                graph._exact.setdefault(4, result)
             if graph.check(4):
                 continue
             for other in [k for k in self._graphs if k != key and _plain(k) == key]:
@@ -241,14 +244,17 @@ class Plans:
         # layers on the same shapes, so each finds most of its op calls in the dispatch cache its predecessors filled
         # in that process (`calcgraph.kernels`), where a program at another batch or precision finds few. Groups go
         # largest first, each to whichever worker is free.
+        # Each precision's plain program at its first batch is traced for both steps, every other for its first step
+        # alone (`CompiledGraph`'s `one_step`, the second step made from it as the two-step trace shows).
         groups: dict[tuple, list] = {}
         for key, size in jobs:
-            groups.setdefault((_plain(key), size), []).append(key)
+            steps = 2 if _plain(key) == key and size == self._trace_sizes(key)[0] else 1
+            groups.setdefault((_plain(key), size), []).append((key, steps))
         order = sorted(groups.items(), key=lambda item: -len(item[1]))
         made = run_forked([functools.partial(_trace_group, self.work, members, size)
                            for (_, size), members in order])
         for ((_, size), members), results in zip(order, made, strict=True):
-            for key, result in zip(members, results or [None] * len(members), strict=True):
+            for (key, _), result in zip(members, results or [None] * len(members), strict=True):
                 if result is not None:
                     self._ahead.setdefault(key, {})[size] = result
 
@@ -258,6 +264,11 @@ class Plans:
         at (two or three for the affine fit, batch 1 where it runs a program of its own, every batch of a program
         that is not affine)."""
         return sum(len(graph._exact) for graph in self._graphs.values())
+
+    @property
+    def one_step_traces(self) -> int:
+        """Of `traces`, those traced for one step, the second made from it (`CompiledGraph`'s `one_step`)."""
+        return sum(trace.one_step for graph in self._graphs.values() for trace in graph._exact.values())
 
     def plan(self, cfg: Config, segments: Sequence | None = None) -> Plan:
         if self._unchecked:  # every precision calibrated that will be (see `advise`)

@@ -193,10 +193,9 @@ class Workload:
         return lambda size, device: (self._fresh(self.inputs, size, device, x_dtype, self.id_range),
                                      self._fresh(self.targets, size, device, self.targets.dtype, self.target_range))
 
-    def program(self, config: Config, *, steps: int = 2, segments=None, setup: dict | None = None,
-                recomputed: set[int] | None = None) -> Callable:
-        """CalcGraph's training program of `config` (build, `steps` steps): `program(size, tracker)`. Traced,
-        the ids of the allocations a checkpoint's recomputation makes are added to `recomputed`."""
+    def program(self, config: Config, *, steps: int = 2, segments=None, setup: dict | None = None) -> Callable:
+        """CalcGraph's training program of `config` (build, `steps` steps): `program(size, tracker)`. Traced, each
+        allocation a checkpoint's recomputation makes is tagged `recomputed` in the trace's `info`."""
         setup = setup or training_setup(config, self.build, optimizer=self.optimizer, lr=self.lr, segments=segments)
         batch = self.make_batch(config)
         if self.world_size > 1:  # rank 0's program in a fake group of world_size ranks
@@ -207,9 +206,7 @@ class Workload:
                                              input_dtype=self._input_dtype(config)))
 
         def program(size: int, tracker) -> None:
-            logged = _recomputation(tracker, recomputed) if tracker is not None and recomputed is not None \
-                else contextlib.nullcontext()
-            with logged:
+            with _recomputation(tracker) if tracker is not None else contextlib.nullcontext():
                 training_program(
                     setup["build"], tuple(self.inputs.shape[1:]), size, loss=self.loss_fn,
                     optimizer=setup["optimizer"], device=self.device, steps=steps, annotate=tracker,
@@ -222,14 +219,14 @@ class Workload:
 
 
 @contextlib.contextmanager
-def _recomputation(tracker, found: set[int]) -> Iterator[None]:
-    """Adds to `found` the ids of the allocations made by modules that run forward inside a backward pass with
-    grad mode on: a checkpoint's recomputation (the backward's own ops run with grad mode off).
+def _recomputation(tracker) -> Iterator[None]:
+    """Tags `recomputed` (in the tracker's `info`) the allocations made by modules that run forward inside a
+    backward pass with grad mode on: a checkpoint's recomputation (the backward's own ops run with grad mode off).
 
     # NOTE: CalcGraph tags what autograd saves in the forward as activations; a non-reentrant checkpoint's
     # recomputation saves its tensors through checkpoint's own hooks, in backward, so the plan calls them
-    # temporaries. Allocation ids are the order of allocation (the tracker's `sizes`), the same at every
-    # batch size of an affine plan, and index `CompiledGraph.variables`.
+    # temporaries. A tag in the trace, not a set of ids beside it, goes wherever the trace's allocations go (a step
+    # made again, `calcgraph.derive.repeat_step`).
     """
     starts: list[int] = []
 
@@ -242,7 +239,8 @@ def _recomputation(tracker, found: set[int]) -> Iterator[None]:
 
     def after(module, args, out) -> None:
         if starts and recomputing():
-            found.update(range(starts.pop(), len(tracker.sizes)))
+            for info in tracker.info[starts.pop():]:
+                info["recomputed"] = True
 
     handles = [register_module_forward_pre_hook(before), register_module_forward_hook(after)]
     try:

@@ -16,17 +16,22 @@ traced at a second batch as before: a place the program never had, or one whose 
 are placed without the program: the CPU generator's state (`measure.cpu_rng_state_as_op`, a constant size) and a
 clone of a tensor of this trace (the state of a BatchNorm's buffers a checkpoint keeps), which grows as what it
 copies.
+
+A program's second training step is likewise its first made again, less what the first made to keep (the
+optimizer's state): where a two-step trace of the program shows so (`repeat_rule`), its other traces run one step and
+the second is made from it (`repeat_step`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from .calibrate import _places
-from .tracker import _Trace
+from .forked import trace_program
+from .tracker import _canonical_frees, _Trace
 
 __all__: list[str] = []  # used through CompiledGraph
 
@@ -80,3 +85,116 @@ def borrowed_slopes(trace: _Trace, reference: _Trace, reference_slope: np.ndarra
         else:
             return None
     return slopes
+
+
+
+def _replay(trace: _Trace, stop: str, renewed: bool) -> tuple | None:
+    """Step 1 of `trace` made again as step 2, right after its mark `stop` ("step2" of a two-step trace, "end" of a
+    one-step one): (sizes, info, events, calls, keys, sources, renewed) of the new step, its allocations numbered on
+    from those made before `stop`, its calls' event positions counted from `stop`; `renewed` maps each of step 1's
+    allocations that step 2 frees to its new one. None where `trace` allocates after `stop`.
+
+    What step 1 made and kept past `stop` is not made again (the optimizer's state and step counters), nor is
+    anything else the calls that made it allocated; a free of what step 1 did not make is not repeated. With
+    `renewed`, what it kept untagged (not the optimizer's state: a cache of the step's coefficients) is made again
+    instead, step 1's freed right after.
+    """
+    events, (s, e), (cs, ce) = trace.events, (trace.marks["step1"], trace.marks[stop]), \
+        (trace.call_marks["step1"], trace.call_marks[stop])
+    base = int((events[:e] >= 0).sum())  # allocations made before `stop`
+    if stop == "end" and base != len(trace.sizes):
+        return None
+    _, died = trace.lifetimes()
+    made = [int(i) for i in events[s:e] if i >= 0]
+    kept = [i for i in made if died[i] >= e]
+    swapped = {i for i in kept if renewed and trace.info[i]["kind"] is None}
+    once = {trace.info[i]["call"] for i in kept if i not in swapped}  # the calls that made what outlives step 1
+    again = [i for i in made if trace.info[i]["call"] not in once]
+    ids = {old: base + n for n, old in enumerate(again)}
+    calls = [c for c in range(cs, ce) if c not in once]
+    call_ids = {old: ce + n for n, old in enumerate(calls)}
+    out, before = [], np.zeros(e - s + 1, dtype=np.int64)  # the new step's events before each of step 1's
+    for k, ev in enumerate(events[s:e]):
+        before[k] = len(out)
+        old = int(ev) if ev >= 0 else int(-ev - 1)
+        if old in ids:
+            out.append(ids[old] if ev >= 0 else -ids[old] - 1)
+        if ev >= 0 and old in swapped:  # step 1's copy, freed once the call that made the new one returned
+            out.append(-old - 1)
+    before[-1] = len(out)
+    swapping = {trace.info[i]["call"] for i in swapped}
+    info = [dict(trace.info[old], phase="step2", call=call_ids.get(trace.info[old]["call"], -1)) for old in again]
+    return ([int(trace.sizes[old]) for old in again], info, _canonical_frees(out),
+            [(trace.calls[c][0], e + int(before[trace.calls[c][1] - s]) - (c in swapping)) for c in calls],
+            [trace.keys[c] for c in calls] if trace.keys else [],
+            {ids[i]: ids.get(src, src) for i, src in trace.sources.items() if i in ids},
+            {old: ids[old] for old in swapped})
+
+
+def repeat_step(trace: _Trace, renewed: bool) -> _Trace | None:
+    """The two-step trace of a program traced for one step (build, step 1): step 2 is step 1 made again (`_replay`,
+    `renewed` as `repeat_rule` found it for this program), the program's last frees (its model, its optimizer's
+    state) after it. None where `_replay` cannot make it.
+
+    # NOTE: a step made again makes the same calls on the same shapes as the first, less the state: tracing one step
+    # and not two leaves out a third of a trace's op calls, each through FakeTensor's dispatch (issue 45)
+    """
+    step = _replay(trace, "end", renewed)
+    if step is None:
+        return None
+    sizes, info, new, calls, keys, sources, swapped = step
+    (e, ce), n = (trace.marks["end"], trace.call_marks["end"]), len(new)
+    last = _canonical_frees([-swapped.get(-v - 1, -v - 1) - 1 for v in trace.events[e:]])  # frees alone
+    events = np.asarray([*trace.events[:e], *new, *last], dtype=np.int64)
+    marks = {**{k: v for k, v in trace.marks.items() if k != "end"}, "step2": e, "end": e + n}
+    call_marks = {**{k: v for k, v in trace.call_marks.items() if k != "end"}, "step2": ce, "end": ce + len(calls)}
+    all_info = trace.info + info
+    return _Trace(np.concatenate([trace.sizes, np.asarray(sizes, dtype=np.int64)]), all_info, events, marks,
+                  trace.spec, tuple((int(v), all_info[v]["op"]) if v >= 0 else (int(v), "free") for v in events),
+                  trace.calls[:ce] + calls + [(op, at + n) for op, at in trace.calls[ce:]], call_marks,
+                  trace.keys[:ce] + keys + trace.keys[ce:], {**trace.sources, **sources}, one_step=True)
+
+
+def repeat_rule(trace: _Trace) -> bool | None:
+    """How step 2 of the two-step `trace` is its step 1 made again: `_replay`'s `renewed`, False or True, the first
+    that makes it allocation by allocation and call by call; None where neither does (the program is then traced for
+    both steps)."""
+    if "step2" not in trace.marks or any(v >= 0 for v in trace.events[trace.marks["end"]:]):
+        return None
+    (s, e), (cs, ce) = (trace.marks["step2"], trace.marks["end"]), (trace.call_marks["step2"], trace.call_marks["end"])
+    base = int((trace.events[:s] >= 0).sum())
+    for renewed in (False, True):
+        sizes, info, events, calls, keys, sources, _ = _replay(trace, "step2", renewed)
+        ids = range(base, base + len(sizes))
+        if (events == trace.events[s:e].tolist() and sizes == trace.sizes[base:base + len(sizes)].tolist()
+                and info == trace.info[base:base + len(sizes)] and calls == trace.calls[cs:ce]
+                and keys == trace.keys[cs:ce] and sources == {i: trace.sources[i] for i in ids if i in trace.sources}):
+            return renewed
+    return None
+
+
+class StepTracer:
+    """A training program's tracer: at each batch its build and first step alone (`one_step`), the second made from
+    them (`repeat_step`), where a two-step trace of it showed how (`repeat_rule`: its first trace, or one of a program
+    `like` it, the same model and optimizer); else both steps (and where `one_step` is None). `made`: traces made
+    already, batch -> trace: the one-step ones are used once the rule is known."""
+
+    def __init__(self, program: Callable, one_step: Callable | None, device: torch.device,
+                 like: StepTracer | None = None, made: Mapping[int, _Trace] | None = None) -> None:
+        self.program, self.one_step, self.device = program, one_step, device
+        self.renewed: bool | str | None = None if one_step is None else like.renewed if like is not None else "unknown"
+        self.first_steps = {s: t for s, t in (made or {}).items() if "step2" not in t.marks}
+        both = [t for t in (made or {}).values() if "step2" in t.marks]
+        if self.renewed == "unknown" and both:
+            self.renewed = repeat_rule(both[0])
+
+    def __call__(self, size: int) -> _Trace:
+        first = self.first_steps.pop(size, None)
+        if self.renewed is None:
+            return trace_program(self.program, size, self.device)
+        if self.renewed == "unknown":
+            trace = trace_program(self.program, size, self.device)
+            self.renewed = repeat_rule(trace)
+            return trace
+        made = repeat_step(first or trace_program(self.one_step, size, self.device), self.renewed)
+        return made if made is not None else trace_program(self.program, size, self.device)

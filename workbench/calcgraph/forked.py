@@ -13,6 +13,7 @@ caller must run itself (no fork here, a CUDA context, a job that failed, workers
 
 from __future__ import annotations
 
+import functools
 import gc
 import multiprocessing
 import os
@@ -128,7 +129,7 @@ def trace_ahead(graph, sizes: Sequence[int]) -> None:
     graph._traced(missing[0])
     if time.perf_counter() - start < FORK_AFTER_SECONDS:
         return
-    jobs = [lambda s=s: trace_program(graph._program, s, graph.device) for s in missing[1:]]
+    jobs = [functools.partial(graph._tracer, s) for s in missing[1:]]
     for size, trace in zip(missing[1:], run_forked(jobs), strict=True):
         if trace is not None:
             graph._exact.setdefault(size, trace)

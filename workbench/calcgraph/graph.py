@@ -34,8 +34,8 @@ from .calibrate import observe as _observe_at
 from .calibrate import transfer as _transfer
 from .calibrate import warm_up as _warm_up
 from .program import _DtypeMismatch
-from .derive import borrowed_slopes, fit
-from .forked import trace_ahead, trace_program
+from .derive import StepTracer, borrowed_slopes, fit
+from .forked import trace_ahead
 from .search import search_max
 from .tracker import _Trace, _TraceError, _Tracker, Unplannable, on_device
 
@@ -56,7 +56,8 @@ class CompiledGraph:
     def __init__(self, program: Callable[[int, _Tracker], None], *, device: torch.device | str,
                  trace_sizes: Sequence[int] = (2, 3, 4), description: str = "",
                  input_shape: Sequence[int] | None = None, input_dtype: torch.dtype | None = None,
-                 like: CompiledGraph | None = None, traced: dict[int, _Trace] | None = None) -> None:
+                 like: CompiledGraph | None = None, traced: dict[int, _Trace] | None = None,
+                 one_step: Callable[[int, _Tracker], None] | None = None) -> None:
         trace_sizes = tuple(trace_sizes) if isinstance(trace_sizes, (list, tuple)) else (trace_sizes,)
         whole = all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in trace_sizes)
         if (len(trace_sizes) < 2 or not whole or min(trace_sizes) < 1 or len(set(trace_sizes)) != len(trace_sizes)):
@@ -66,7 +67,10 @@ class CompiledGraph:
         self.description = description
         self._input_shape = tuple(input_shape) if input_shape is not None else None
         self._input_dtype = input_dtype  # named where the program refuses its input
-        self._exact: dict[int, _Trace] = dict(traced or {})  # batch -> trace; `traced`: made already (forked)
+        # `traced`: made already (forked); `one_step`: the build and first step alone, traced in the program's place
+        # where it may be (`StepTracer`)
+        self._exact: dict[int, _Trace] = {s: t for s, t in (traced or {}).items() if "step2" in t.marks}
+        self._tracer = StepTracer(program, one_step, self.device, like._tracer if like is not None else None, traced)
         s1, s2 = trace_sizes[:2]
         self.derived = False  # traced once, the slopes borrowed from `like` (`derive.borrowed_slopes`)
         if like is not None and like.affine and like._base_size == s2:
@@ -93,17 +97,15 @@ class CompiledGraph:
     def _traced(self, size: int) -> _Trace:
         if size not in self._exact:
             try:
-                self._exact[size] = trace_program(self._program, size, self.device)
+                self._exact[size] = self._tracer(size)
             except _TraceError as failure:
                 if isinstance(failure.error, (_DtypeMismatch, Unplannable)):  # their messages say it all
                     raise type(failure.error)(": ".join(filter(None, (failure.module, str(failure.error))))) from None
                 shape = f"input [{size}, {', '.join(map(str, self._input_shape))}]" if self._input_shape else "input"
                 shape += f" of {self._input_dtype}" if self._input_dtype is not None else ""
                 where = failure.module or "the training program"
-                raise ValueError(
-                    f"{where} refused the {shape} (per-example shape {self._input_shape}, batch {size}, "
-                    f"{failure.phase}): {failure}"
-                ) from None
+                raise ValueError(f"{where} refused the {shape} (per-example shape {self._input_shape}, batch {size}, "
+                                 f"{failure.phase}): {failure}") from None
         return self._exact[size]
 
     def check(self, size: int) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -156,6 +156,9 @@ class _Tracker(LiveStorageMode):
         self.marks[phase] = len(self.events)
         self.call_marks[phase] = len(self.calls)
         self._phase = phase
+        # NOTE: no module runs between phases; a checkpoint's recomputation that stops early (torch's non-reentrant
+        # checkpoint stops at the last tensor it needs) leaves the modules it entered unleft
+        self._modules = [""]
 
     def tag(self, tensor: torch.Tensor, zone: str, kind: str, name: str) -> None:
         idx = self.live.get(tensor.untyped_storage()._cdata)
@@ -214,6 +217,7 @@ class _Trace:
     call_marks: dict[str, int] = field(repr=False, default_factory=dict)
     keys: list[tuple] = field(repr=False, default_factory=list)  # each call's `_call_key` (traces under fake tensors)
     sources: dict[int, int] = field(repr=False, default_factory=dict)  # a clone's allocation -> the one it copied
+    one_step: bool = False  # traced for one step, the second made from it (`derive.repeat_step`)
 
     def live(self, sizes: np.ndarray | None = None) -> np.ndarray:
         """Live bytes after each event, each allocation of ``sizes`` bytes (default: its traced size)."""
@@ -267,18 +271,20 @@ def _quiet_fake_tensor_logs() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _canonical_frees(events: list[int]) -> list[int]:
+def _canonical_frees(events: list[int], marks: Sequence[int] = ()) -> list[int]:
     """`events` with each run of consecutive frees sorted: the order in which a burst of tensors dies
     (autocast's weight cache at exit is a dict of tensors) can differ between runs, and the live level
-    only falls inside a burst, so its peak and the events' count are unchanged."""
-    out, burst = [], []
-    for e in [*events, 0]:
+    only falls inside a burst, so its peak and the events' count are unchanged. A burst ends at each of `marks`
+    (event positions: the phases' bounds), so that each phase's events are its own (`derive.repeat_step`)."""
+    out, burst, bounds = [], [], set(marks)
+    for at, e in enumerate([*events, 0]):
+        if e >= 0 or at in bounds:
+            out += sorted(burst, reverse=True)
+            burst = []
         if e < 0:
             burst.append(e)
-            continue
-        out += sorted(burst, reverse=True)
-        burst = []
-        out.append(e)
+        else:
+            out.append(e)
     return out[:-1]
 
 
@@ -335,7 +341,7 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
     finally:
         tracker.unwatch()
         tracker.close()
-    events = _canonical_frees(tracker.events)
+    events = _canonical_frees(tracker.events, tracker.marks.values())
     signature = tuple((e, tracker.info[e]["op"]) if e >= 0 else (e, "free") for e in events)
     return _Trace(np.asarray(tracker.sizes, dtype=np.int64), tracker.info,
                   np.asarray(events, dtype=np.int64), tracker.marks, tracker.spec, signature,
