@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 from workbench.advisor import Config
 from workbench.advisor.plans import Plans
 from workbench.advisor.workload import Workload
 from workbench.calcgraph import CompiledGraph
 from workbench.calcgraph import derive
+from workbench.calcgraph.calibrate import observe
 from workbench.calcgraph.derive import repeat_rule, repeat_step
 from workbench.calcgraph.forked import trace_program
 
@@ -127,3 +129,48 @@ def test_the_advisors_plans_are_made_from_one_step_and_equal_two(monkeypatch):
         key = plans._key(cfg, None)
         for size, trace in graph._exact.items():
             _assert_same(trace, trace_program(work.program(key[0], segments=key[1]), size, work.device))
+
+
+class KeepsLastReal(KeepsLast):
+    """Keeps a copy of its last input in real runs only: their second step is not their first made again as the
+    traces' is."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not is_fake(x):
+            self.last = x.detach().clone()
+        return self.linear(x)
+
+
+def _calibrations(work: Workload, cfg: Config, monkeypatch) -> tuple[list, list]:
+    """(the steps of each real run, the plan's calibrated sizes and scratch at 3, 12 and 64) calibrated as the advisor
+    does it, and the same with every real run of both steps."""
+    out = []
+    for one_step in (work.program(cfg, steps=1), None):
+        graph = CompiledGraph(work.program(cfg), device="cpu", trace_sizes=(2, 3), one_step=one_step)
+        steps = []
+
+        def counted(program, size, device, steps=steps, one_step=one_step):
+            steps.append(1 if program is one_step else 2)
+            return observe(program, size, device)
+        monkeypatch.setattr(derive, "observe", counted)
+        graph.calibrate(sizes=(2, 4, 8), check=(), refine=0)
+        out.append((steps, [(graph.calibration.allocations(b), graph.calibration.scratch(b), graph.required_bytes(b))
+                            for b in (3, 12, 64)], graph.calibration.line_held))
+    return out
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("cfg", CONFIGS[:3], ids=lambda c: c.name)
+def test_calibration_runs_one_step_where_the_real_second_step_is_the_first_made_again(model, cfg, monkeypatch):
+    (steps, made, held), (both_steps, runs, held_both) = _calibrations(_work(*MODELS[model]), cfg, monkeypatch)
+    assert steps == [2, 1, 1] and both_steps == [2, 2, 2] and held == held_both
+    for (sizes, scratch, peak), (sizes_both, scratch_both, peak_both) in zip(made, runs, strict=True):
+        np.testing.assert_array_equal(sizes, sizes_both)
+        np.testing.assert_array_equal(scratch, scratch_both)
+        assert peak == peak_both
+
+
+def test_calibration_runs_both_steps_where_the_real_runs_differ_from_the_traces(monkeypatch):
+    (steps, made, _), (_, runs, _) = _calibrations(_work(KeepsLastReal, (6,)), Config(), monkeypatch)
+    assert steps == [2, 2, 2]
+    assert [peak for *_, peak in made] == [peak for *_, peak in runs]

@@ -21,7 +21,8 @@ DenseNet-BC with uniform block checkpoints by -10.2%, -5.6% with step in backwar
 its checkpointed step is beside oneDNN's convolution backward scratch.) On the CPU the same real runs check the
 plain program's line, fitted from traces at batches 2 and 3, in place of a third trace (`Calibration.line_held`; a
 trace at batch 4 where they do not show it). Every trace but each precision's first runs one training step, the second
-made from it (`CompiledGraph`'s `one_step`, `calcgraph.derive.repeat_step`) as that first two-step trace shows it may.
+made from it (`CompiledGraph`'s `one_step`, `calcgraph.derive.repeat_step`) as that first two-step trace shows it may;
+so does every real run of calibration but the first, where that first one shows it may too (`StepTracer.observe`).
 """
 
 from __future__ import annotations
@@ -268,7 +269,7 @@ class Plans:
     @property
     def one_step_traces(self) -> int:
         """Of `traces`, those traced for one step, the second made from it (`CompiledGraph`'s `one_step`)."""
-        return sum(trace.one_step for graph in self._graphs.values() for trace in graph._exact.values())
+        return sum(trace.repeats is not None for graph in self._graphs.values() for trace in graph._exact.values())
 
     def plan(self, cfg: Config, segments: Sequence | None = None) -> Plan:
         if self._unchecked:  # every precision calibrated that will be (see `advise`)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from .calibrate import _places
+from .calibrate import _Observed, _places, observe
 from .forked import trace_program
 from .tracker import _canonical_frees, _Trace
 
@@ -90,9 +90,10 @@ def borrowed_slopes(trace: _Trace, reference: _Trace, reference_slope: np.ndarra
 
 def _replay(trace: _Trace, stop: str, renewed: bool) -> tuple | None:
     """Step 1 of `trace` made again as step 2, right after its mark `stop` ("step2" of a two-step trace, "end" of a
-    one-step one): (sizes, info, events, calls, keys, sources, renewed) of the new step, its allocations numbered on
-    from those made before `stop`, its calls' event positions counted from `stop`; `renewed` maps each of step 1's
-    allocations that step 2 frees to its new one. None where `trace` allocates after `stop`.
+    one-step one): (sizes, info, events, calls, keys, sources, swapped, repeats) of the new step, its allocations
+    numbered on from those made before `stop`, its calls' event positions counted from `stop`; `swapped` maps each of
+    step 1's allocations that step 2 frees to its new one, `repeats` names the call of step 1 each call repeats. None
+    where `trace` allocates after `stop`.
 
     What step 1 made and kept past `stop` is not made again (the optimizer's state and step counters), nor is
     anything else the calls that made it allocated; a free of what step 1 did not make is not repeated. With
@@ -128,7 +129,7 @@ def _replay(trace: _Trace, stop: str, renewed: bool) -> tuple | None:
             [(trace.calls[c][0], e + int(before[trace.calls[c][1] - s]) - (c in swapping)) for c in calls],
             [trace.keys[c] for c in calls] if trace.keys else [],
             {ids[i]: ids.get(src, src) for i, src in trace.sources.items() if i in ids},
-            {old: ids[old] for old in swapped})
+            {old: ids[old] for old in swapped}, calls)
 
 
 def repeat_step(trace: _Trace, renewed: bool) -> _Trace | None:
@@ -142,7 +143,7 @@ def repeat_step(trace: _Trace, renewed: bool) -> _Trace | None:
     step = _replay(trace, "end", renewed)
     if step is None:
         return None
-    sizes, info, new, calls, keys, sources, swapped = step
+    sizes, info, new, calls, keys, sources, swapped, repeats = step
     (e, ce), n = (trace.marks["end"], trace.call_marks["end"]), len(new)
     last = _canonical_frees([-swapped.get(-v - 1, -v - 1) - 1 for v in trace.events[e:]])  # frees alone
     events = np.asarray([*trace.events[:e], *new, *last], dtype=np.int64)
@@ -152,7 +153,7 @@ def repeat_step(trace: _Trace, renewed: bool) -> _Trace | None:
     return _Trace(np.concatenate([trace.sizes, np.asarray(sizes, dtype=np.int64)]), all_info, events, marks,
                   trace.spec, tuple((int(v), all_info[v]["op"]) if v >= 0 else (int(v), "free") for v in events),
                   trace.calls[:ce] + calls + [(op, at + n) for op, at in trace.calls[ce:]], call_marks,
-                  trace.keys[:ce] + keys + trace.keys[ce:], {**trace.sources, **sources}, one_step=True)
+                  trace.keys[:ce] + keys + trace.keys[ce:], {**trace.sources, **sources}, repeats)
 
 
 def repeat_rule(trace: _Trace) -> bool | None:
@@ -164,7 +165,7 @@ def repeat_rule(trace: _Trace) -> bool | None:
     (s, e), (cs, ce) = (trace.marks["step2"], trace.marks["end"]), (trace.call_marks["step2"], trace.call_marks["end"])
     base = int((trace.events[:s] >= 0).sum())
     for renewed in (False, True):
-        sizes, info, events, calls, keys, sources, _ = _replay(trace, "step2", renewed)
+        sizes, info, events, calls, keys, sources, _, _ = _replay(trace, "step2", renewed)
         ids = range(base, base + len(sizes))
         if (events == trace.events[s:e].tolist() and sizes == trace.sizes[base:base + len(sizes)].tolist()
                 and info == trace.info[base:base + len(sizes)] and calls == trace.calls[cs:ce]
@@ -184,9 +185,35 @@ class StepTracer:
         self.program, self.one_step, self.device = program, one_step, device
         self.renewed: bool | str | None = None if one_step is None else like.renewed if like is not None else "unknown"
         self.first_steps = {s: t for s, t in (made or {}).items() if "step2" not in t.marks}
+        self.real_rule: bool | None = None  # `repeat_rule` of calibration's first real run (`observe`)
         both = [t for t in (made or {}).values() if "step2" in t.marks]
         if self.renewed == "unknown" and both:
             self.renewed = repeat_rule(both[0])
+
+    def observe(self, sizes: Sequence[int]) -> dict[int, _Observed | str]:
+        """Calibration's real runs at `sizes` (`calibrate.observe`): the first of both steps, the others of the
+        first step alone, the second made from it, where the first real run's second step is its first made again as
+        the traces' is (`repeat_rule`): the same allocations and calls, each call's scratch the one it repeats took.
+        Such a run's `peak` is its first step's (calibration's fit does not read it; its checks run both steps).
+
+        # NOTE: a real step costs calibration as much as a traced one costs the plan (its op calls marked for the
+        # profiler, its allocator's events read): DenseNet-BC-100's three runs at 2, 4 and 8 took 1.1-1.8 s, those
+        # of one step 0.9 s
+        """
+        out: dict[int, _Observed | str] = {}
+        for size in map(int, sizes):
+            if out and isinstance(self.renewed, bool) and self.real_rule == self.renewed:
+                run = observe(self.one_step, size, self.device)
+                made = None if isinstance(run, str) else repeat_step(run.trace, self.renewed)
+                if made is not None:
+                    ce = run.trace.call_marks["end"]
+                    scratch = np.concatenate([run.scratch[:ce], run.scratch[made.repeats], run.scratch[ce:]])
+                    out[size] = _Observed(made, scratch, run.peak)
+                    continue
+            out[size] = observe(self.program, size, self.device)
+            if len(out) == 1:
+                self.real_rule = None if isinstance(out[size], str) else repeat_rule(out[size].trace)
+        return out
 
     def __call__(self, size: int) -> _Trace:
         first = self.first_steps.pop(size, None)

@@ -264,7 +264,7 @@ class CompiledGraph:
                              f"fit needs >= 2 more batch sizes, got {tuple(sizes)}")
         self.calibration = self._one_calibration = None
         _warm_up(self._program, int(min(sizes)), self.device)
-        observed = {int(s): _observe_at(self._program, int(s), self.device) for s in sizes}
+        observed = self._tracer.observe(sizes)
         if one is not None and not isinstance(observed[1], str):  # batch 1 runs its own program: calibrated alone
             self._one_calibration = _fit_calibration(one, lambda _: one.sizes, {1: observed.pop(1)}, least=1)
         checks, rows = sorted({int(c) for c in check} - set(observed) - {1}), []

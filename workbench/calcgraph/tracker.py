@@ -217,7 +217,8 @@ class _Trace:
     call_marks: dict[str, int] = field(repr=False, default_factory=dict)
     keys: list[tuple] = field(repr=False, default_factory=list)  # each call's `_call_key` (traces under fake tensors)
     sources: dict[int, int] = field(repr=False, default_factory=dict)  # a clone's allocation -> the one it copied
-    one_step: bool = False  # traced for one step, the second made from it (`derive.repeat_step`)
+    # traced for one step, the second made from it (`derive.repeat_step`): the call of step 1 each of step 2's repeats
+    repeats: list[int] | None = field(repr=False, default=None)
 
     def live(self, sizes: np.ndarray | None = None) -> np.ndarray:
         """Live bytes after each event, each allocation of ``sizes`` bytes (default: its traced size)."""
