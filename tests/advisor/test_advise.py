@@ -405,3 +405,29 @@ def test_an_advice_whose_calibration_finds_no_allocator_events_plans_uncalibrate
     answer.margin = 0.0
     result = answer.verify()
     assert result["peak_error"] != 0 and not result["recalibrated"]
+
+
+def test_planning_freezes_the_heap_it_found_and_leaves_the_callers_as_it_was(monkeypatch):
+    from workbench.advisor import plans as plans_module
+
+    seen = []
+    calibrate = plans_module.Plans.calibrate
+
+    def spied(self, *args, **kwargs):
+        seen.append(gc.get_freeze_count())
+        return calibrate(self, *args, **kwargs)
+    monkeypatch.setattr(plans_module.Plans, "calibrate", spied)
+    gc.unfreeze()
+    before = gc.get_freeze_count()
+    advise(mlp, batch(), memory_budget=2**20, candidates=[Config()], min_run_time=0.01)
+    assert before == gc.get_freeze_count() == 0 and seen and min(seen) > 0  # frozen while it planned
+    held = [object() for _ in range(3)]
+    gc.freeze()  # the caller's own freeze: kept, and the advisor freezes nothing more
+    frozen = gc.get_freeze_count()
+    try:
+        seen.clear()
+        advise(mlp, batch(), memory_budget=2**20, candidates=[Config()], min_run_time=0.01)
+        # still frozen (a frozen object leaves only by dying), and nothing more frozen: the count never grew
+        assert 0.9 * frozen < gc.get_freeze_count() <= frozen and seen and max(seen) <= frozen and held
+    finally:
+        gc.unfreeze()
