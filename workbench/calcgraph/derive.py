@@ -174,6 +174,9 @@ def repeat_rule(trace: _Trace) -> bool | None:
     return None
 
 
+_UNKNOWN = "unknown"  # `StepTracer.renewed` before a two-step trace shows it
+
+
 class StepTracer:
     """A training program's tracer: at each batch its build and first step alone (`one_step`), the second made from
     them (`repeat_step`), where a two-step trace of it showed how (`repeat_rule`: its first trace, or one of a program
@@ -183,11 +186,11 @@ class StepTracer:
     def __init__(self, program: Callable, one_step: Callable | None, device: torch.device,
                  like: StepTracer | None = None, made: Mapping[int, _Trace] | None = None) -> None:
         self.program, self.one_step, self.device = program, one_step, device
-        self.renewed: bool | str | None = None if one_step is None else like.renewed if like is not None else "unknown"
+        self.renewed: bool | str | None = None if one_step is None else like.renewed if like is not None else _UNKNOWN
         self.first_steps = {s: t for s, t in (made or {}).items() if "step2" not in t.marks}
         self.real_rule: bool | None = None  # `repeat_rule` of calibration's first real run (`observe`)
         both = [t for t in (made or {}).values() if "step2" in t.marks]
-        if self.renewed == "unknown" and both:
+        if self.renewed is _UNKNOWN and both:
             self.renewed = repeat_rule(both[0])
 
     def observe(self, sizes: Sequence[int]) -> dict[int, _Observed | str]:
@@ -219,7 +222,7 @@ class StepTracer:
         first = self.first_steps.pop(size, None)
         if self.renewed is None:
             return trace_program(self.program, size, self.device)
-        if self.renewed == "unknown":
+        if self.renewed is _UNKNOWN:
             trace = trace_program(self.program, size, self.device)
             self.renewed = repeat_rule(trace)
             return trace
