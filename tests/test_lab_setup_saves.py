@@ -142,3 +142,63 @@ def test_git_runs_before_the_write_and_never_between_the_write_and_the_reply(rep
     assert _git(repo, "status", "--porcelain") == ""
     assert lab_setup.refresh_before_save(model, "../outside.ipynb", manager) is False
     assert lab_setup.refresh_before_save(model, "a.ipynb", object()) is False
+
+
+def _loaded(repo, manager_class=None):
+    from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+
+    manager = (manager_class or AsyncLargeFileManager)(root_dir=str(repo))
+    lab_setup._load_jupyter_server_extension(SimpleNamespace(contents_manager=manager,
+                                                             log=logging.getLogger("jupyter_server")))
+    return manager
+
+
+def _hash(manager, name: str) -> str:
+    got = manager.get(name, content=False, require_hash=True)
+    return (asyncio.run(got) if asyncio.iscoroutine(got) else got)["hash"]
+
+
+def _real_hash(manager, path) -> str:
+    return manager._get_hash(path.read_bytes())["hash"]
+
+
+def test_a_check_between_anothers_write_and_its_read_back_finds_the_hash_the_page_holds(repo, monkeypatch):
+    """JupyterLab's save: read the hash, write, read it back; Ctrl+S during an autosave put one's check between the
+    other's write and read back, on a hash the page had not seen ("File Changed", issue 43). This server's own writes
+    keep the hash the page read; a write by anything else still shows."""
+    manager = _loaded(repo)
+    page = _hash(manager, "a.ipynb")  # as JupyterLab opened it
+    assert page == _real_hash(manager, repo / "a.ipynb")
+    write, checks = manager._save_notebook, []
+
+    async def write_then_check(*args, **kwargs):
+        out = await write(*args, **kwargs)
+        checks.append(_real_hash(manager, repo / "a.ipynb"))
+        checks.append(await manager.get("a.ipynb", content=False, require_hash=True))  # the other save's check
+        return out
+
+    monkeypatch.setattr(manager, "_save_notebook", write_then_check)
+    asyncio.run(manager.save({"type": "notebook", "format": "json", "content": _notebook(outputs=True)}, "a.ipynb"))
+    new_content, check = checks
+    assert new_content != page and check["hash"] == page  # the content changed; the page's hash still holds
+    assert _hash(manager, "a.ipynb") == page  # the read back, and every check after it
+    monkeypatch.setattr(manager, "_save_notebook", write)
+    asyncio.run(manager.save({"type": "notebook", "format": "json", "content": _notebook(outputs=False)}, "a.ipynb"))
+    assert _hash(manager, "a.ipynb") == page
+    (repo / "a.ipynb").write_text(json.dumps(_notebook(outputs=True)))  # another program writes the file
+    elsewhere = _hash(manager, "a.ipynb")
+    assert elsewhere != page and elsewhere == _real_hash(manager, repo / "a.ipynb")
+    asyncio.run(manager.save({"type": "notebook", "format": "json", "content": _notebook(outputs=False)}, "a.ipynb"))
+    assert _hash(manager, "a.ipynb") == elsewhere  # overwritten from the page that saw the other write
+
+
+def test_a_save_that_never_ended_keeps_no_hash_past_its_deadline(repo, monkeypatch):
+    from jupyter_server.services.contents.filemanager import FileContentsManager
+
+    monkeypatch.setattr(lab_setup, "WRITE_S", 0.0)
+    manager = _loaded(repo, FileContentsManager)  # a synchronous `get` is wrapped as well
+    own = lab_setup.OwnWrites()
+    own.before_save(path="b.ipynb", contents_manager=manager)  # a write that failed: no post-save hook
+    (repo / "b.ipynb").write_text(json.dumps(_notebook(outputs=True)))
+    assert own.hash_of(str(repo / "b.ipynb"), "found") == "found"
+    assert _hash(manager, "b.ipynb") == _real_hash(manager, repo / "b.ipynb")

@@ -19,7 +19,9 @@ and git"), for the JupyterLab that runs from it:
    the new content: JupyterLab saves in two requests (write, then read the file's hash back), and a save
    whose check reads the disk between those two finds a hash it has not seen yet and asks "File Changed ...
    Overwrite / Revert" (Ctrl+S while an autosave was in flight, issue 43). Run after the write, the refresh's
-   five git commands (seconds on a loaded machine) held the first save's reply and so widened that window.
+   five git commands (seconds on a loaded machine) held the first save's reply and so widened that window. The
+   window itself is closed where the check asks for the hash: this server's own writes keep the hash the page read
+   (`OwnWrites`); a write by anything else changes it as before.
 2. **Widget state on save.** A widget's output in a saved notebook names a model that lived in the kernel;
    reopened, each one reads "Error displaying widget: model not found" unless the notebook also holds the
    models' state, which JupyterLab writes only with the widget manager's `saveState` setting. The setting
@@ -43,6 +45,7 @@ and git"), for the JupyterLab that runs from it:
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import subprocess
@@ -52,7 +55,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["drop_closed_widget_views", "install", "refresh_git_index", "refresh_before_save", "INDEX_LOCK_WAIT_S"]
+__all__ = ["OwnWrites", "drop_closed_widget_views", "install", "refresh_git_index", "refresh_before_save",
+           "INDEX_LOCK_WAIT_S"]
 
 SERVER_CONFIG = Path("etc/jupyter/jupyter_server_config.d/workbench.json")
 LAB_OVERRIDES = Path("share/jupyter/lab/settings/overrides.d/workbench.json")
@@ -64,6 +68,7 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 log = logging.getLogger(__name__)
+WRITE_S = 60.0  # a save's write that has not ended by then has failed: its file's hash is its content's again
 
 
 def _git(folder: Path, *args: str) -> str:
@@ -164,6 +169,76 @@ def drop_closed_widget_views(model: dict, **_: Any) -> int:
     return dropped
 
 
+class OwnWrites:
+    """The hash this server reports for a file it wrote itself: the one the file had before its first such write,
+    for as long as nothing else writes it; any other file's, its content's own.
+
+    # NOTE: JupyterLab saves in three requests (read the file's hash, write, read the hash back) and checks the first
+    # against the hash it last read back; two saves of one notebook at once (Ctrl+S while an autosave is in flight)
+    # let one's check land between the other's write and its read back, on a hash the page has not seen: "File
+    # Changed ... Overwrite / Revert" (issue 43; the browser test, 1 of 28 saves in four CI runs). Its own writes are
+    # no change made elsewhere: where the file is as this server last wrote it (size, time, inode), its hash stays;
+    # a write by anything else shows as before.
+    """
+
+    def __init__(self) -> None:
+        # os path -> (the file's stat as this server wrote it, or while it writes the time that write must end by;
+        # the hash it keeps)
+        self._kept: dict[str, tuple[tuple | float | None, str]] = {}
+
+    def _keeps(self, os_path: str) -> str | None:
+        kept = self._kept.get(os_path)
+        if kept is None:
+            return None
+        writing = isinstance(kept[0], float) and time.monotonic() < kept[0]
+        return kept[1] if writing or kept[0] == _stat(os_path) else None
+
+    def before_save(self, model: dict | None = None, path: str = "", contents_manager: Any = None, **_: Any) -> None:
+        """A pre-save hook: the hash the file keeps through this write (its own where something else wrote it last)."""
+        try:
+            os_path = contents_manager._get_os_path(path)
+            kept = self._keeps(os_path) or contents_manager._get_hash(Path(os_path).read_bytes())["hash"]
+        except Exception:  # noqa: BLE001 - a new file, not a file manager's: nothing to keep
+            return
+        self._kept[os_path] = (time.monotonic() + WRITE_S, kept)
+
+    def after_save(self, os_path: str = "", **_: Any) -> None:
+        """A post-save hook: the file as this server wrote it."""
+        kept = self._kept.get(os_path)
+        if kept is not None:
+            self._kept[os_path] = (_stat(os_path), kept[1])
+
+    def hash_of(self, os_path: str, found: str) -> str:
+        """The hash to report for `os_path`, whose content hashes to `found`."""
+        return self._keeps(os_path) or found
+
+    def install(self, manager: Any) -> None:
+        """Hook into `manager` (a jupyter_server contents manager): its saves, and its `get` that reports a hash."""
+        manager.register_pre_save_hook(self.before_save)
+        manager.register_post_save_hook(self.after_save)
+        get = manager.get
+
+        def reported(model: dict, path: str) -> dict:
+            if model.get("hash") is not None and model.get("type") != "directory":
+                model["hash"] = self.hash_of(manager._get_os_path(path), model["hash"])
+            return model
+
+        if inspect.iscoroutinefunction(get):
+            async def get_async(path: str, *args: Any, **kwargs: Any) -> dict:
+                return reported(await get(path, *args, **kwargs), path)
+            manager.get = get_async
+        else:
+            manager.get = lambda path, *args, **kwargs: reported(get(path, *args, **kwargs), path)
+
+
+def _stat(os_path: str) -> tuple | None:
+    try:
+        st = Path(os_path).stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": EXTENSION}]
 
@@ -171,6 +246,7 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 def _load_jupyter_server_extension(server_app: Any) -> None:
     server_app.contents_manager.register_pre_save_hook(drop_closed_widget_views)
     server_app.contents_manager.register_pre_save_hook(refresh_before_save)
+    OwnWrites().install(server_app.contents_manager)
     server_app.log.info("workbench: views of closed widgets dropped on save; git reads each saved file through "
                         "its clean filter")
 
