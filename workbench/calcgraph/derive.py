@@ -31,7 +31,7 @@ import torch
 
 from .calibrate import _Observed, _places, observe
 from .forked import trace_program
-from .tracker import _canonical_frees, _Trace
+from .tracker import _canonical_frees, _signature, _Trace
 
 __all__: list[str] = []  # used through CompiledGraph
 
@@ -85,7 +85,6 @@ def borrowed_slopes(trace: _Trace, reference: _Trace, reference_slope: np.ndarra
         else:
             return None
     return slopes
-
 
 
 def _replay(trace: _Trace, stop: str, renewed: bool) -> tuple | None:
@@ -151,7 +150,7 @@ def repeat_step(trace: _Trace, renewed: bool) -> _Trace | None:
     call_marks = {**{k: v for k, v in trace.call_marks.items() if k != "end"}, "step2": ce, "end": ce + len(calls)}
     all_info = trace.info + info
     return _Trace(np.concatenate([trace.sizes, np.asarray(sizes, dtype=np.int64)]), all_info, events, marks,
-                  trace.spec, tuple((int(v), all_info[v]["op"]) if v >= 0 else (int(v), "free") for v in events),
+                  trace.spec, _signature(events, all_info),
                   trace.calls[:ce] + calls + [(op, at + n) for op, at in trace.calls[ce:]], call_marks,
                   trace.keys[:ce] + keys + trace.keys[ce:], {**trace.sources, **sources}, repeats)
 
@@ -189,7 +188,7 @@ class StepTracer:
         self.renewed: bool | str | None = None if one_step is None else like.renewed if like is not None else _UNKNOWN
         self.first_steps = {s: t for s, t in (made or {}).items() if "step2" not in t.marks}
         self.real_rule: bool | None = None  # `repeat_rule` of calibration's first real run (`observe`)
-        both = [t for t in (made or {}).values() if "step2" in t.marks]
+        both = [t for s, t in (made or {}).items() if s not in self.first_steps]
         if self.renewed is _UNKNOWN and both:
             self.renewed = repeat_rule(both[0])
 

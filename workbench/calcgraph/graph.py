@@ -69,8 +69,8 @@ class CompiledGraph:
         self._input_dtype = input_dtype  # named where the program refuses its input
         # `traced`: made already (forked); `one_step`: the build and first step alone, traced in the program's place
         # where it may be (`StepTracer`)
-        self._exact: dict[int, _Trace] = {s: t for s, t in (traced or {}).items() if "step2" in t.marks}
         self._tracer = StepTracer(program, one_step, self.device, like._tracer if like is not None else None, traced)
+        self._exact = {s: t for s, t in (traced or {}).items() if s not in self._tracer.first_steps}  # batch -> trace
         s1, s2 = trace_sizes[:2]
         self.derived = False  # traced once, the slopes borrowed from `like` (`derive.borrowed_slopes`)
         if like is not None and like.affine and like._base_size == s2:

@@ -233,6 +233,11 @@ class _Trace:
         return born, died
 
 
+def _signature(events, info: list[dict]) -> tuple:
+    """A trace's allocation sequence as `derive.fit` compares it: each event with its op (an allocation) or "free"."""
+    return tuple((int(e), info[e]["op"]) if e >= 0 else (int(e), "free") for e in events)
+
+
 def _call_key(op, args: tuple) -> tuple:
     """What a kernel's scratch depends on: the op and its positional arguments, tensors by shape and dtype (also
     inside lists: `cat`), other values as they are. Equal in two programs that run the same layer on the same
@@ -343,7 +348,6 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
         tracker.unwatch()
         tracker.close()
     events = _canonical_frees(tracker.events, tracker.marks.values())
-    signature = tuple((e, tracker.info[e]["op"]) if e >= 0 else (e, "free") for e in events)
     return _Trace(np.asarray(tracker.sizes, dtype=np.int64), tracker.info,
-                  np.asarray(events, dtype=np.int64), tracker.marks, tracker.spec, signature,
+                  np.asarray(events, dtype=np.int64), tracker.marks, tracker.spec, _signature(events, tracker.info),
                   tracker.calls, tracker.call_marks, tracker.keys, tracker.sources)
