@@ -6,7 +6,9 @@ The model has 255 rows in one layer: on 2 and 4 ranks its shards are uneven (128
 FSDP2's reduce-scatter copy-in (``chunk_cat``) allocates a padded scratch that no tensor shows.
 """
 
+import atexit
 import functools
+import os
 
 import pytest
 import torch
@@ -101,6 +103,26 @@ def _fails_on_rank_one(rank, world_size):
     if rank == 1:
         raise ValueError("rank one fails")
     dist.barrier()  # rank 0 waits for a rank that never comes: terminated, not left behind
+
+
+def _aborts_in_teardown(rank, world_size):
+    atexit.register(os.abort)  # SIGABRT as the interpreter exits, after every rank saved its result
+    return rank * 10
+
+
+def _aborts_before_its_result(rank, world_size):
+    if rank == 0:
+        os.abort()
+    dist.barrier()
+    return rank
+
+
+@needs_gloo
+def test_run_on_ranks_keeps_results_when_a_rank_dies_in_teardown_only():
+    with pytest.warns(RuntimeWarning, match="after every rank of _aborts_in_teardown finished"):
+        assert run_on_ranks(_aborts_in_teardown, 2, timeout=60) == [0, 10]
+    with pytest.raises(mp.ProcessExitedException, match="terminated with signal SIGABRT"):
+        run_on_ranks(_aborts_before_its_result, 2, timeout=60)
 
 
 @needs_gloo
