@@ -116,7 +116,7 @@ def test_programs_traced_ahead_in_groups_equal_those_traced_here(monkeypatch):
     parent, traced = os.getpid(), plans_module._trace_program
 
     def failing_in_workers(work, key, size, steps):
-        if os.getpid() != parent and key[0].step_in_backward and key[0].precision == "bf16":
+        if os.getpid() != parent and key[0].checkpoint == "uniform" and key[0].precision == "bf16":
             raise RuntimeError("a worker's trace failed")
         return traced(work, key, size, steps)
     monkeypatch.setattr(plans_module, "_trace_program", failing_in_workers)
@@ -125,7 +125,7 @@ def test_programs_traced_ahead_in_groups_equal_those_traced_here(monkeypatch):
     ahead.trace_ahead([(c, None) for c in grid])
     made = {(key[0].name, size) for key, sizes in ahead._ahead.items() for size in sizes}
     assert made == {(c.name, s) for c in grid for s in ((2, 3, 4) if c.name in ("fp32", "bf16+8") else (3,))
-                    if not (c.step_in_backward and c.precision == "bf16")}
+                    if not (c.checkpoint == "uniform" and c.precision == "bf16")}
     monkeypatch.setenv(ENV, "1")
     here = Plans(work, grid, uniform=uniform)
     for cfg in grid:

@@ -23,6 +23,10 @@ plain program's line, fitted from traces at batches 2 and 3, in place of a third
 trace at batch 4 where they do not show it). Every trace but each precision's first runs one training step, the second
 made from it (`CompiledGraph`'s `one_step`, `calcgraph.derive.repeat_step`) as that first two-step trace shows it may;
 so does every real run of calibration but the first, where that first one shows it may too (`StepTracer.observe`).
+A program with step in backward is not traced where its program without it was traced in the same worker: it is made
+from that trace and its optimizer's updates alone, traced once per precision (`_spliced`,
+`calcgraph.derive.in_backward`; equal to its own trace on the suite's four models in every precision, with and without
+checkpoints).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import torch
 
 from workbench.calcgraph import CompiledGraph
 from workbench.calcgraph.calibrate import NoAllocatorEvents, unaligned_probe
+from workbench.calcgraph.derive import in_backward
 from workbench.calcgraph.forked import run_forked, trace_program
 
 from .configs import Config, training_setup
@@ -135,14 +140,35 @@ def _trace_program(work: Workload, key: tuple, size: int, steps: int) -> object:
 
 def _trace_group(work: Workload, jobs: Sequence[tuple[tuple, int]], size: int) -> list:
     """`_trace_program` of each (key, steps) of `jobs` at batch `size` in turn, None for one that failed (its caller
-    traces it again itself and meets the error there)."""
-    out = []
+    traces it again itself and meets the error there); a program with step in backward whose program without it was
+    traced before it here is made from that trace (`_spliced`)."""
+    out, traced, updates = [], {}, {}
     for key, steps in jobs:
         try:
-            out.append(_trace_program(work, key, size, steps))
+            made = _spliced(work, key, traced, updates, size) if steps == 1 else None
+            out.append(made if made is not None else _trace_program(work, key, size, steps))
         except Exception:  # noqa: BLE001 - see the docstring
             out.append(None)
+        traced[key] = out[-1]
     return out
+
+
+def _spliced(work: Workload, key: tuple, traced: dict, updates: dict, size: int) -> object | None:
+    """The one-step trace of the program `key` with step in backward, made from its program without it in `traced`
+    and the optimizer's updates alone (`calcgraph.derive.in_backward`), traced once for every program whose gradients
+    become ready in the same order (`updates`: a checkpointed program's as a plain one's, measured on the suite's
+    four models); None where there is none or it cannot be made."""
+    cfg, segments = key
+    base = traced.get((replace(cfg, step_in_backward=False), segments)) if cfg.step_in_backward else None
+    if base is None or "step2" in base.marks:
+        return None
+    order = tuple(point[1] for point in base.points if point[0] == "ready")
+    if order not in updates:
+        updates[order] = trace_program(work.parameter_steps(cfg, base.spec["parameters"], order), size, work.device)
+    try:
+        return in_backward(base, updates[order])
+    except Exception:  # noqa: BLE001 - a trace it could not make is traced
+        return None
 
 
 class Plans:
@@ -247,8 +273,9 @@ class Plans:
         # largest first, each to whichever worker is free.
         # Each precision's plain program at its first batch is traced for both steps, every other for its first step
         # alone (`CompiledGraph`'s `one_step`, the second step made from it as the two-step trace shows).
+        # A program with step in backward follows its program without it, from which it is made (`_spliced`).
         groups: dict[tuple, list] = {}
-        for key, size in jobs:
+        for key, size in sorted(jobs, key=lambda job: job[0][0].step_in_backward):
             steps = 2 if _plain(key) == key and size == self._trace_sizes(key)[0] else 1
             groups.setdefault((_plain(key), size), []).append((key, steps))
         order = sorted(groups.items(), key=lambda item: -len(item[1]))
@@ -265,6 +292,12 @@ class Plans:
         at (two or three for the affine fit, batch 1 where it runs a program of its own, every batch of a program
         that is not affine)."""
         return sum(len(graph._exact) for graph in self._graphs.values())
+
+    @property
+    def spliced_traces(self) -> int:
+        """Of `traces`, those made and not traced: a program with step in backward from its program without it and the
+        optimizer's updates alone (`calcgraph.derive.in_backward`)."""
+        return sum(trace.spliced for graph in self._graphs.values() for trace in graph._exact.values())
 
     @property
     def one_step_traces(self) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.utils._pytree import tree_leaves
 
 from workbench.calcgraph import training_program
+from workbench.calcgraph.program import parameter_steps
 from workbench.calcgraph.sharded import fake_group, shard_model, sharded_program
 
 from .configs import Config, training_setup
@@ -213,6 +214,13 @@ class Workload:
                     autocast=setup["autocast"], in_backward=setup["in_backward"], make_batch=batch,
                     input_dtype=self._input_dtype(config))
         return program
+
+    def parameter_steps(self, config: Config, parameters: Sequence[tuple], order: Sequence[str]) -> Callable:
+        """`config`'s optimizer updating each parameter of `order` as step in backward does
+        (`calcgraph.program.parameter_steps`), as a program to trace: `program(size, tracker)`, `size` unused."""
+        setup = training_setup(config, self.build, optimizer=self.optimizer, lr=self.lr)
+        return lambda size, tracker: parameter_steps(parameters, order, tracker, optimizer=setup["optimizer"],
+                                                     device=self.device)
 
     def _input_dtype(self, config: Config) -> torch.dtype:
         return torch.bfloat16 if config.precision == "bf16" and self.inputs.is_floating_point() else self.inputs.dtype

@@ -20,6 +20,12 @@ copies.
 A program's second training step is likewise its first made again, less what the first made to keep (the
 optimizer's state): where a two-step trace of the program shows so (`repeat_rule`), its other traces run one step and
 the second is made from it (`repeat_step`).
+
+A program with step in backward runs the forward and backward of the same program without it, and updates each
+parameter where its gradient becomes ready (`workbench.optim.step_in_backward`'s hook), freeing the gradient there,
+with no optimizer step after. Its trace is made from a trace of that program, which notes where each gradient became
+ready (`_Tracker.point`), and the updates alone traced one after another (`program.parameter_steps`): each spliced in
+at its point (`in_backward`).
 """
 
 from __future__ import annotations
@@ -152,7 +158,8 @@ def repeat_step(trace: _Trace, renewed: bool) -> _Trace | None:
     return _Trace(np.concatenate([trace.sizes, np.asarray(sizes, dtype=np.int64)]), all_info, events, marks,
                   trace.spec, _signature(events, all_info),
                   trace.calls[:ce] + calls + [(op, at + n) for op, at in trace.calls[ce:]], call_marks,
-                  trace.keys[:ce] + keys + trace.keys[ce:], {**trace.sources, **sources}, repeats)
+                  trace.keys[:ce] + keys + trace.keys[ce:], {**trace.sources, **sources}, repeats,
+                  spliced=trace.spliced)
 
 
 def repeat_rule(trace: _Trace) -> bool | None:
@@ -227,3 +234,140 @@ class StepTracer:
             return trace
         made = repeat_step(first or trace_program(self.one_step, size, self.device), self.renewed)
         return made if made is not None else trace_program(self.program, size, self.device)
+
+
+def _split_bursts(trace: _Trace, points: Sequence[tuple]) -> np.ndarray | None:
+    """`trace`'s events with each burst of frees that holds some of `points` ordered so that each point's frees (those
+    before it as traced, `_Tracker.point`) come first: canonical order (`_canonical_frees`) had mixed them. None where a
+    point's frees are not its burst's."""
+    events = trace.events.copy()
+    bursts: dict[int, list[tuple]] = {}
+    for point in points:
+        start = point[2]
+        while start > 0 and events[start - 1] < 0:
+            start -= 1
+        bursts.setdefault(start, []).append(point)
+    for start, inside in bursts.items():
+        end = start
+        while end < len(events) and events[end] < 0:
+            end += 1
+        burst, order = set(events[start:end].tolist()), []
+        for point in sorted(inside, key=lambda p: p[2]):
+            order += sorted(point[5] - set(order))
+            if not point[5] <= burst or len(order) != point[2] - start:
+                return None
+        events[start:end] = order + sorted(burst - set(order))
+    return events
+
+
+def _tokens(trace: _Trace, events: np.ndarray, stops: Sequence[tuple[int, int]], source: str):
+    """`trace`'s events and calls in the order they happened, cut at each (event, call) of `stops`: a list per span
+    before each stop, each token ("call", source, index) or ("event", source, event). None where a stop is not between
+    two calls."""
+    spans, e, c, out = [], 0, 0, []
+    for stop_e, stop_c in stops:
+        while e < stop_e or c < stop_c:
+            if c < stop_c and trace.calls[c][1] <= e:
+                out.append(("call", source, c))
+                c += 1
+            elif e < stop_e:
+                out.append(("event", source, int(events[e])))
+                e += 1
+            else:
+                return None
+        spans.append(out)
+        out = []
+    return spans
+
+
+def in_backward(base: _Trace, steps: _Trace) -> _Trace | None:
+    """The one-step trace of `base`'s program (traced for one step without step in backward) with step in backward:
+    each parameter's update, as `steps` traced it (`program.parameter_steps`, in the order `base`'s gradients became
+    ready), spliced in where its gradient became ready, its gradient freed there, and the optimizer's step and what it
+    made left out. None where that cannot be made (then the program is traced).
+
+    # NOTE: the same backward runs, and the hook that updates a parameter runs where its gradient is ready
+    # (`workbench.optim.step_in_backward`): only the updates are traced, not the forward and backward again (issue 45)
+    """
+    ready = [p for p in base.points if p[0] == "ready"]
+    stepped = [p for p in base.points if p[0] == "step"]
+    begins = [p for p in steps.points if p[0] == "ready"]
+    ends = [p for p in steps.points if p[0] == "applied"]
+    if not ready or "step2" in base.marks or len(stepped) != 1 or len(ends) != len(begins) or \
+            [p[1] for p in ready] != [p[1] for p in begins] or base.spec["parameters"] != steps.spec["parameters"]:
+        return None
+    end_e, step_e = base.marks["end"], stepped[0][2]
+    born, died = base.lifetimes()
+    grads = {info["name"][:-len(".grad")]: i for i, info in enumerate(base.info)
+             if info["kind"] == "gradient" and info["phase"] == "step1"}
+    if any(p[1] not in grads or not born[grads[p[1]]] < p[2] or not step_e <= died[grads[p[1]]] < end_e
+           for p in ready):
+        return None  # a gradient that is not the parameter's alone, freed by the optimizer's zero_grad
+    base_events, step_events = _split_bursts(base, [*ready, *stepped]), _split_bursts(steps, steps.points)
+    if base_events is None or step_events is None:
+        return None
+    spans = _tokens(base, base_events, [p[2:4] for p in ready] + [stepped[0][2:4]], "base")
+    pieces = _tokens(steps, step_events, [q for b, a in zip(begins, ends, strict=True) for q in (b[2:4], a[2:4])],
+                     "steps")
+    if spans is None or pieces is None:
+        return None
+    # what a piece refers to outside it: its gradient's stand-in (the allocation just before it), the parameters
+    stand_ins = [int(steps.events[b[2] - 1]) for b in begins]
+    between = [t for piece in pieces[2::2] for t in piece if t[0] == "event" and t[2] < 0]
+    freed = {-e - 1 for piece in pieces[1::2] for kind, _, e in piece if kind == "event" and e < 0}
+    if min(stand_ins) < 0 or between or not freed.issuperset(stand_ins):  # a free of neither update; a gradient kept
+        return None
+    outside = {i: grads[b[1]] for i, b in zip(stand_ins, begins, strict=True)}
+    params = {info["name"]: i for i, info in enumerate(base.info) if info["kind"] == "parameter"}
+    outside.update({i: params[info["name"]] for i, info in enumerate(steps.info)
+                    if info["kind"] == "parameter" and info["name"] in params})
+    tokens = spans[0]
+    for k, point in enumerate(ready):
+        tokens += [(*t, point[4]) for t in pieces[2 * k + 1]] + spans[k + 1]
+    made = {int(e) for piece in pieces[1::2] for kind, _, e in piece if kind == "event" and e >= 0}
+    applied = {grads[p[1]] for p in ready}
+    closing = _tokens(steps, step_events, [ends[-1][2:4], (len(steps.events), len(steps.calls))], "steps")[1]
+    # after the backward: the frees of what it made (not the updated gradients, freed as each update ended)
+    tail = [("event", "base", int(e)) for e in base_events[step_e:end_e]
+            if e < 0 and born[-e - 1] < step_e and -e - 1 not in applied]
+    last = [("event", "base", int(e)) for e in base_events[end_e:] if e < 0 and born[-e - 1] < step_e] \
+        + [t for t in closing if t[0] == "event" and t[2] < 0 and -t[2] - 1 in made]
+    sizes, info, events, calls, keys, ids = [], [], [], [], [], {}
+    marks, call_marks = {"step1": base.marks["step1"]}, {"step1": base.call_marks["step1"]}
+    for part in (tokens + tail, last):
+        if part is last:
+            marks["end"], call_marks["end"] = len(events), len(calls)
+        for kind, source, value, *module in part:
+            trace = base if source == "base" else steps
+            if kind == "call":
+                calls.append((trace.calls[value][0], len(events)))
+                keys.append(trace.keys[value] if trace.keys else None)
+            elif value >= 0:
+                if source == "steps" and value not in made:
+                    return None
+                ids[source, value] = len(sizes)
+                row = dict(trace.info[value], call=len(calls))
+                if source == "steps":
+                    row.update(module=module[0], phase="step1")
+                elif value in applied:
+                    row.update(zone=None, kind=None, name=None)  # no `tag_grads`: the update freed it
+                sizes.append(int(trace.sizes[value]))
+                info.append(row)
+                events.append(ids[source, value])
+            else:
+                old = -value - 1
+                key = ("base", outside[old]) if source == "steps" and old in outside else (source, old)
+                if key not in ids:
+                    return None
+                events.append(-ids[key] - 1)
+    sources = {}
+    for source, trace in (("base", base), ("steps", steps)):
+        for i, copied in trace.sources.items():
+            key = ("base", outside[copied]) if source == "steps" and copied in outside else (source, copied)
+            if (source, i) in ids and key not in ids:
+                return None
+            if (source, i) in ids:
+                sources[ids[source, i]] = ids[key]
+    events = _canonical_frees(events, marks.values())
+    return _Trace(np.asarray(sizes, dtype=np.int64), info, np.asarray(events, dtype=np.int64), marks, base.spec,
+                  _signature(events, info), calls, call_marks, keys if base.keys else [], sources, spliced=True)

@@ -170,6 +170,9 @@ def training_program(
                 annotate.tag(p.grad, "gradient", "gradient", annotate.names.get(id(p), "?") + ".grad")
     opt = make_optimizer(optimizer, model.parameters(), lr=lr, device=device)
     hooks = step_in_backward(model, opt) if in_backward else None
+    # traced: where each gradient becomes ready, where step in backward would apply its update (`derive.in_backward`)
+    ready = [p.register_post_accumulate_grad_hook(annotate.grad_ready) for p in model.parameters()
+             if p.requires_grad] if annotate is not None and not in_backward else []
     cast = torch.autocast(device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
     for step in range(steps):
         if annotate is not None:
@@ -196,6 +199,8 @@ def training_program(
         if annotate is not None:
             annotate.tag_grads(model)
         if hooks is None:
+            if annotate is not None:
+                annotate.point("step")
             opt.step()
         if annotate is not None:
             annotate.tag_state(opt)
@@ -204,6 +209,8 @@ def training_program(
         del x, y
     if hooks is not None:
         hooks.remove()
+    for handle in ready:
+        handle.remove()
     if annotate is not None:
         annotate.mark("end")
         annotate.spec = {
@@ -213,6 +220,36 @@ def training_program(
                        if isinstance(v, torch.Tensor)] for p in model.parameters()],
         }
         annotate.unwatch()
+
+
+def parameter_steps(parameters: Sequence[tuple], order: Sequence[str], annotate: _Tracker, *,
+                    optimizer: OptimizerSpec = "adam", device: torch.device | str = "cpu") -> None:
+    """Step in backward's updates alone: each parameter named in `order` given a fresh gradient and updated by
+    `workbench.optim.step_in_backward`'s hook, one after another and outside any backward (`annotate` notes where each
+    begins and ends). `parameters`: the model's (name, shape, dtype) in its order (`_Trace.spec`). What
+    `derive.in_backward` splices into the backward of a program traced without step in backward."""
+    device = torch.device(device)
+    annotate.spec = {"parameters": list(parameters)}
+    params = nn.ParameterList(nn.Parameter(torch.empty(shape, dtype=dtype, device=device))
+                              for _, shape, dtype in parameters)
+    named = {}
+    for (name, _, _), p in zip(parameters, params, strict=True):
+        annotate.names[id(p)] = name
+        annotate.tag(p, "forward", "parameter", name)
+        named[name] = p
+    # NOTE: the optimizer as `training_program` makes it (its default lr: no step's memory depends on it)
+    opt = make_optimizer(optimizer, list(params), device=device)
+    handle = step_in_backward(params, opt)
+    annotate.mark("step1")
+    with torch.no_grad():  # as inside backward
+        for name in order:
+            named[name].grad = torch.empty_like(named[name])
+            annotate.point("ready", name)
+            handle._hook(named[name])
+            annotate.point("applied", name)
+    annotate.tag_state(opt)
+    handle.remove()
+    annotate.mark("end")
 
 
 def measure_required_bytes(

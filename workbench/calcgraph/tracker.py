@@ -102,6 +102,7 @@ class _Tracker(LiveStorageMode):
         self.fake = False  # traced under fake tensors (a plan), not for real (calibration)
         self._source: int | None = None  # the allocation a running `clone` copies
         self.sources: dict[int, int] = {}  # under fake tensors, each clone's allocation -> the one it copies
+        self.points: list[tuple] = []  # `point`s: where a gradient became ready, where an optimizer step began
 
     def _counts(self, tensor: torch.Tensor) -> bool:
         # NOTE: a CUDA program's plan is the GPU's memory: host tensors it makes (AdamW's step counters, which torch
@@ -159,6 +160,18 @@ class _Tracker(LiveStorageMode):
         # NOTE: no module runs between phases; a checkpoint's recomputation that stops early (torch's non-reentrant
         # checkpoint stops at the last tensor it needs) leaves the modules it entered unleft
         self._modules = [""]
+
+    def point(self, what: str, name: str = "") -> None:
+        """Note where the program is (`derive.in_backward` splices steps there): (what, name, events, calls, module,
+        the frees since the last allocation: canonical order (`_canonical_frees`) may move them past this point)."""
+        events = self.events
+        at = len(events)
+        while at and events[at - 1] < 0:
+            at -= 1
+        self.points.append((what, name, len(events), len(self.calls), self._modules[-1], frozenset(events[at:])))
+
+    def grad_ready(self, p: torch.Tensor) -> None:
+        self.point("ready", self.names.get(id(p), "?"))
 
     def tag(self, tensor: torch.Tensor, zone: str, kind: str, name: str) -> None:
         idx = self.live.get(tensor.untyped_storage()._cdata)
@@ -219,6 +232,8 @@ class _Trace:
     sources: dict[int, int] = field(repr=False, default_factory=dict)  # a clone's allocation -> the one it copied
     # traced for one step, the second made from it (`derive.repeat_step`): the call of step 1 each of step 2's repeats
     repeats: list[int] | None = field(repr=False, default=None)
+    points: list[tuple] = field(repr=False, default_factory=list)  # `_Tracker.point`s
+    spliced: bool = field(repr=False, default=False)  # made, not traced: step in backward's updates spliced in
 
     def live(self, sizes: np.ndarray | None = None) -> np.ndarray:
         """Live bytes after each event, each allocation of ``sizes`` bytes (default: its traced size)."""
@@ -350,4 +365,4 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
     events = _canonical_frees(tracker.events, tracker.marks.values())
     return _Trace(np.asarray(tracker.sizes, dtype=np.int64), tracker.info,
                   np.asarray(events, dtype=np.int64), tracker.marks, tracker.spec, _signature(events, tracker.info),
-                  tracker.calls, tracker.call_marks, tracker.keys, tracker.sources)
+                  tracker.calls, tracker.call_marks, tracker.keys, tracker.sources, points=tracker.points)

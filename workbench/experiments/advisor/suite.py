@@ -157,6 +157,7 @@ def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size
                     "candidates": len(advice.table),
                     "programs": advice._plans.programs, "traces": advice._plans.traces,
                     "one_step_traces": advice._plans.one_step_traces,
+                    "spliced_traces": advice._plans.spliced_traces,
                     "kernel_build_seconds": kernel_seconds if not decisions else 0.0,
                     **{f"{phase.replace(' ', '_')}_seconds": t for phase, t in advice.planning_seconds.items()}}
         peaks = advice.table["predicted_peak_bytes"]
@@ -260,7 +261,7 @@ def planning_time(parameters: int, *, batch_size: int, min_run_time: float, cand
     return {"model": f"MLP, width {width}", "parameters": _parameters(advice),
             "batch_size": batch_size, "candidates": len(advice.table), "programs": advice._plans.programs,
             "traces": advice._plans.traces, "one_step_traces": advice._plans.one_step_traces,
-            "planning_seconds": seconds,
+            "spliced_traces": advice._plans.spliced_traces, "planning_seconds": seconds,
             "load_before": load, "load_after": _load(), "threads": torch.get_num_threads(),
             "trace_processes": worker_count(),
             **{f"{phase.replace(' ', '_')}_seconds": t for phase, t in advice.planning_seconds.items()},
