@@ -121,7 +121,8 @@ def _aborts_before_its_result(rank, world_size):
 def test_run_on_ranks_keeps_results_when_a_rank_dies_in_teardown_only():
     with pytest.warns(RuntimeWarning, match="after every rank of _aborts_in_teardown finished"):
         assert run_on_ranks(_aborts_in_teardown, 2, timeout=60) == [0, 10]
-    with pytest.raises(mp.ProcessExitedException, match="terminated with signal SIGABRT"):
+    # raised as rank 0's signal, or as rank 1's error in the barrier rank 0 left, whichever torch's join sees first
+    with pytest.raises((mp.ProcessExitedException, RuntimeError), match="SIGABRT|rank 1 of 2 failed first"):
         run_on_ranks(_aborts_before_its_result, 2, timeout=60)
 
 
