@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 CONFIGS = [Config(), Config("amp_bf16"), Config("bf16", 8), Config(step_in_backward=True),
            Config(checkpoint="uniform"), Config("bf16", 8, step_in_backward=True, checkpoint="uniform")]
-FIELDS = ("info", "marks", "call_marks", "calls", "keys", "sources", "signature")
+FIELDS = ("info", "marks", "call_marks", "calls", "keys", "sources", "signature", "spec")
 
 
 def _work(build, shape) -> Workload:

@@ -4,7 +4,6 @@ alone (`calcgraph.program.parameter_steps`) and splices them into the trace of t
 (`calcgraph.derive.in_backward`). The trace it makes must be the traced one, field by field; where it cannot be made,
 the program is traced."""
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -16,11 +15,11 @@ from workbench.calcgraph.derive import in_backward, repeat_step
 from workbench.calcgraph.forked import trace_program
 
 from tests.advisor.test_derive import MODELS
+from tests.advisor.test_one_step import _assert_same as _assert_same_fields
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PRECISIONS = [Config(), Config("amp_bf16"), Config("bf16", 8)]
-FIELDS = ("info", "marks", "call_marks", "calls", "keys", "sources", "signature", "spec")
 
 
 def _work(build, shape, optimizer: str = "adamw") -> Workload:
@@ -30,10 +29,7 @@ def _work(build, shape, optimizer: str = "adamw") -> Workload:
 
 def _assert_same(made, traced) -> None:
     assert made is not None
-    np.testing.assert_array_equal(made.sizes, traced.sizes)
-    np.testing.assert_array_equal(made.events, traced.events)
-    for name in FIELDS:
-        assert getattr(made, name) == getattr(traced, name), name
+    _assert_same_fields(made, traced)
 
 
 def _updates(work: Workload, cfg: Config, base):

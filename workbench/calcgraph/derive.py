@@ -307,13 +307,14 @@ def in_backward(base: _Trace, steps: _Trace) -> _Trace | None:
     if base_events is None or step_events is None:
         return None
     spans = _tokens(base, base_events, [p[2:4] for p in ready] + [stepped[0][2:4]], "base")
-    pieces = _tokens(steps, step_events, [q for b, a in zip(begins, ends, strict=True) for q in (b[2:4], a[2:4])],
-                     "steps")
+    # each update between its two points, then what follows the last (the closing frees)
+    pieces = _tokens(steps, step_events, [q for b, a in zip(begins, ends, strict=True) for q in (b[2:4], a[2:4])]
+                     + [(len(steps.events), len(steps.calls))], "steps")
     if spans is None or pieces is None:
         return None
     # what a piece refers to outside it: its gradient's stand-in (the allocation just before it), the parameters
     stand_ins = [int(steps.events[b[2] - 1]) for b in begins]
-    between = [t for piece in pieces[2::2] for t in piece if t[0] == "event" and t[2] < 0]
+    between = [t for piece in pieces[2:-1:2] for t in piece if t[0] == "event" and t[2] < 0]
     freed = {-e - 1 for piece in pieces[1::2] for kind, _, e in piece if kind == "event" and e < 0}
     if min(stand_ins) < 0 or between or not freed.issuperset(stand_ins):  # a free of neither update; a gradient kept
         return None
@@ -326,7 +327,7 @@ def in_backward(base: _Trace, steps: _Trace) -> _Trace | None:
         tokens += [(*t, point[4]) for t in pieces[2 * k + 1]] + spans[k + 1]
     made = {int(e) for piece in pieces[1::2] for kind, _, e in piece if kind == "event" and e >= 0}
     applied = {grads[p[1]] for p in ready}
-    closing = _tokens(steps, step_events, [ends[-1][2:4], (len(steps.events), len(steps.calls))], "steps")[1]
+    closing = pieces[-1]
     # after the backward: the frees of what it made (not the updated gradients, freed as each update ended)
     tail = [("event", "base", int(e)) for e in base_events[step_e:end_e]
             if e < 0 and born[-e - 1] < step_e and -e - 1 not in applied]
@@ -343,8 +344,6 @@ def in_backward(base: _Trace, steps: _Trace) -> _Trace | None:
                 calls.append((trace.calls[value][0], len(events)))
                 keys.append(trace.keys[value] if trace.keys else None)
             elif value >= 0:
-                if source == "steps" and value not in made:
-                    return None
                 ids[source, value] = len(sizes)
                 row = dict(trace.info[value], call=len(calls))
                 if source == "steps":
