@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+import workbench.advisor.plans as plans_module
 from workbench.advisor import Config
 from workbench.advisor.plans import Plans
 from workbench.advisor.workload import Workload
@@ -131,22 +132,60 @@ def test_what_cannot_be_spliced_in_is_traced(monkeypatch):
     KEPT.clear()
 
 
-def test_the_advisor_splices_each_program_with_step_in_backward(monkeypatch):
-    """Every program with step in backward of a grid traced ahead is made from its program without it, each
-    precision's updates traced once; each plan equals the program traced at every batch."""
-    from workbench.calcgraph.forked import ENV
-
+@pytest.fixture(scope="module")
+def traced_plans():
+    """The attention model's grid planned with every program traced, none spliced in: (work, grid, plans)."""
     work = _work(*MODELS["attention"])
     grid = [Config(p, 8 if p == "bf16" else None, step_in_backward=sib, checkpoint=ckpt)
             for p in ("fp32", "bf16") for sib in (False, True) for ckpt in ("none", "uniform")]
-    monkeypatch.setenv(ENV, "2")
-    plans = Plans(work, grid, uniform=[(0, 2, True), (2, 5, True)])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plans_module, "_spliced", lambda *args: None)
+        plans = Plans(work, grid, uniform=[(0, 2, True), (2, 5, True)])
+        for cfg in grid:
+            plans.graph(cfg)
+    assert plans.spliced_traces == 0
+    return work, grid, plans
+
+
+def _peaks(plans: Plans, cfg: Config, segments=None) -> list[int]:
+    return [plans.plan(cfg, segments).peak(b) for b in (1, 3, 17, 64)]
+
+
+@pytest.mark.parametrize("processes", ["2", "1"])
+def test_the_advisor_splices_each_program_with_step_in_backward(monkeypatch, traced_plans, processes):
+    """Every program with step in backward of a grid is made from its program without it, each precision's updates
+    traced once: in the forked workers that trace the grid ahead, or in this process where there are none; each plan
+    equals the program traced at every batch."""
+    from workbench.calcgraph.forked import ENV
+
+    work, grid, traced = traced_plans
+    monkeypatch.setenv(ENV, processes)
+    plans = Plans(work, grid, uniform=traced.uniform)
     plans.trace_ahead([(c, None) for c in grid])
     for cfg in grid:
         graph = plans.graph(cfg)
         assert all(t.spliced == cfg.step_in_backward for t in graph._exact.values()), cfg.name
     assert plans.spliced_traces == 4
-    alone = Plans(work, grid, uniform=plans.uniform)  # nothing traced ahead: every program traced here
+    assert len(plans._updates) == (2 if processes == "1" else 0)  # per precision, made here
     for cfg in grid:
-        assert [plans.plan(cfg).peak(b) for b in (1, 3, 17, 64)] == [alone.plan(cfg).peak(b) for b in (1, 3, 17, 64)]
-    assert alone.spliced_traces == 0
+        assert _peaks(plans, cfg) == _peaks(traced, cfg), cfg.name
+
+
+def test_an_optimal_placement_with_step_in_backward_is_spliced(monkeypatch, traced_plans):
+    """A budget's checkpoint placement (`Advice.rebudget`) traced for its program without step in backward, a single
+    group not worth a worker: the program with step in backward is made from it here, its updates traced without
+    the placement (which `training_setup` asks of an optimal plan)."""
+    from workbench.calcgraph.forked import ENV
+
+    work, _, traced = traced_plans
+    monkeypatch.setenv(ENV, "2")
+    segments = [(0, 2, False), (2, 3, True), (3, 5, False)]
+    grid = [Config(checkpoint="optimal"), Config(step_in_backward=True, checkpoint="optimal")]
+    plans = Plans(work, [Config(), *grid], uniform=traced.uniform)
+    plans.trace_ahead([(c, segments) for c in grid])  # one group: traced here
+    assert [plans.graph(c, segments)._exact[3].spliced for c in grid] == [False, True]
+    assert plans.spliced_traces == 1
+    with monkeypatch.context() as patch:
+        patch.setattr(plans_module, "_spliced", lambda *args: None)
+        for cfg in grid:
+            assert _peaks(plans, cfg, segments) == _peaks(traced, cfg, segments), cfg.name

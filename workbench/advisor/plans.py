@@ -23,10 +23,10 @@ plain program's line, fitted from traces at batches 2 and 3, in place of a third
 trace at batch 4 where they do not show it). Every trace but each precision's first runs one training step, the second
 made from it (`CompiledGraph`'s `one_step`, `calcgraph.derive.repeat_step`) as that first two-step trace shows it may;
 so does every real run of calibration but the first, where that first one shows it may too (`StepTracer.observe`).
-A program with step in backward is not traced where its program without it was traced in the same worker: it is made
-from that trace and its optimizer's updates alone, traced once per precision (`_spliced`,
-`calcgraph.derive.in_backward`; equal to its own trace on the suite's four models in every precision, with and without
-checkpoints).
+A program with step in backward is not traced where its program without it was traced in the same worker, or on the
+CPU in this process: it is made from that trace and its optimizer's updates alone, traced once per precision
+(`_spliced`, `calcgraph.derive.in_backward`; equal to its own trace on the suite's four models in every precision, with
+and without checkpoints).
 """
 
 from __future__ import annotations
@@ -163,9 +163,10 @@ def _spliced(work: Workload, key: tuple, traced: dict, updates: dict, size: int)
     if base is None or "step2" in base.marks:
         return None
     order = tuple(point[1] for point in base.points if point[0] == "ready")
-    if order not in updates:
-        updates[order] = trace_program(work.parameter_steps(cfg, base.spec["parameters"], order), size, work.device)
     try:
+        if order not in updates:
+            updates[order] = trace_program(work.parameter_steps(cfg, base.spec["parameters"], order), size,
+                                           work.device)
         return in_backward(base, updates[order])
     except Exception:  # noqa: BLE001 - a trace it could not make is traced
         return None
@@ -187,6 +188,7 @@ class Plans:
         self._packed = (packed[0].extra_bits, packed[0].state_dtype) if packed and work.world_size == 1 else None
         self._graphs: dict[tuple, CompiledGraph] = {}
         self._ahead: dict[tuple, dict[int, object]] = {}  # program -> its traces made side by side (`trace_ahead`)
+        self._updates: dict[Config, dict] = {}  # per precision, its optimizer's updates made here (`_made_here`)
         # per precision, its plain program's plan as traced and as calibrated
         self._calibrated: dict[str, tuple[CompiledGraph, CompiledGraph]] = {}
         self.no_allocator_events = False  # calibration found none of the device allocator's events: not retried
@@ -206,14 +208,36 @@ class Plans:
 
     def graph(self, cfg: Config, segments: Sequence | None = None) -> CompiledGraph:
         """The traced plan of the program `cfg` runs (traced now if new)."""
-        key = self._key(cfg, segments)
+        return self._compiled(self._key(cfg, segments))
+
+    def _compiled(self, key: tuple) -> CompiledGraph:
+        """The plan of the program `key` (`_key`): traced now if new, or made from its program without step in
+        backward (`_made_here`)."""
         if key not in self._graphs:
-            like = None if _plain(key) == key else self.graph(_plain(key)[0])
+            like = None if _plain(key) == key else self._compiled(_plain(key))
             sizes = self._trace_sizes(key)
-            self._graphs[key] = _compile(self.work, *key, sizes, like, self._ahead.pop(key, None))
+            made = self._ahead.pop(key, None) or self._made_here(key, sizes[1])
+            self._graphs[key] = _compile(self.work, *key, sizes, like, made)
             if like is None and len(sizes) == 2:
                 self._unchecked[key] = None
         return self._graphs[key]
+
+    def _made_here(self, key: tuple, size: int) -> dict[int, object] | None:
+        """{`size`: the one-step trace of the program `key` with step in backward made in this process from its program
+        without it (`_spliced`)}, where that program's plan was made already here (traced, not forked: `trace_ahead` of
+        a single program group, a worker that failed, one trace process); else None (traced).
+
+        # NOTE: CPU programs only, where `in_backward` was compared with the traced program; a CUDA program is traced
+        """
+        cfg, segments = key
+        base = (replace(cfg, step_in_backward=False), segments)
+        if not cfg.step_in_backward or self.work.device.type != "cpu" or \
+                (base not in self._graphs and base not in self._ahead):
+            return None
+        first = self._compiled(base)._tracer.first_steps.get(size)
+        updates = self._updates.setdefault(replace(cfg, checkpoint="none"), {})
+        made = None if first is None else _spliced(self.work, key, {base: first}, updates, size)
+        return None if made is None else {size: made}
 
     @property
     def programs(self) -> int:

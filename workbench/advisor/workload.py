@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -218,7 +218,8 @@ class Workload:
     def parameter_steps(self, config: Config, parameters: Sequence[tuple], order: Sequence[str]) -> Callable:
         """`config`'s optimizer updating each parameter of `order` as step in backward does
         (`calcgraph.program.parameter_steps`), as a program to trace: `program(size, tracker)`, `size` unused."""
-        setup = training_setup(config, self.build, optimizer=self.optimizer, lr=self.lr)
+        # the updates are the same with any checkpoints (an optimal plan's segments are not needed to make them)
+        setup = training_setup(replace(config, checkpoint="none"), self.build, optimizer=self.optimizer, lr=self.lr)
         return lambda size, tracker: parameter_steps(parameters, order, tracker, optimizer=setup["optimizer"],
                                                      device=self.device)
 

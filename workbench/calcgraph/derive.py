@@ -187,7 +187,8 @@ class StepTracer:
     """A training program's tracer: at each batch its build and first step alone (`one_step`), the second made from
     them (`repeat_step`), where a two-step trace of it showed how (`repeat_rule`: its first trace, or one of a program
     `like` it, the same model and optimizer); else both steps (and where `one_step` is None). `made`: traces made
-    already, batch -> trace: the one-step ones are used once the rule is known."""
+    already, batch -> trace: the one-step ones are used once the rule is known, and kept with those traced here
+    (`first_steps`: what a program with step in backward is made from, the advisor's `Plans`)."""
 
     def __init__(self, program: Callable, one_step: Callable | None, device: torch.device,
                  like: StepTracer | None = None, made: Mapping[int, _Trace] | None = None) -> None:
@@ -225,14 +226,15 @@ class StepTracer:
         return out
 
     def __call__(self, size: int) -> _Trace:
-        first = self.first_steps.pop(size, None)
         if self.renewed is None:
             return trace_program(self.program, size, self.device)
         if self.renewed is _UNKNOWN:
             trace = trace_program(self.program, size, self.device)
             self.renewed = repeat_rule(trace)
             return trace
-        made = repeat_step(first or trace_program(self.one_step, size, self.device), self.renewed)
+        if size not in self.first_steps:
+            self.first_steps[size] = trace_program(self.one_step, size, self.device)
+        made = repeat_step(self.first_steps[size], self.renewed)
         return made if made is not None else trace_program(self.program, size, self.device)
 
 
