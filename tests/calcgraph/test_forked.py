@@ -157,3 +157,40 @@ def test_a_trace_does_not_depend_on_what_the_process_traced_before():
 
     first, second = (trace_program(program, 3, torch.device("cpu")) for _ in range(2))
     _same_trace(first, second)
+
+
+def test_what_workers_cached_comes_back_and_serves_this_process(monkeypatch):
+    """A worker sends back the dispatch cache entries its traces made (`kernels.new_entries`), and this process adds
+    them to its own before its next trace: that trace then finds every op call there and equals the worker's."""
+    from workbench.calcgraph import kernels
+
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_RECEIVED", [])
+    jobs = [lambda size=size: trace_program(_program, size, torch.device("cpu")) for size in (2, 3)]
+    traced = run_forked(jobs, processes=2)
+    assert all(t is not None for t in traced) and len(kernels._RECEIVED) == 2 and not kernels._CACHE
+    kernels.merge_received()
+    merged = len(kernels._CACHE)
+    assert merged > 0 and not kernels._RECEIVED
+    for size, there in zip((2, 3), traced, strict=True):
+        _same_trace(trace_program(_program, size, torch.device("cpu")), there)
+    assert len(kernels._CACHE) == merged  # every call found in what the workers sent
+
+
+def test_an_entry_that_does_not_pickle_is_left_out_and_a_batch_that_does_not_load_is_dropped(monkeypatch):
+    from workbench.calcgraph import kernels
+
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_RECEIVED", [])
+    trace_program(_program, 2, torch.device("cpu"))
+    made = dict(kernels._CACHE)
+    kernels._CACHE["unpicklable"] = lambda: None
+    kernels.mark_sent()
+    assert kernels.new_entries() == b""  # nothing new since
+    monkeypatch.setattr(kernels, "_SENT", 0)
+    sent = kernels.new_entries()
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    kernels.receive(b"not a pickle")
+    kernels.receive(sent)
+    kernels.merge_received()
+    assert kernels._CACHE.keys() == made.keys() and not kernels._RECEIVED

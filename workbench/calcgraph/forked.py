@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from .tracker import _trace
+from .kernels import mark_sent, merge_received, new_entries, receive
+from .tracker import _trace, collector_paused
 
 __all__ = ["ENV", "run_forked", "worker_count"]
 
@@ -54,13 +55,17 @@ def _start_worker() -> None:
     gc.disable()
     gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the parent's: it stops the pool
+    mark_sent()
 
 
-def _run(index: int) -> tuple[int, bytes | None]:
+def _run(index: int) -> tuple[int, bytes | None, bytes]:
+    """The job's result pickled (None where it failed: the caller runs it again itself, and meets the error with its
+    own context) and the dispatch cache entries it made (`kernels.new_entries`)."""
     try:
-        return index, pickle.dumps(_JOBS[index]())
-    except Exception:  # the caller runs it again itself, and meets the error with its own context
-        return index, None
+        result = pickle.dumps(_JOBS[index]())
+    except Exception:  # noqa: BLE001 - see the docstring
+        result = None
+    return index, result, new_entries()
 
 
 def _cpu_seconds(processes: list) -> float:
@@ -81,6 +86,8 @@ def run_forked(jobs: Sequence[Callable[[], Any]], processes: int | None = None) 
     the caller must run a job itself. Results must pickle."""
     global _JOBS
     results: list[Any] = [None] * len(jobs)
+    with collector_paused():  # what earlier workers sent back, for these to inherit
+        merge_received()
     workers = min(len(jobs), worker_count() if processes is None else processes)
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods() or torch.cuda.is_initialized():
         return results  # a CUDA context does not survive a fork
@@ -97,7 +104,8 @@ def run_forked(jobs: Sequence[Callable[[], Any]], processes: int | None = None) 
             for _ in range(len(jobs)):
                 while True:
                     try:
-                        index, value = pending.next(timeout=_POLL_SECONDS)
+                        index, value, entries = pending.next(timeout=_POLL_SECONDS)
+                        receive(entries)
                         break
                     except multiprocessing.TimeoutError:
                         now = _cpu_seconds(multiprocessing.active_children())

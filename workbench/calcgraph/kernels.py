@@ -38,16 +38,24 @@ LSTM's trace depended on what its process had traced before. Such a call is disp
 op then gives the same trace on a cold cache and on a warm one (tested on the zoo). A cached call costs a fraction of
 a run one: the advisor's traces took 7% less for ResNet-50 and 15% less for DenseNet-BC-100, where each program is
 traced once at each batch and shares the cache only with the other programs traced before it in its process.
+
+A forked worker (`forked.run_forked`) sends the entries it made back with each result (`new_entries`), and the process
+that forked it adds them to its own cache before its next trace or fork (`receive`, `merge_received`): a checkpoint
+placement a new budget asks for (`Advice.rebudget`) is then traced on the entries its program's traces made, not on a
+cold cache. An op pickles by its name, and a key is made again where it is loaded (its hash hashes its ops by id).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import pickle
 from collections.abc import Iterator
 
 import torch
 from torch._subclasses import FakeTensorMode
-from torch._subclasses.fake_tensor import FakeTensor, _BypassDispatchCache, in_kernel_invocation_manager
+from torch._subclasses.fake_tensor import (FakeTensor, _BypassDispatchCache, _DispatchCacheKey,
+                                           in_kernel_invocation_manager)
 from torch.utils._pytree import tree_leaves
 
 __all__: list[str] = []  # used through the tracker
@@ -57,6 +65,8 @@ __all__: list[str] = []  # used through the tracker
 CHECKED_TORCH = "2.13"
 CACHE_ENTRIES = 50_000  # a process's plan cache is emptied past this many entries (a ResNet-50 program makes ~1,500)
 _CACHE: dict = {}
+_SENT = 0  # entries of `_CACHE` sent or inherited already (`new_entries`: a forked worker's, those after the fork)
+_RECEIVED: list[bytes] = []  # entries forked workers sent back, added to `_CACHE` at the next trace or fork here
 _META = torch._C.DispatchKey.Meta
 _BATCH_NORM = torch.ops.aten.native_batch_norm.default
 _SLICE = torch.ops.aten.slice.Tensor
@@ -159,11 +169,80 @@ class PlanFakeTensorMode(FakeTensorMode):
 def plan_cache() -> Iterator[None]:
     """FakeTensor's dispatch cache for a plan's trace: this process's own, kept from one trace to the next (see the
     module docstring), in place of torch's shared one while the block runs."""
+    global _SENT
+    merge_received()
     if len(_CACHE) > CACHE_ENTRIES:
         _CACHE.clear()
+        _SENT = 0
     shared = FakeTensorMode.cache
     FakeTensorMode.cache = _CACHE
     try:
         yield
     finally:
         FakeTensorMode.cache = shared
+
+
+def _op(name: str, overload: str) -> torch._ops.OpOverload:
+    namespace, op = name.split("::")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
+
+
+class _EntryPickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        if isinstance(obj, torch._ops.OpOverload):
+            return _op, (obj._schema.name, obj._overloadname)
+        if isinstance(obj, _DispatchCacheKey):
+            return _DispatchCacheKey, (obj.key,)
+        return NotImplemented
+
+
+def _pickled(entries: list) -> bytes:
+    buffer = io.BytesIO()
+    _EntryPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(entries)
+    return buffer.getvalue()
+
+
+def mark_sent() -> None:
+    """Count every entry of this process's cache as sent (a forked worker's start: it inherited them)."""
+    global _SENT
+    _SENT = len(_CACHE)
+
+
+def new_entries() -> bytes:
+    """The cache entries made here since they were last sent (`mark_sent`), pickled (b"" for none); an entry that does
+    not pickle is left out."""
+    global _SENT
+    entries = list(_CACHE.items())[_SENT:]
+    _SENT = len(_CACHE)
+    if not entries:
+        return b""
+    try:
+        return _pickled(entries)
+    except Exception:  # noqa: BLE001 - an argument of a kind no entry had before: the rest is sent
+        return _pickled([entry for entry in entries if _pickles(entry)])
+
+
+def _pickles(entry: tuple) -> bool:
+    try:
+        _pickled([entry])
+    except Exception:  # noqa: BLE001 - see new_entries
+        return False
+    return True
+
+
+def receive(entries: bytes) -> None:
+    """Keep a forked worker's `new_entries` for this process's next trace or fork (`merge_received`)."""
+    if entries:
+        _RECEIVED.append(entries)
+
+
+def merge_received() -> None:
+    """Add the entries `receive` kept to this process's cache, those it has already kept as they are; a batch that does
+    not load here (an op this process has not loaded) is dropped."""
+    while _RECEIVED:
+        try:
+            entries = pickle.loads(_RECEIVED.pop())
+        except Exception:  # noqa: BLE001 - see the docstring
+            continue
+        for key, entry in entries:
+            _CACHE.setdefault(key, entry)
