@@ -117,13 +117,23 @@ def _aborts_before_its_result(rank, world_size):
     return rank
 
 
+def _exits_before_its_result(rank, world_size):
+    if rank == 1:
+        os._exit(3)
+    dist.barrier()
+    return rank
+
+
 @needs_gloo
 def test_run_on_ranks_keeps_results_when_a_rank_dies_in_teardown_only():
     with pytest.warns(RuntimeWarning, match="after every rank of _aborts_in_teardown finished"):
         assert run_on_ranks(_aborts_in_teardown, 2, timeout=60) == [0, 10]
-    # raised as rank 0's signal, or as rank 1's error in the barrier rank 0 left, whichever torch's join sees first
-    with pytest.raises((mp.ProcessExitedException, RuntimeError), match="SIGABRT|rank 1 of 2 failed first"):
+    # the rank that died is named, whether torch's join saw its signal or rank 1's error in the barrier it left first
+    with pytest.raises(RuntimeError, match=r"rank 0 of 2 died \(signal SIGABRT\) running _aborts_before_its_result "
+                                           r"without a Python error"):
         run_on_ranks(_aborts_before_its_result, 2, timeout=60)
+    with pytest.raises(RuntimeError, match=r"rank 1 of 2 died \(exit code 3\)"):
+        run_on_ranks(_exits_before_its_result, 2, timeout=60)
 
 
 @needs_gloo

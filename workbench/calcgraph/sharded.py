@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import tempfile
 import time
 import traceback
@@ -358,11 +359,23 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: f
                 warnings.warn(f"{error} after every rank of {getattr(fn, '__name__', fn)} finished; its results are "
                               f"kept", RuntimeWarning, stacklevel=2)
                 return _results(tmp, world_size)
+            name = getattr(fn, "__name__", fn)
+            # NOTE: a rank that died without a Python error (a signal, `os._exit`) left no error file, and the others
+            # then fail in their collectives: that rank is the cause, whichever error torch's join saw first (join
+            # stops the other ranks with SIGTERM: not a cause)
+            died = [(rank, p.exitcode) for rank, p in enumerate(ctx.processes)
+                    if p.exitcode and p.exitcode != -signal.SIGTERM
+                    and not os.path.exists(os.path.join(tmp, f"rank{rank}.err"))]
             first = _first_error(tmp, world_size)
+            if died:
+                rank, code = died[0]
+                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                after = f"; the first error after it, rank {first[0]}'s:\n{first[1]}" if first else ""
+                raise RuntimeError(f"rank {rank} of {world_size} died ({how}) running {name} without a Python "
+                                   f"error{after}") from error
             if first is None:
                 raise
-            raise RuntimeError(f"rank {first[0]} of {world_size} failed first running "
-                               f"{getattr(fn, '__name__', fn)}:\n{first[1]}") from error
+            raise RuntimeError(f"rank {first[0]} of {world_size} failed first running {name}:\n{first[1]}") from error
         finally:
             for process in ctx.processes:
                 if process.is_alive():
