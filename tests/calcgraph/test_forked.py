@@ -194,3 +194,9 @@ def test_an_entry_that_does_not_pickle_is_left_out_and_a_batch_that_does_not_loa
     kernels.receive(sent)
     kernels.merge_received()
     assert kernels._CACHE.keys() == made.keys() and not kernels._RECEIVED
+    # past CACHE_ENTRIES the older entries go first
+    monkeypatch.setattr(kernels, "CACHE_ENTRIES", len(made) + 1)
+    monkeypatch.setattr(kernels, "_CACHE", {"older": None, "entries": None})
+    kernels.receive(sent)
+    kernels.merge_received()
+    assert kernels._CACHE.keys() == made.keys()

@@ -248,11 +248,15 @@ def receive(entries: bytes) -> None:
 
 def merge_received() -> None:
     """Add the entries `receive` kept to this process's cache, those it has already kept as they are; a batch that does
-    not load here (an op this process has not loaded) is dropped."""
+    not load here (an op this process has not loaded) is dropped. Past `CACHE_ENTRIES` the older entries go first."""
+    global _SENT
     while _RECEIVED:
         try:
-            entries = pickle.loads(_RECEIVED.pop())
+            entries = pickle.loads(_RECEIVED.pop(0))
         except Exception:  # noqa: BLE001 - see the docstring
             continue
+        if len(_CACHE) + len(entries) > CACHE_ENTRIES:
+            _CACHE.clear()
+            _SENT = 0
         for key, entry in entries:
             _CACHE.setdefault(key, entry)
