@@ -363,8 +363,9 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: f
             # NOTE: a rank that died without a Python error (a signal, `os._exit`) left no error file, and the others
             # then fail in their collectives: that rank is the cause, whichever error torch's join saw first (join
             # stops the other ranks with SIGTERM: not a cause)
+            raised = error.error_index if isinstance(error, mp.ProcessRaisedException) else None
             died = [(rank, p.exitcode) for rank, p in enumerate(ctx.processes)
-                    if p.exitcode and p.exitcode != -signal.SIGTERM
+                    if p.exitcode and p.exitcode != -signal.SIGTERM and rank != raised
                     and not os.path.exists(os.path.join(tmp, f"rank{rank}.err"))]
             first = _first_error(tmp, world_size)
             if died:
