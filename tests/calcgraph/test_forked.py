@@ -200,3 +200,39 @@ def test_an_entry_that_does_not_pickle_is_left_out_and_a_batch_that_does_not_loa
     kernels.receive(sent)
     kernels.merge_received()
     assert kernels._CACHE.keys() == made.keys()
+
+
+def test_batch_one_is_traced_side_by_side_for_every_program_the_search_asks_it_of(monkeypatch):
+    """A budget above the weights, gradients and state every program holds but below two programs' peaks at batch 2:
+    the largest-batch search asks both for batch 1, a program of its own (`CompiledGraph._batch_one`), traced side by
+    side in workers before the search; the table is the one made with each traced where the search asks."""
+    torch.manual_seed(0)
+    batch = (torch.randn(4, 3, 6, 6), torch.randint(0, 4, (4,)))
+    grid = [Config(), Config("amp_bf16"), Config("bf16", 8)]
+    monkeypatch.setenv(ENV, "2")
+
+    def advice_at(budget_of=None):
+        advice = advise(_blocks, batch, memory_budget=2**40, calibrate=False, min_run_time=0.01, progress=False,
+                        candidates=grid)
+        plans = [advice._by_name[c.name] for c in grid]
+        held = max(plan.held_bytes(4) for plan in plans)
+        cap = min(plan.peak(2) for plan in plans if plan.peak(2) > held) - 1
+        return advice, cap / (1 - advice.margin)
+
+    made = []
+
+    def spy(jobs, processes=None):
+        made.append(results := run_forked(jobs, processes))
+        return results
+
+    advice, budget = advice_at()
+    monkeypatch.setattr(plans_module, "run_forked", spy)
+    advice.rebudget(budget)
+    assert len(made) == 1 and len(made[0]) == 2 and all(t is not None for t in made[0])
+    assert [1 in advice._plans.graph(c)._exact for c in grid] == [True, True, False]
+    with monkeypatch.context() as patch:
+        patch.setattr(plans_module.Plans, "trace_batch_one", lambda self, plans: None)
+        alone, _ = advice_at()
+        alone.rebudget(budget)
+    assert advice.table["max_batch"].tolist()[:2] == [1, 1]
+    assert advice.table["max_batch"].tolist() == alone.table["max_batch"].tolist()

@@ -105,8 +105,10 @@ class Advice:
             self._seconds, self.timing = self._timer()
             self.table = pd.DataFrame([self._row(c) for c in self._configs.values()])
             self.table["fits"] = self.table["predicted_peak_bytes"] <= cap
-        self.table["max_batch"] = [_max_batch(self._by_name[name], cap, self.batch_size, fits)
-                                   for name, fits in zip(self.table["config"], self.table["fits"], strict=True)]
+        rows = list(zip(self.table["config"], self.table["fits"], strict=True))
+        self._plans.trace_batch_one([self._by_name[name] for name, fits in rows
+                                     if _searches_batch_one(self._by_name[name], cap, self.batch_size, fits)])
+        self.table["max_batch"] = [_max_batch(self._by_name[name], cap, self.batch_size, fits) for name, fits in rows]
         return self
 
     @property
@@ -212,6 +214,12 @@ class Advice:
             result.update(recalibrated=True, choice_after=self.best["config"])
         self.verification = result
         return result
+
+
+def _searches_batch_one(plan: Plan, cap: float, batch_size: int, fits: bool) -> bool:
+    """Whether `_max_batch` asks `plan` for batch 1: the user's batch does not fit, the held bytes do, and neither does
+    batch 2 (the search halves down from the user's batch)."""
+    return not fits and plan.held_bytes(batch_size) <= cap and (batch_size == 1 or not plan.fits(2, cap))
 
 
 def _max_batch(plan: Plan, cap: float, batch_size: int, fits: bool) -> int:

@@ -312,6 +312,22 @@ class Plans:
                 if result is not None:
                     self._ahead.setdefault(key, {})[size] = result
 
+    def trace_batch_one(self, plans: Sequence[Plan]) -> None:
+        """Trace batch 1 side by side in forked workers (`calcgraph.forked`) for the programs of `plans` that will be
+        asked for it (`Advice.rebudget`'s largest-batch search) and have not traced it: each plan's program, or, for a
+        variant, the program it borrowed its growth from (whose batch 1 decides the variant's,
+        `CompiledGraph._batch_one`). Whatever a worker did not make is traced where it is asked for."""
+        graphs = {}
+        for plan in plans:
+            graph = plan.graph._like if plan.graph._like is not None else plan.graph
+            if graph.affine and not hasattr(graph, "_one") and 1 not in graph._exact:
+                graphs.setdefault(id(graph._exact), graph)  # a calibrated view shares its traces with its program
+        made = run_forked([functools.partial(graph._tracer, 1) for graph in graphs.values()]) if len(graphs) > 1 \
+            else []
+        for graph, trace in zip(graphs.values(), made, strict=False):
+            if trace is not None:
+                graph._exact.setdefault(1, trace)
+
     @property
     def traces(self) -> int:
         """Training programs run under fake tensors so far: each distinct program at each batch size it was traced
