@@ -33,8 +33,8 @@ from workbench.optim import PackedAdamW, PackedSGD
 
 from .blocks import checkpoint_blocks, find_blocks
 
-__all__ = ["CHECKPOINTS", "EXTRA_BITS", "PRECISIONS", "SPLIT_BLOCKS", "Config", "checkpoint_kind", "default_grid",
-           "training_setup"]
+__all__ = ["CHECKPOINTS", "EXTRA_BITS", "PRECISIONS", "SPLIT_BLOCKS", "Config", "block_labels", "checkpoint_kind",
+           "default_grid", "training_setup"]
 
 # NOTE: the advisor checkpoints whole residual blocks. Opened blocks give a ResNet-50 166 units, where
 # one optimal plan under a budget took 15 s on 2 CPU cores and the advisor plans one per candidate;
@@ -118,6 +118,17 @@ def checkpoint_kind(build: Callable[[], nn.Module]) -> str | None:
     if _opens(model):
         return "layers"
     return "blocks" if find_blocks(model) else None
+
+
+def block_labels(build: Callable[[], nn.Module]) -> list[str]:
+    """The module labels of the model's blocks where it is checkpointed block by block (`checkpoint_kind` "blocks"),
+    in forward order; else []."""
+    with torch.device("meta"):
+        model = build()
+    if _opens(model):
+        return []
+    names = {id(module): name for name, module in model.named_modules()}
+    return [names[id(block)] for block in find_blocks(model)]
 
 
 def training_setup(config: Config, build: Callable[[], nn.Module], *, optimizer: str = "adamw",

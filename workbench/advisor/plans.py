@@ -26,7 +26,8 @@ so does every real run of calibration but the first, where that first one shows 
 A program with step in backward is not traced where its program without it was traced in the same worker, or on the
 CPU in this process: it is made from that trace and its optimizer's updates alone, traced once per precision
 (`_spliced`, `calcgraph.derive.in_backward`; equal to its own trace on the suite's four models in every precision, with
-and without checkpoints).
+and without checkpoints). On the CPU a checkpoint placement over a model's blocks is not traced either where its plain
+and every-block programs were made here: it is composed from their traces (`_compose`, `calcgraph.placements`).
 """
 
 from __future__ import annotations
@@ -38,14 +39,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import torch
 
 from workbench.calcgraph import CompiledGraph
 from workbench.calcgraph.calibrate import NoAllocatorEvents, unaligned_probe
 from workbench.calcgraph.derive import in_backward
 from workbench.calcgraph.forked import run_forked, trace_program
+from workbench.calcgraph.placements import compose
 
-from .configs import Config, training_setup
+from .configs import Config, block_labels
 from .workload import Workload
 
 __all__ = ["CATEGORIES", "Plan", "Plans"]
@@ -132,6 +133,11 @@ def _plain(key: tuple) -> tuple:
     return replace(key[0], step_in_backward=False, checkpoint="none"), None
 
 
+def _without_step(key: tuple) -> tuple:
+    """The program `key` (`Plans._key`) without step in backward."""
+    return replace(key[0], step_in_backward=False), key[1]
+
+
 def _trace_program(work: Workload, key: tuple, size: int, steps: int) -> object:
     """The program `key` (`Plans._key`) traced at batch `size` for `steps` steps (`_compile`'s graph makes a
     two-step trace of a one-step one)."""
@@ -159,7 +165,7 @@ def _spliced(work: Workload, key: tuple, traced: dict, updates: dict, size: int)
     become ready in the same order (`updates`: a checkpointed program's as a plain one's, measured on the suite's
     four models); None where there is none or it cannot be made."""
     cfg, segments = key
-    base = traced.get((replace(cfg, step_in_backward=False), segments)) if cfg.step_in_backward else None
+    base = traced.get(_without_step(key)) if cfg.step_in_backward else None
     if base is None or "step2" in base.marks:
         return None
     order = tuple(point[1] for point in base.points if point[0] == "ready")
@@ -216,6 +222,7 @@ class Plans:
         if key not in self._graphs:
             like = None if _plain(key) == key else self._compiled(_plain(key))
             sizes = self._trace_sizes(key)
+            self._compose(key)
             made = self._ahead.pop(key, None) or self._made_here(key, sizes[1])
             self._graphs[key] = _compile(self.work, *key, sizes, like, made)
             if like is None and len(sizes) == 2:
@@ -223,14 +230,13 @@ class Plans:
         return self._graphs[key]
 
     def _made_here(self, key: tuple, size: int) -> dict[int, object] | None:
-        """{`size`: the one-step trace of the program `key` with step in backward made in this process from its program
-        without it (`_spliced`)}, where that program's plan was made already here (traced, not forked: `trace_ahead` of
-        a single program group, a worker that failed, one trace process); else None (traced).
+        """{`size`: the one-step trace of the program `key` with step in backward made here from its program without it
+        (`_spliced`)}, where that program's plan was made here (not forked: `trace_ahead` of a single program group, a
+        worker that failed, one trace process; or composed, `_compose`); else None (traced).
 
         # NOTE: CPU programs only, where `in_backward` was compared with the traced program; a CUDA program is traced
         """
-        cfg, segments = key
-        base = (replace(cfg, step_in_backward=False), segments)
+        cfg, base = key[0], _without_step(key)
         if not cfg.step_in_backward or self.work.device.type != "cpu" or \
                 (base not in self._graphs and base not in self._ahead):
             return None
@@ -238,6 +244,29 @@ class Plans:
         updates = self._updates.setdefault(replace(cfg, checkpoint="none"), {})
         made = None if first is None else _spliced(self.work, key, {base: first}, updates, size)
         return None if made is None else {size: made}
+
+    def _compose(self, key: tuple) -> None:
+        """Make the checkpoint placement that `key` runs without step in backward, where it is over a model's blocks and
+        not made yet, from its plain and every-block programs' one-step traces made here (`calcgraph.placements`), for
+        `_compiled` to find; where it cannot be made, it is traced.
+
+        # NOTE: CPU programs only, where the composition was compared with the traced placements
+        """
+        base = _without_step(key)
+        (cfg, segments), size = base, self._trace_sizes(base)[1]
+        ends = [(replace(cfg, checkpoint=kind), None) for kind in ("none", "uniform")]
+        if segments is None or base in self._graphs or base in self._ahead or self.work.device.type != "cpu" or \
+                self.work.world_size > 1 or not self._blocks or any(e not in self._graphs | self._ahead for e in ends):
+            return
+        traces = [self._compiled(end)._tracer.first_steps.get(size) for end in ends]
+        made = None if None in traces else compose(*traces, self._blocks, {i for a, b, c in segments if c
+                                                                           for i in range(a, b)})
+        if made is not None:
+            self._ahead[base] = {size: made}
+
+    @functools.cached_property
+    def _blocks(self) -> list[str]:
+        return block_labels(self.work.build)
 
     @property
     def programs(self) -> int:
@@ -286,6 +315,12 @@ class Plans:
             return
         keys = [k for k in dict.fromkeys(self._key(c, s) for c, s in programs)
                 if k not in self._graphs and k not in self._ahead]
+        # a checkpoint placement composed here (`_compose`), and its program with step in backward, made from it here
+        # (`_made_here`), are not traced
+        before = set(self._ahead)
+        for key in keys:
+            self._compose(key)
+        keys = [k for k in keys if _without_step(k) not in set(self._ahead) - before]
         # a variant is first traced at its fit's second batch, the one it is derived at (`CompiledGraph`)
         jobs = [(key, size) for key in keys
                 for size in (self._trace_sizes(key) if _plain(key) == key else self._trace_sizes(key)[1:2])]
@@ -342,6 +377,12 @@ class Plans:
         return sum(trace.spliced for graph in self._graphs.values() for trace in graph._exact.values())
 
     @property
+    def composed_traces(self) -> int:
+        """Of `traces`, those made and not traced: a checkpoint placement from its plain and every-block programs
+        (`calcgraph.placements.compose`)."""
+        return sum(trace.composed for graph in self._graphs.values() for trace in graph._exact.values())
+
+    @property
     def one_step_traces(self) -> int:
         """Of `traces`, those traced for one step, the second made from it (`CompiledGraph`'s `one_step`)."""
         return sum(trace.repeats is not None for graph in self._graphs.values() for trace in graph._exact.values())
@@ -368,7 +409,7 @@ class Plans:
             return 0
         key = (cfg.extra_bits, cfg.state_dtype)
         if key not in self._states:
-            self._states[key] = _meta_state(self.work, cfg)
+            self._states[key] = self.work.state_bytes(cfg)
         return self._states[key]
 
     def calibrate(self, precision: Config, batch_size: int) -> int:
@@ -407,17 +448,3 @@ class Plans:
         checks = calibrated.calibration_error
         return len(sizes) + len(check) + (int(checks["refined"].max()) if len(checks) else 0)
 
-
-def _meta_state(work: Workload, cfg: Config) -> int:
-    """Bytes of the optimizer state `cfg`'s optimizer creates for the model, built on the meta device."""
-    setup = training_setup(replace(cfg, step_in_backward=False, checkpoint="none"), work.build,
-                           optimizer=work.optimizer, lr=work.lr)
-    with torch.device("meta"):
-        model = setup["build"]()
-    opt = setup["optimizer"](model.parameters())
-    if hasattr(opt, "_init_state"):  # a packed optimizer: its state (moments, extra bits) as its first step makes it
-        for group in opt.param_groups:
-            for p in group["params"]:
-                opt._init_state(p, group)
-    return sum(t.untyped_storage().nbytes() for st in opt.state.values() for t in st.values()
-               if isinstance(t, torch.Tensor))

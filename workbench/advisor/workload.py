@@ -223,6 +223,20 @@ class Workload:
         return lambda size, tracker: parameter_steps(parameters, order, tracker, optimizer=setup["optimizer"],
                                                      device=self.device)
 
+    def state_bytes(self, config: Config) -> int:
+        """Bytes of the optimizer state `config`'s optimizer creates for the model, built on the meta device."""
+        setup = training_setup(replace(config, step_in_backward=False, checkpoint="none"), self.build,
+                               optimizer=self.optimizer, lr=self.lr)
+        with torch.device("meta"):
+            model = setup["build"]()
+        opt = setup["optimizer"](model.parameters())
+        if hasattr(opt, "_init_state"):  # a packed optimizer: its state (moments, extra bits) as its first step has it
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    opt._init_state(p, group)
+        return sum(t.untyped_storage().nbytes() for st in opt.state.values() for t in st.values()
+                   if isinstance(t, torch.Tensor))
+
     def _input_dtype(self, config: Config) -> torch.dtype:
         return torch.bfloat16 if config.precision == "bf16" and self.inputs.is_floating_point() else self.inputs.dtype
 

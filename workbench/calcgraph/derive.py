@@ -159,7 +159,7 @@ def repeat_step(trace: _Trace, renewed: bool) -> _Trace | None:
                   trace.spec, _signature(events, all_info),
                   trace.calls[:ce] + calls + [(op, at + n) for op, at in trace.calls[ce:]], call_marks,
                   trace.keys[:ce] + keys + trace.keys[ce:], {**trace.sources, **sources}, repeats,
-                  spliced=trace.spliced)
+                  spliced=trace.spliced, composed=trace.composed)
 
 
 def repeat_rule(trace: _Trace) -> bool | None:

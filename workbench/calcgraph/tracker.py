@@ -103,6 +103,8 @@ class _Tracker(LiveStorageMode):
         self._source: int | None = None  # the allocation a running `clone` copies
         self.sources: dict[int, int] = {}  # under fake tensors, each clone's allocation -> the one it copies
         self.points: list[tuple] = []  # `point`s: where a gradient became ready, where an optimizer step began
+        self.recomputing: set[int] = set()  # calls made in a backward with grad mode on: a checkpoint's recomputation
+        self.uses: dict[int, set[str]] = {}  # under fake tensors, the modules whose forward calls took each allocation
 
     def _counts(self, tensor: torch.Tensor) -> bool:
         # NOTE: a CUDA program's plan is the GPU's memory: host tensors it makes (AdamW's step counters, which torch
@@ -111,6 +113,14 @@ class _Tracker(LiveStorageMode):
         return not (self.device is not None and self.device.type == "cuda" and tensor.device.type == "cpu")
 
     def _counted(self, op, args, kwargs, tensors):
+        if torch.is_grad_enabled():
+            if torch._C._current_graph_task_id() != -1:
+                self.recomputing.add(len(self.calls))
+            elif self.fake:
+                for t in tensors:
+                    idx = self.live.get(t.untyped_storage()._cdata)
+                    if idx is not None:
+                        self.uses.setdefault(idx, set()).add(self._modules[-1])
         if self.fake:
             _refuse_unplannable(op)
             _refuse_mixed_matmul(op, args)
@@ -234,6 +244,9 @@ class _Trace:
     repeats: list[int] | None = field(repr=False, default=None)
     points: list[tuple] = field(repr=False, default_factory=list)  # `_Tracker.point`s
     spliced: bool = field(repr=False, default=False)  # made, not traced: step in backward's updates spliced in
+    composed: bool = field(repr=False, default=False)  # made, not traced: a checkpoint placement (`placements`)
+    recomputing: set[int] = field(repr=False, default_factory=set)  # `_Tracker.recomputing` (a trace as traced)
+    uses: dict[int, set[str]] = field(repr=False, default_factory=dict)  # `_Tracker.uses` (a trace as traced)
 
     def live(self, sizes: np.ndarray | None = None) -> np.ndarray:
         """Live bytes after each event, each allocation of ``sizes`` bytes (default: its traced size)."""
@@ -365,4 +378,5 @@ def _trace(program: Callable[[_Tracker], None], *, fake: bool = True, profiled: 
     events = _canonical_frees(tracker.events, tracker.marks.values())
     return _Trace(np.asarray(tracker.sizes, dtype=np.int64), tracker.info,
                   np.asarray(events, dtype=np.int64), tracker.marks, tracker.spec, _signature(events, tracker.info),
-                  tracker.calls, tracker.call_marks, tracker.keys, tracker.sources, points=tracker.points)
+                  tracker.calls, tracker.call_marks, tracker.keys, tracker.sources, points=tracker.points,
+                  recomputing=tracker.recomputing, uses=tracker.uses)

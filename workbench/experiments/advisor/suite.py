@@ -162,7 +162,10 @@ def evaluate(models: Sequence[str], *, batch_size: int, width: float, image_size
                     **{f"{phase.replace(' ', '_')}_seconds": t for phase, t in advice.planning_seconds.items()}}
         peaks = advice.table["predicted_peak_bytes"]
         budget = float(peaks.quantile(budget_quantile, interpolation="lower")) / (1 - advice.margin)
-        advice.rebudget(budget)
+        traced, start = advice._plans.traces, time.perf_counter()
+        advice.rebudget(budget)  # the budget's checkpoint placements: traced, or composed (`calcgraph.placements`)
+        planning.update(rebudget_seconds=time.perf_counter() - start, rebudget_traces=advice._plans.traces - traced,
+                        composed_traces=advice._plans.composed_traces)
         advices[name] = advice
         run = list(advice.table.index)
         if 0 < sample < len(run):  # drawn from the table's order alone: no prediction or measurement chooses;
