@@ -144,10 +144,10 @@ def _trace_program(work: Workload, key: tuple, size: int, steps: int) -> object:
     return trace_program(work.program(key[0], segments=key[1], steps=steps), size, work.device)
 
 
-def _trace_group(work: Workload, jobs: Sequence[tuple[tuple, int]], size: int) -> list:
+def _trace_group(work: Workload, jobs: Sequence[tuple[tuple, int]], size: int) -> tuple[list, dict]:
     """`_trace_program` of each (key, steps) of `jobs` at batch `size` in turn, None for one that failed (its caller
     traces it again itself and meets the error there); a program with step in backward whose program without it was
-    traced before it here is made from that trace (`_spliced`)."""
+    traced before it here is made from that trace (`_spliced`). And the optimizer's updates traced for that."""
     out, traced, updates = [], {}, {}
     for key, steps in jobs:
         try:
@@ -156,7 +156,7 @@ def _trace_group(work: Workload, jobs: Sequence[tuple[tuple, int]], size: int) -
         except Exception:  # noqa: BLE001 - see the docstring
             out.append(None)
         traced[key] = out[-1]
-    return out
+    return out, updates
 
 
 def _spliced(work: Workload, key: tuple, traced: dict, updates: dict, size: int) -> object | None:
@@ -264,9 +264,7 @@ class Plans:
         if made is not None:
             self._ahead[base] = {size: made}
 
-    @functools.cached_property
-    def _blocks(self) -> list[str]:
-        return block_labels(self.work.build)
+    _blocks = functools.cached_property(lambda self: block_labels(self.work.build))  # the model's, where checkpointed
 
     @property
     def programs(self) -> int:
@@ -333,8 +331,8 @@ class Plans:
         # optimizer's update per parameter made its groups the longest (DenseNet-BC-100: 2.7 s at batch 3 and 1.7 s at
         # 2, against 1.9-2.0 s and 1.1 s), and starting them last left one worker idle for 1.5 s at the end.
         # Each precision's plain program at its first batch is traced for both steps, every other for its first step
-        # alone (`CompiledGraph`'s `one_step`, the second step made from it as the two-step trace shows).
-        # A program with step in backward follows its program without it, from which it is made (`_spliced`).
+        # alone (`CompiledGraph`'s `one_step`). A program with step in backward follows its program without it, from
+        # which it is made (`_spliced`); the updates traced for that come back (for `_made_here`).
         groups: dict[tuple, list] = {}
         for key, size in sorted(jobs, key=lambda job: job[0][0].step_in_backward):
             steps = 2 if _plain(key) == key and size == self._trace_sizes(key)[0] else 1
@@ -342,8 +340,10 @@ class Plans:
         order = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0][0][0].precision != "bf16"))
         made = run_forked([functools.partial(_trace_group, self.work, members, size)
                            for (_, size), members in order])
-        for ((_, size), members), results in zip(order, made, strict=True):
-            for (key, _), result in zip(members, results or [None] * len(members), strict=True):
+        for ((plain, size), members), results in zip(order, made, strict=True):
+            results, updates = results or ([None] * len(members), {})
+            self._updates.setdefault(replace(plain[0], step_in_backward=True), {}).update(updates)
+            for (key, _), result in zip(members, results, strict=True):
                 if result is not None:
                     self._ahead.setdefault(key, {})[size] = result
 
