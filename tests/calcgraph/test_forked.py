@@ -11,6 +11,7 @@ from torch import nn
 
 from workbench.advisor import Config, advise
 from workbench.advisor import plans as plans_module
+from workbench.advisor.plan import _recomputed
 from workbench.calcgraph import CompiledGraph, forked
 from workbench.calcgraph.forked import ENV, run_forked, trace_program, worker_count
 
@@ -135,7 +136,7 @@ def test_the_advisors_table_is_the_same_with_workers_and_without(monkeypatch):
         advice.rebudget(budget)  # the optimal candidate planned again: its program traced ahead
         plans = advice._plans
         return (advice.table.drop(columns=["predicted_step_seconds", "time_reliable"]),
-                {k[0].name: (sorted(g._exact), sorted(plans_module._recomputed(g)), g.derived)
+                {k[0].name: (sorted(g._exact), sorted(_recomputed(g)), g.derived)
                  for k, g in plans._graphs.items()})
 
     (alone, graphs_alone) = table("1")
