@@ -207,3 +207,39 @@ def test_the_advisor_composes_a_budgets_placement(monkeypatch, dense_plans, proc
         assert [plans.plan(cfg, SEGMENTS).peak(b) for b in (1, 3, 17, 64)] == \
             [traced.plan(cfg, SEGMENTS).peak(b) for b in (1, 3, 17, 64)], cfg.name
     np.testing.assert_array_equal(plans.graph(grid[0], SEGMENTS).slope, traced.graph(grid[0], SEGMENTS).slope)
+
+
+def test_batch_one_of_a_placement_is_composed_where_it_runs_its_own(monkeypatch):
+    """A transformer's batch 1 runs kernels of its own (`CompiledGraph._batch_one`), so a placement asked for it by the
+    largest-batch search (`Plans.trace_batch_one`) runs its own batch 1 too: composed from its plain and every-block
+    programs' batch 1, these traced side by side with the variants that cannot be composed (step in backward); each
+    peak at batch 1 is the traced placement's, and nothing is traced once the search asks."""
+    import workbench.calcgraph.derive as derive_module
+    from workbench.calcgraph.forked import ENV
+
+    monkeypatch.setenv(ENV, "2")
+    work = _work(*MODELS["encoder"])
+    segments = [(0, 1, True), (1, 3, False), (3, 4, True)]
+    grid = [Config(checkpoint="optimal"), Config(step_in_backward=True, checkpoint="optimal")]
+
+    def planned(composing: bool) -> Plans:
+        with monkeypatch.context() as patch:
+            if not composing:
+                patch.setattr(plans_module, "compose", lambda *args: None)
+            plans = Plans(work, [Config()], uniform=[(i, i + 1, True) for i in range(4)])
+            for cfg in (Config(), Config(checkpoint="uniform")):
+                plans.graph(cfg)
+            plans.trace_batch_one([plans.plan(cfg, segments) for cfg in grid])
+            if composing:
+                patch.setattr(derive_module, "trace_program", lambda *args: pytest.fail("traced where asked"))
+            for cfg in grid:
+                plans.plan(cfg, segments).peak(1)
+        return plans
+
+    made, traced = planned(True), planned(False)
+    graph = made.graph(grid[0], segments)
+    assert graph._batch_one() is not None and graph._exact[1].composed and graph._exact[3].composed
+    assert not traced.graph(grid[0], segments)._exact[1].composed
+    _assert_same(graph._exact[1], traced.graph(grid[0], segments)._exact[1])
+    for cfg in grid:
+        assert made.plan(cfg, segments).peak(1) == traced.plan(cfg, segments).peak(1), cfg.name

@@ -72,6 +72,20 @@ def _without_step(key: tuple) -> tuple:
     return replace(key[0], step_in_backward=False), key[1]
 
 
+def _ends(key: tuple) -> list[tuple]:
+    """The plain and every-block programs of the checkpoint placement `key`, from which it is composed."""
+    return [(replace(key[0], checkpoint=kind), None) for kind in ("none", "uniform")]
+
+
+def _batch_one(tracer) -> tuple | None:
+    """Batch 1 traced (`derive.StepTracer`), and its one-step trace where it was traced for one step; None where it
+    failed (traced again where it is asked for, to meet the error there)."""
+    try:
+        return tracer(1), tracer.first_steps.get(1)
+    except Exception:  # noqa: BLE001 - see the docstring
+        return None
+
+
 def _trace_program(work: Workload, key: tuple, size: int, steps: int) -> object:
     """The program `key` (`Plans._key`) traced at batch `size` for `steps` steps (`_compile`'s graph makes a
     two-step trace of a one-step one)."""
@@ -181,22 +195,31 @@ class Plans:
 
     def _compose(self, key: tuple) -> None:
         """Make the checkpoint placement that `key` runs without step in backward, where it is over a model's blocks and
-        not made yet, from its plain and every-block programs' one-step traces made here (`calcgraph.placements`), for
-        `_compiled` to find; where it cannot be made, it is traced.
+        not made yet, from its plain and every-block programs' one-step traces made here (`_composed`), for `_compiled`
+        to find; where it cannot be made, it is traced."""
+        base = _without_step(key)
+        if self._composable(base) and base not in self._graphs and base not in self._ahead and \
+                all(e in self._graphs or e in self._ahead for e in _ends(base)):
+            size = self._trace_sizes(base)[1]
+            made = self._composed(base, size)
+            if made is not None:
+                self._ahead[base] = {size: made}
+
+    def _composed(self, key: tuple, size: int) -> object | None:
+        """The one-step trace at batch `size` of the placement `key` (`_composable`) composed from its plain and
+        every-block programs' (`calcgraph.placements.compose`), None where either was not made here for one step at
+        `size` or it cannot be made."""
+        traces = [self._compiled(end)._tracer.first_steps.get(size) for end in _ends(key)]
+        return None if None in traces else compose(*traces, self._blocks, {i for a, b, c in key[1] if c
+                                                                           for i in range(a, b)})
+
+    def _composable(self, key: tuple) -> bool:
+        """Whether `key` is a checkpoint placement over a model's blocks, without step in backward, on the CPU.
 
         # NOTE: CPU programs only, where the composition was compared with the traced placements
         """
-        base = _without_step(key)
-        (cfg, segments), size = base, self._trace_sizes(base)[1]
-        ends = [(replace(cfg, checkpoint=kind), None) for kind in ("none", "uniform")]
-        if segments is None or base in self._graphs or base in self._ahead or self.work.device.type != "cpu" or \
-                self.work.world_size > 1 or not self._blocks or any(e not in self._graphs | self._ahead for e in ends):
-            return
-        traces = [self._compiled(end)._tracer.first_steps.get(size) for end in ends]
-        made = None if None in traces else compose(*traces, self._blocks, {i for a, b, c in segments if c
-                                                                           for i in range(a, b)})
-        if made is not None:
-            self._ahead[base] = {size: made}
+        return key[1] is not None and not key[0].step_in_backward and self.work.device.type == "cpu" and \
+            self.work.world_size == 1 and bool(self._blocks)
 
     _blocks = functools.cached_property(lambda self: block_labels(self.work.build))  # the model's, where checkpointed
 
@@ -285,17 +308,34 @@ class Plans:
         """Trace batch 1 side by side in forked workers (`calcgraph.forked`) for the programs of `plans` that will be
         asked for it (`Advice.rebudget`'s largest-batch search) and have not traced it: each plan's program, or, for a
         variant, the program it borrowed its growth from (whose batch 1 decides the variant's,
-        `CompiledGraph._batch_one`). Whatever a worker did not make is traced where it is asked for."""
-        graphs = {}
-        for plan in plans:
-            graph = plan.graph._like if plan.graph._like is not None else plan.graph
-            if graph.affine and not hasattr(graph, "_one") and 1 not in graph._exact:
-                graphs.setdefault(id(graph._exact), graph)  # a calibrated view shares its traces with its program
-        made = run_forked([functools.partial(graph._tracer, 1) for graph in graphs.values()]) if len(graphs) > 1 \
-            else []
-        for graph, trace in zip(graphs.values(), made, strict=False):
-            if trace is not None:
-                graph._exact.setdefault(1, trace)
+        `CompiledGraph._batch_one`). Then a variant whose program's batch 1 is off the line runs its own: composed where
+        it is a checkpoint placement over blocks (`_composed`, from its plain and every-block programs' batch 1, those
+        traced with the rest), else traced side by side. Whatever a worker did not make is traced where asked for."""
+        def unmade(graphs):  # a calibrated view shares its traces with its program
+            return {id(g._exact): g for g in graphs if g.affine and not hasattr(g, "_one") and 1 not in g._exact}
+
+        self._trace_side_by_side(unmade(p.graph._like or p.graph for p in plans).values())
+        keys = {id(graph._exact): key for key, graph in self._graphs.items()}
+        own = unmade(p.graph for p in plans if p.graph._like is not None and p.graph._like._batch_one() is not None)
+        placements = {i: keys[i] for i in own if i in keys and self._composable(keys[i])
+                      and all(e in self._graphs for e in _ends(keys[i]))}
+        ends = unmade(self._graphs[e] for key in placements.values() for e in _ends(key) if e in self._graphs)
+        self._trace_side_by_side([*(g for i, g in own.items() if i not in placements), *ends.values()])
+        for i, key in placements.items():
+            made = self._composed(key, 1)
+            if made is not None:
+                own[i]._tracer.first_steps[1] = made
+                own[i]._exact[1] = own[i]._tracer(1)  # its second step made from it, not traced
+
+    def _trace_side_by_side(self, graphs) -> None:
+        """Batch 1 of each of `graphs` traced in forked workers (one alone here)."""
+        graphs = list(graphs)
+        jobs = [functools.partial(_batch_one, g._tracer) for g in graphs]
+        for graph, made in zip(graphs, run_forked(jobs) if len(jobs) > 1 else [job() for job in jobs], strict=True):
+            if made is not None:
+                graph._exact.setdefault(1, made[0])
+                if made[1] is not None:
+                    graph._tracer.first_steps.setdefault(1, made[1])
 
     @property
     def traces(self) -> int:
