@@ -209,15 +209,20 @@ def test_the_advisor_composes_a_budgets_placement(monkeypatch, dense_plans, proc
     np.testing.assert_array_equal(plans.graph(grid[0], SEGMENTS).slope, traced.graph(grid[0], SEGMENTS).slope)
 
 
-def test_batch_one_of_a_placement_is_composed_where_it_runs_its_own(monkeypatch):
+@pytest.mark.parametrize("fit_forked", [False, True], ids=["fit here", "fit forked"])
+def test_batch_one_of_a_placement_is_composed_where_it_runs_its_own(monkeypatch, fit_forked):
     """A transformer's batch 1 runs kernels of its own (`CompiledGraph._batch_one`), so a placement asked for it by the
     largest-batch search (`Plans.trace_batch_one`) runs its own batch 1 too: composed from its plain and every-block
     programs' batch 1, these traced side by side with the variants that cannot be composed (step in backward); each
-    peak at batch 1 is the traced placement's, and nothing is traced once the search asks."""
+    peak at batch 1 is the traced placement's, and nothing is traced once the search asks. Its batch 3 is composed
+    too, also where the plain program's fit traced batches 3 and 4 in forked workers (a first trace slower than
+    `FORK_AFTER_SECONDS`: a loaded machine), which send their one-step traces back."""
     import workbench.calcgraph.derive as derive_module
+    from workbench.calcgraph import forked
     from workbench.calcgraph.forked import ENV
 
     monkeypatch.setenv(ENV, "2")
+    monkeypatch.setattr(forked, "FORK_AFTER_SECONDS", 0.0 if fit_forked else float("inf"))
     work = _work(*MODELS["encoder"])
     segments = [(0, 1, True), (1, 3, False), (3, 4, True)]
     grid = [Config(checkpoint="optimal"), Config(step_in_backward=True, checkpoint="optimal")]

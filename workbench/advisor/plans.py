@@ -42,7 +42,7 @@ from dataclasses import replace
 from workbench.calcgraph import CompiledGraph
 from workbench.calcgraph.calibrate import NoAllocatorEvents, unaligned_probe
 from workbench.calcgraph.derive import in_backward
-from workbench.calcgraph.forked import run_forked, trace_program
+from workbench.calcgraph.forked import keep_traced, run_forked, trace_program, traced_at
 from workbench.calcgraph.placements import compose
 
 from .configs import Config, block_labels
@@ -75,15 +75,6 @@ def _without_step(key: tuple) -> tuple:
 def _ends(key: tuple) -> list[tuple]:
     """The plain and every-block programs of the checkpoint placement `key`, from which it is composed."""
     return [(replace(key[0], checkpoint=kind), None) for kind in ("none", "uniform")]
-
-
-def _batch_one(tracer) -> tuple | None:
-    """Batch 1 traced (`derive.StepTracer`), and its one-step trace where it was traced for one step; None where it
-    failed (traced again where it is asked for, to meet the error there)."""
-    try:
-        return tracer(1), tracer.first_steps.get(1)
-    except Exception:  # noqa: BLE001 - see the docstring
-        return None
 
 
 def _trace_program(work: Workload, key: tuple, size: int, steps: int) -> object:
@@ -330,12 +321,9 @@ class Plans:
     def _trace_side_by_side(self, graphs) -> None:
         """Batch 1 of each of `graphs` traced in forked workers (one alone here)."""
         graphs = list(graphs)
-        jobs = [functools.partial(_batch_one, g._tracer) for g in graphs]
+        jobs = [functools.partial(traced_at, g._tracer, 1) for g in graphs]
         for graph, made in zip(graphs, run_forked(jobs) if len(jobs) > 1 else [job() for job in jobs], strict=True):
-            if made is not None:
-                graph._exact.setdefault(1, made[0])
-                if made[1] is not None:
-                    graph._tracer.first_steps.setdefault(1, made[1])
+            keep_traced(graph, 1, made)
 
     @property
     def traces(self) -> int:

@@ -137,7 +137,24 @@ def trace_ahead(graph, sizes: Sequence[int]) -> None:
     graph._traced(missing[0])
     if time.perf_counter() - start < FORK_AFTER_SECONDS:
         return
-    jobs = [functools.partial(graph._tracer, s) for s in missing[1:]]
-    for size, trace in zip(missing[1:], run_forked(jobs), strict=True):
-        if trace is not None:
-            graph._exact.setdefault(size, trace)
+    jobs = [functools.partial(traced_at, graph._tracer, s) for s in missing[1:]]
+    for size, made in zip(missing[1:], run_forked(jobs), strict=True):
+        keep_traced(graph, size, made)
+
+
+def traced_at(tracer: Callable, size: int) -> tuple | None:
+    """`tracer` (`derive.StepTracer`) at batch `size`, and the one-step trace it made that from (None where it traced
+    both steps), for the process that forked the one running it: a checkpoint placement is composed from one-step
+    traces (the advisor's `Plans`). None where it failed (traced again where asked for, to meet the error there)."""
+    try:
+        return tracer(size), tracer.first_steps.get(size)
+    except Exception:  # noqa: BLE001 - see the docstring
+        return None
+
+
+def keep_traced(graph, size: int, made: tuple | None) -> None:
+    """Keep in `graph` (a `CompiledGraph`) what `traced_at` made at batch `size` in another process."""
+    if made is not None:
+        graph._exact.setdefault(size, made[0])
+        if made[1] is not None:
+            graph._tracer.first_steps.setdefault(size, made[1])
