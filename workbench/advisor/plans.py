@@ -38,7 +38,6 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 
-
 from workbench.calcgraph import CompiledGraph
 from workbench.calcgraph.calibrate import NoAllocatorEvents, unaligned_probe
 from workbench.calcgraph.derive import in_backward
