@@ -237,13 +237,12 @@ class Plans:
         show, or that was not calibrated, the traces side by side in forked workers. Off the line, a program is not
         affine: its calibration is dropped and the programs derived from it are compiled again when next asked for."""
         keys = list(self._unchecked)
-        made = run_forked([functools.partial(self._graphs[key]._tracer, 4) for key in keys]) if len(keys) > 1 \
-            else [None] * len(keys)
+        made = run_forked([functools.partial(traced_at, self._graphs[key]._tracer, 4) for key in keys]) \
+            if len(keys) > 1 else [None] * len(keys)
         for key, result in zip(keys, made, strict=True):
             del self._unchecked[key]
             graph = self._graphs[key]
-            if result is not None:
-                graph._exact.setdefault(4, result)
+            keep_traced(graph, 4, result)
             if graph.check(4):
                 continue
             for other in [k for k in self._graphs if k != key and _plain(k) == key]:

@@ -275,6 +275,7 @@ def _emit(plain: _Trace, every: _Trace, tokens: list[tuple], kept: np.ndarray, d
     # trace's label of the last allocation of both; `pending`: the block recomputing now, whose label is left once it
     # is over (within it, what none of its modules made has the label of before it)
     marks, call_marks, current, pending, base = {}, {}, None, None, ""
+    plain_labels = {point[:2]: point[4] for point in plain.points}  # each point's label in the plain trace
 
     def label(own: str) -> str | None:
         return own if current is None else left.get(current)
@@ -293,8 +294,8 @@ def _emit(plain: _Trace, every: _Trace, tokens: list[tuple], kept: np.ndarray, d
             at = len(events)
             while at and events[at - 1] < 0:
                 at -= 1
-            own = plain.points[[p[:2] for p in plain.points].index(every.points[i][:2])][4]
-            points.append((*every.points[i][:2], len(events), len(calls), label(own), frozenset(events[at:])))
+            points.append((*every.points[i][:2], len(events), len(calls), label(plain_labels[every.points[i][:2]]),
+                           frozenset(events[at:])))
         else:
             row = dict(every.info[i]) if i not in plain_of else dict(plain.info[plain_of[i]])
             if i in plain_of:

@@ -103,7 +103,7 @@ class _Tracker(LiveStorageMode):
         self._source: int | None = None  # the allocation a running `clone` copies
         self.sources: dict[int, int] = {}  # under fake tensors, each clone's allocation -> the one it copies
         self.points: list[tuple] = []  # `point`s: where a gradient became ready, where an optimizer step began
-        self.recomputing: set[int] = set()  # calls made in a backward with grad mode on: a checkpoint's recomputation
+        self.recomputing: set[int] = set()  # under fake tensors, calls in a backward with grad on: a recomputation's
         self.uses: dict[int, set[str]] = {}  # under fake tensors, the modules whose forward calls took each allocation
 
     def _counts(self, tensor: torch.Tensor) -> bool:
@@ -113,10 +113,10 @@ class _Tracker(LiveStorageMode):
         return not (self.device is not None and self.device.type == "cuda" and tensor.device.type == "cpu")
 
     def _counted(self, op, args, kwargs, tensors):
-        if torch.is_grad_enabled():
+        if self.fake and torch.is_grad_enabled():  # notes for `placements` (plans, not calibration's real runs)
             if torch._C._current_graph_task_id() != -1:
                 self.recomputing.add(len(self.calls))
-            elif self.fake:
+            else:
                 for t in tensors:
                     idx = self.live.get(t.untyped_storage()._cdata)
                     if idx is not None:
