@@ -5,6 +5,7 @@ saved statistics under autocast and an LSTM backward's first call, where they no
 
 import contextlib
 import functools
+import itertools
 
 import numpy as np
 import pytest
@@ -193,3 +194,51 @@ def test_a_slice_is_the_view_torch_makes(dim, start, end, step, layout, monkeypa
         ours = sliced(kernels.PlanFakeTensorMode())
     FakeTensorMode.cache_clear()
     assert ours == sliced(FakeTensorMode()) == sliced(None)
+
+
+def _batch_norm_layouts(case: tuple, rule: bool, monkeypatch) -> list:
+    """A BatchNorm forward and backward in training traced under the plan's fake tensors with the made outputs
+    (`kernels._batch_norm_outputs`) or torch's meta kernel: each output's shape, strides, dtype and offset."""
+    shape, layout, (dtype, weight_dtype), affine, running, mask, grad_layout = case
+    monkeypatch.setattr(kernels, "_CACHE", {})
+    if not rule:
+        monkeypatch.setattr(kernels, "_training_batch_norm", lambda *args: False)
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    try:
+        with kernels.plan_cache(), kernels.PlanFakeTensorMode(allow_non_fake_inputs=True):
+            x = torch.empty(shape, dtype=dtype)
+            x = x.to(memory_format=formats.get(x.dim(), torch.contiguous_format)) if layout == "channels last" else \
+                x.transpose(0, -1) if layout == "transposed" else x
+            channels = x.shape[1]
+            weight, bias, mean, var = (torch.empty(channels, dtype=weight_dtype) if on else None
+                                       for on in (affine, affine, running, running))
+            out = torch.ops.aten.native_batch_norm.default(x, weight, bias, mean, var, True, 0.1, 1e-5)
+            grad = torch.empty_like(out[0]) if grad_layout == "the input's" else torch.empty(out[0].shape, dtype=dtype)
+            grads = torch.ops.aten.native_batch_norm_backward.default(grad, x, weight, mean, var, out[1], out[2], True,
+                                                                      1e-5, list(mask))
+    except ZeroDivisionError:  # the meta kernel's, at one value per channel with running statistics
+        return ["ZeroDivisionError"]
+    return [None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.storage_offset()) for t in (*out, *grads)]
+
+
+def test_a_training_batch_norms_outputs_are_those_of_torchs_meta_kernel(monkeypatch):
+    """`PlanFakeTensorMode` makes a training BatchNorm's outputs by hand (`kernels._batch_norm_outputs`) in place of
+    torch's meta kernel, a Python decomposition: the same shapes, strides, dtypes and offsets on every layout (size-1
+    dimensions too), dtype pair, affine or not, with running statistics or not, gradient mask and incoming gradient laid
+    out as the input or contiguous; the same error where that kernel raises."""
+    made = []
+    monkeypatch.setattr(kernels, "_batch_norm_outputs", lambda *args, f=kernels._batch_norm_outputs: made.append(1)
+                        or f(*args))
+    shapes = [(3, 5), (3, 5, 4), (3, 5, 4, 2), (1, 5, 4, 2), (3, 5, 1, 1), (1, 5, 1, 1), (2, 5, 1, 3),
+              (2, 5, 2, 3, 2), (1, 1, 1, 1), (2, 5, 4, 1)]
+    dtypes = [(torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16),
+              (torch.float16, torch.float16)]
+    cases = list(itertools.product(shapes, ["contiguous", "channels last", "transposed"], dtypes, [True, False],
+                                   [True, False], [(True, True, True), (True, False, False), (False, True, True)],
+                                   ["the input's", "contiguous"]))
+    for case in cases:
+        with monkeypatch.context() as patch:
+            ours = _batch_norm_layouts(case, True, patch)
+        with monkeypatch.context() as patch:
+            assert ours == _batch_norm_layouts(case, False, patch), case
+    assert len(made) > len(cases)  # made by hand in most cases (forward and backward), not all left to torch
