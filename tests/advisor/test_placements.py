@@ -213,10 +213,10 @@ def test_the_advisor_composes_a_budgets_placement(monkeypatch, dense_plans, proc
 def test_batch_one_of_a_placement_is_composed_where_it_runs_its_own(monkeypatch, fit_forked):
     """A transformer's batch 1 runs kernels of its own (`CompiledGraph._batch_one`), so a placement asked for it by the
     largest-batch search (`Plans.trace_batch_one`) runs its own batch 1 too: composed from its plain and every-block
-    programs' batch 1, these traced side by side with the variants that cannot be composed (step in backward); each
-    peak at batch 1 is the traced placement's, and nothing is traced once the search asks. Its batch 3 is composed
-    too, also where the plain program's fit traced batches 3 and 4 in forked workers (a first trace slower than
-    `FORK_AFTER_SECONDS`: a loaded machine), which send their one-step traces back."""
+    programs' batch 1, these traced side by side, and its program with step in backward spliced from it, traced
+    neither; each batch 1 is the traced program's, and nothing is traced once the search asks. Its batch 3 is
+    composed too, also where the plain program's fit traced batches 3 and 4 in forked workers (a first trace slower
+    than `FORK_AFTER_SECONDS`: a loaded machine), which send their one-step traces back."""
     import workbench.calcgraph.derive as derive_module
     from workbench.calcgraph import forked
     from workbench.calcgraph.forked import ENV
@@ -227,13 +227,18 @@ def test_batch_one_of_a_placement_is_composed_where_it_runs_its_own(monkeypatch,
     segments = [(0, 1, True), (1, 3, False), (3, 4, True)]
     grid = [Config(checkpoint="optimal"), Config(step_in_backward=True, checkpoint="optimal")]
 
+    side_by_side = []
+
     def planned(composing: bool) -> Plans:
         with monkeypatch.context() as patch:
             if not composing:
                 patch.setattr(plans_module, "compose", lambda *args: None)
+                patch.setattr(plans_module, "_spliced", lambda *args: None)
             plans = Plans(work, [Config()], uniform=[(i, i + 1, True) for i in range(4)])
             for cfg in (Config(), Config(checkpoint="uniform")):
                 plans.graph(cfg)
+            patch.setattr(Plans, "_trace_side_by_side", lambda self, graphs, f=Plans._trace_side_by_side: f(
+                self, [g for g in graphs if composing and side_by_side.append(g.description) or True]))
             plans.trace_batch_one([plans.plan(cfg, segments) for cfg in grid])
             if composing:
                 patch.setattr(derive_module, "trace_program", lambda *args: pytest.fail("traced where asked"))
@@ -242,9 +247,12 @@ def test_batch_one_of_a_placement_is_composed_where_it_runs_its_own(monkeypatch,
         return plans
 
     made, traced = planned(True), planned(False)
-    graph = made.graph(grid[0], segments)
+    graph, in_backward = (made.graph(cfg, segments) for cfg in grid)
     assert graph._batch_one() is not None and graph._exact[1].composed and graph._exact[3].composed
-    assert not traced.graph(grid[0], segments)._exact[1].composed
-    _assert_same(graph._exact[1], traced.graph(grid[0], segments)._exact[1])
+    assert in_backward._batch_one() is not None and in_backward._exact[1].spliced
+    assert not any(t.composed or t.spliced for cfg in grid for t in traced.graph(cfg, segments)._exact.values())
+    assert sorted(side_by_side) == ["fp32", "fp32, checkpoint uniform"]  # the ends alone
+    for cfg in grid:
+        _assert_same(made.graph(cfg, segments)._exact[1], traced.graph(cfg, segments)._exact[1])
     for cfg in grid:
         assert made.plan(cfg, segments).peak(1) == traced.plan(cfg, segments).peak(1), cfg.name

@@ -297,24 +297,38 @@ class Plans:
         """Trace batch 1 side by side in forked workers (`calcgraph.forked`) for the programs of `plans` that will be
         asked for it (`Advice.rebudget`'s largest-batch search) and have not traced it: each plan's program, or, for a
         variant, the program it borrowed its growth from (whose batch 1 decides the variant's,
-        `CompiledGraph._batch_one`). Then a variant whose program's batch 1 is off the line runs its own: composed where
-        it is a checkpoint placement over blocks (`_composed`, from its plain and every-block programs' batch 1, those
-        traced with the rest), else traced side by side. Whatever a worker did not make is traced where asked for."""
+        `CompiledGraph._batch_one`). Then a variant whose program's batch 1 is off the line runs its own, made here
+        where it can be: a checkpoint placement over blocks composed (`_composed`, from its plain and every-block
+        programs' batch 1), a program with step in backward spliced from its program without it (`_made_here`; that
+        program composed so, or traced). What these are made from is traced side by side with the variants that cannot
+        be made; whatever a worker did not make, or could not be made, is traced where asked for."""
         def unmade(graphs):  # a calibrated view shares its traces with its program
             return {id(g._exact): g for g in graphs if g.affine and not hasattr(g, "_one") and 1 not in g._exact}
 
         self._trace_side_by_side(unmade(p.graph._like or p.graph for p in plans).values())
         keys = {id(graph._exact): key for key, graph in self._graphs.items()}
         own = unmade(p.graph for p in plans if p.graph._like is not None and p.graph._like._batch_one() is not None)
-        placements = {i: keys[i] for i in own if i in keys and self._composable(keys[i])
-                      and all(e in self._graphs for e in _ends(keys[i]))}
-        ends = unmade(self._graphs[e] for key in placements.values() for e in _ends(key) if e in self._graphs)
-        self._trace_side_by_side([*(g for i, g in own.items() if i not in placements), *ends.values()])
-        for i, key in placements.items():
-            made = self._composed(key, 1)
-            if made is not None:
-                own[i]._tracer.first_steps[1] = made
-                own[i]._exact[1] = own[i]._tracer(1)  # its second step made from it, not traced
+        spliced = {i: _without_step(keys[i]) for i in own if i in keys and keys[i][0].step_in_backward and
+                   self.work.device.type == "cpu" and _without_step(keys[i]) in self._graphs}
+        placements = [key for key in dict.fromkeys([*(keys[i] for i in own if i in keys), *spliced.values()])
+                      if self._composable(key) and all(e in self._graphs for e in _ends(key))]
+        made_here = {i for i in own if i in spliced or keys.get(i) in placements}
+        sources = [*(e for key in placements for e in _ends(key)), *(b for b in spliced.values()
+                                                                     if b not in placements)]
+        self._trace_side_by_side([*(g for i, g in own.items() if i not in made_here),
+                                  *unmade(self._graphs[key] for key in sources).values()])
+        for key in placements:
+            self._made_at_one(self._graphs[key], self._composed(key, 1))
+        for i, key in ((i, keys[i]) for i in spliced):
+            self._made_at_one(own[i], (self._made_here(key, 1) or {}).get(1))
+
+    @staticmethod
+    def _made_at_one(graph: CompiledGraph, first_step) -> None:
+        """Keep in `graph` its batch 1 made from `first_step` (its one-step trace there, made not traced; None: not
+        made, traced where asked for)."""
+        if first_step is not None and 1 not in graph._exact:
+            graph._tracer.first_steps[1] = first_step
+            graph._exact[1] = graph._tracer(1)  # its second step made from it, not traced
 
     def _trace_side_by_side(self, graphs) -> None:
         """Batch 1 of each of `graphs` traced in forked workers (one alone here)."""
