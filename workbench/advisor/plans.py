@@ -308,8 +308,9 @@ class Plans:
         self._trace_side_by_side(unmade(p.graph._like or p.graph for p in plans).values())
         keys = {id(graph._exact): key for key, graph in self._graphs.items()}
         own = unmade(p.graph for p in plans if p.graph._like is not None and p.graph._like._batch_one() is not None)
-        spliced = {i: _without_step(keys[i]) for i in own if i in keys and keys[i][0].step_in_backward and
-                   self.work.device.type == "cpu" and _without_step(keys[i]) in self._graphs}
+        local = self.work.device.type == "cpu" and self.work.world_size == 1  # where `_made_here` was compared
+        spliced = {i: _without_step(keys[i]) for i in own if local and i in keys and keys[i][0].step_in_backward
+                   and _without_step(keys[i]) in self._graphs}
         placements = [key for key in dict.fromkeys([*(keys[i] for i in own if i in keys), *spliced.values()])
                       if self._composable(key) and all(e in self._graphs for e in _ends(key))]
         made_here = {i for i in own if i in spliced or keys.get(i) in placements}
