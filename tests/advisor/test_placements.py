@@ -86,6 +86,32 @@ class Cached(nn.Module):
         return self.head(x)
 
 
+class Holding(nn.Module):
+    """A transformer layer that keeps its input in a list every layer is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+
+    def forward(self, x: torch.Tensor, kept: list) -> torch.Tensor:
+        kept.append(x)
+        return self.layer(x)
+
+
+class HoldingEncoder(Encoder):
+    """The encoder whose layers keep their inputs in a `Store`, which each checkpoint holds whole: refused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Holding() for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, kept = self.stem(x), Store()
+        for layer in self.layers:
+            x = layer(x, kept)
+        return self.head(x.mean(1))
+
+
 def dense() -> nn.Module:
     """The project's DenseNet-BC at depth 22: three dense blocks of three layers, each layer's checkpoint holding every
     feature map before it (the case the every-block trace alone cannot show)."""
@@ -209,21 +235,24 @@ def test_the_advisor_composes_a_budgets_placement(monkeypatch, dense_plans, proc
     np.testing.assert_array_equal(plans.graph(grid[0], SEGMENTS).slope, traced.graph(grid[0], SEGMENTS).slope)
 
 
-@pytest.mark.parametrize("fit_forked", [False, True], ids=["fit here", "fit forked"])
-def test_batch_one_of_a_placement_is_composed_where_it_runs_its_own(monkeypatch, fit_forked):
+@pytest.mark.parametrize("model, fit_forked", [(Encoder, False), (Encoder, True), (HoldingEncoder, False)],
+                         ids=["fit here", "fit forked", "refused"])
+def test_batch_one_of_a_placement_is_composed_where_it_runs_its_own(monkeypatch, model, fit_forked):
     """A transformer's batch 1 runs kernels of its own (`CompiledGraph._batch_one`), so a placement asked for it by the
     largest-batch search (`Plans.trace_batch_one`) runs its own batch 1 too: composed from its plain and every-block
     programs' batch 1, these traced side by side, and its program with step in backward spliced from it, traced
     neither; each batch 1 is the traced program's, and nothing is traced once the search asks. Its batch 3 is
     composed too, also where the plain program's fit traced batches 3 and 4 in forked workers (a first trace slower
-    than `FORK_AFTER_SECONDS`: a loaded machine), which send their one-step traces back."""
+    than `FORK_AFTER_SECONDS`: a loaded machine), which send their one-step traces back. A placement whose composition
+    was refused (a `Store` each checkpoint holds whole) is traced side by side, and its program with step in backward
+    spliced from that."""
     import workbench.calcgraph.derive as derive_module
     from workbench.calcgraph import forked
     from workbench.calcgraph.forked import ENV
 
     monkeypatch.setenv(ENV, "2")
     monkeypatch.setattr(forked, "FORK_AFTER_SECONDS", 0.0 if fit_forked else float("inf"))
-    work = _work(*MODELS["encoder"])
+    work = _work(model, MODELS["encoder"][1])
     segments = [(0, 1, True), (1, 3, False), (3, 4, True)]
     grid = [Config(checkpoint="optimal"), Config(step_in_backward=True, checkpoint="optimal")]
 
@@ -248,10 +277,12 @@ def test_batch_one_of_a_placement_is_composed_where_it_runs_its_own(monkeypatch,
 
     made, traced = planned(True), planned(False)
     graph, in_backward = (made.graph(cfg, segments) for cfg in grid)
-    assert graph._batch_one() is not None and graph._exact[1].composed and graph._exact[3].composed
+    composed = model is Encoder
+    assert graph._batch_one() is not None and graph._exact[1].composed == graph._exact[3].composed == composed
     assert in_backward._batch_one() is not None and in_backward._exact[1].spliced
     assert not any(t.composed or t.spliced for cfg in grid for t in traced.graph(cfg, segments)._exact.values())
-    assert sorted(side_by_side) == ["fp32", "fp32, checkpoint uniform"]  # the ends alone
+    # the ends of a composed placement alone, else the placement itself
+    assert sorted(side_by_side) == ["fp32", "fp32, checkpoint " + ("uniform" if composed else "optimal")]
     for cfg in grid:
         _assert_same(made.graph(cfg, segments)._exact[1], traced.graph(cfg, segments)._exact[1])
     for cfg in grid:

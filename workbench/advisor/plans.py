@@ -311,13 +311,17 @@ class Plans:
         local = self.work.device.type == "cpu" and self.work.world_size == 1  # where `_made_here` was compared
         spliced = {i: _without_step(keys[i]) for i in own if local and i in keys and keys[i][0].step_in_backward
                    and _without_step(keys[i]) in self._graphs}
+        # a placement composed at its fit's batch is composed at batch 1 (one refused there, a cache held whole, is
+        # traced side by side)
         placements = [key for key in dict.fromkeys([*(keys[i] for i in own if i in keys), *spliced.values()])
-                      if self._composable(key) and all(e in self._graphs for e in _ends(key))]
+                      if self._composable(key) and all(e in self._graphs for e in _ends(key)) and
+                      getattr(self._graphs[key]._tracer.first_steps.get(self._trace_sizes(key)[1]), "composed", False)]
         made_here = {i for i in own if i in spliced or keys.get(i) in placements}
         sources = [*(e for key in placements for e in _ends(key)), *(b for b in spliced.values()
                                                                      if b not in placements)]
-        self._trace_side_by_side([*(g for i, g in own.items() if i not in made_here),
-                                  *unmade(self._graphs[key] for key in sources).values()])
+        # one graph once (a calibrated view shares its traces with its program)
+        self._trace_side_by_side(({i: g for i, g in own.items() if i not in made_here}
+                                  | unmade(self._graphs[key] for key in sources)).values())
         for key in placements:
             self._made_at_one(self._graphs[key], self._composed(key, 1))
         for i, key in ((i, keys[i]) for i in spliced):
