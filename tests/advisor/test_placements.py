@@ -287,3 +287,28 @@ def test_batch_one_of_a_placement_is_composed_where_it_runs_its_own(monkeypatch,
         _assert_same(made.graph(cfg, segments)._exact[1], traced.graph(cfg, segments)._exact[1])
     for cfg in grid:
         assert made.plan(cfg, segments).peak(1) == traced.plan(cfg, segments).peak(1), cfg.name
+
+
+def test_batch_one_in_one_round_where_another_program_ran_its_own(monkeypatch):
+    """Once one program of a model has run its own batch 1 (a transformer's layers), another precision's placement has
+    what it is composed from traced with its program's batch 1, in one round of workers, not two
+    (`Plans.trace_batch_one`); its batch 1 composed as before."""
+    from workbench.calcgraph.forked import ENV
+
+    monkeypatch.setenv(ENV, "2")
+    plans = Plans(_work(*MODELS["encoder"]), [Config()], uniform=[(i, i + 1, True) for i in range(4)])
+    segments = [(0, 1, True), (1, 3, False), (3, 4, True)]
+    for cfg in (Config(), Config(checkpoint="uniform"), Config("amp_bf16"), Config("amp_bf16", checkpoint="uniform")):
+        plans.graph(cfg)
+    rounds = []
+
+    def side_by_side(self, graphs, traced=Plans._trace_side_by_side):
+        graphs = list(graphs)
+        rounds.append(sorted(g.description for g in graphs))
+        traced(self, graphs)
+    monkeypatch.setattr(Plans, "_trace_side_by_side", side_by_side)
+    for precision in ("fp32", "amp_bf16"):
+        plans.trace_batch_one([plans.plan(Config(precision, checkpoint="optimal"), segments)])
+    amp = "amp bf16"
+    assert rounds == [["fp32"], ["fp32, checkpoint uniform"], [amp, f"{amp}, checkpoint uniform"], []]
+    assert plans.graph(Config("amp_bf16", checkpoint="optimal"), segments)._exact[1].composed

@@ -116,6 +116,12 @@ def _spliced(work: Workload, key: tuple, traced: dict, updates: dict, size: int)
         return None
 
 
+def _unmade_at_one(graphs) -> dict[int, CompiledGraph]:
+    """Of affine `graphs`, those whose batch 1 is neither traced nor decided, each once: a calibrated view shares its
+    traces with its program (by the id of those)."""
+    return {id(g._exact): g for g in graphs if g.affine and not hasattr(g, "_one") and 1 not in g._exact}
+
+
 class Plans:
     """Every candidate's `Plan`, each distinct program traced once (see the module docstring)."""
 
@@ -301,31 +307,39 @@ class Plans:
         where it can be: a checkpoint placement over blocks composed (`_composed`, from its plain and every-block
         programs' batch 1), a program with step in backward spliced from its program without it (`_made_here`; that
         program composed so, or traced). What these are made from is traced side by side with the variants that cannot
-        be made; whatever a worker did not make, or could not be made, is traced where asked for."""
-        def unmade(graphs):  # a calibrated view shares its traces with its program
-            return {id(g._exact): g for g in graphs if g.affine and not hasattr(g, "_one") and 1 not in g._exact}
-
-        self._trace_side_by_side(unmade(p.graph._like or p.graph for p in plans).values())
-        keys = {id(graph._exact): key for key, graph in self._graphs.items()}
-        own = unmade(p.graph for p in plans if p.graph._like is not None and p.graph._like._batch_one() is not None)
-        local = self.work.device.type == "cpu" and self.work.world_size == 1  # where `_made_here` was compared
-        spliced = {i: _without_step(keys[i]) for i in own if local and i in keys and keys[i][0].step_in_backward
-                   and _without_step(keys[i]) in self._graphs}
-        # a placement composed at its fit's batch is composed at batch 1 (one refused there, a cache held whole, is
-        # traced side by side)
-        placements = [key for key in dict.fromkeys([*(keys[i] for i in own if i in keys), *spliced.values()])
-                      if self._composable(key) and all(e in self._graphs for e in _ends(key)) and
-                      getattr(self._graphs[key]._tracer.first_steps.get(self._trace_sizes(key)[1]), "composed", False)]
-        made_here = {i for i in own if i in spliced or keys.get(i) in placements}
-        sources = [*(e for key in placements for e in _ends(key)), *(b for b in spliced.values()
-                                                                     if b not in placements)]
-        # one graph once (a calibrated view shares its traces with its program)
-        self._trace_side_by_side(({i: g for i, g in own.items() if i not in made_here}
-                                  | unmade(self._graphs[key] for key in sources)).values())
+        be made (`_batch_one_sources`); whatever a worker did not make, or could not be made, is traced where asked
+        for. Where another program of the model had its batch 1 off the line (the same layers: a transformer's), that
+        is traced with the programs' batch 1, in one round, not after it."""
+        variants = [p.graph for p in plans if p.graph._like is not None]
+        first = _unmade_at_one(p.graph._like or p.graph for p in plans)
+        if any(getattr(graph, "_one", None) is not None for graph in self._graphs.values()):
+            first |= self._batch_one_sources(_unmade_at_one(variants))[2]
+        self._trace_side_by_side(first.values())
+        own = _unmade_at_one(g for g in variants if g._like._batch_one() is not None)
+        placements, spliced, todo = self._batch_one_sources(own)
+        self._trace_side_by_side(todo.values())
         for key in placements:
             self._made_at_one(self._graphs[key], self._composed(key, 1))
-        for i, key in ((i, keys[i]) for i in spliced):
+        for i, key in spliced.items():
             self._made_at_one(own[i], (self._made_here(key, 1) or {}).get(1))
+
+    def _batch_one_sources(self, own: dict) -> tuple[list, dict, dict]:
+        """For the variants `own` (`_unmade_at_one`) that run their own batch 1: the placements composed there (their
+        fit's batch was composed: one refused there, a cache held whole, is traced), the programs with step in backward
+        spliced there (index in `own` -> key), and the graphs to trace at batch 1 for the rest and for what these are
+        made from, each once."""
+        keys = {id(graph._exact): key for key, graph in self._graphs.items()}
+        local = self.work.device.type == "cpu" and self.work.world_size == 1  # where `_made_here` was compared
+        spliced = {i: keys[i] for i in own if local and i in keys and keys[i][0].step_in_backward
+                   and _without_step(keys[i]) in self._graphs}
+        placements = [key for key in dict.fromkeys([*(keys[i] for i in own if i in keys),
+                                                    *map(_without_step, spliced.values())])
+                      if self._composable(key) and all(e in self._graphs for e in _ends(key)) and
+                      getattr(self._graphs[key]._tracer.first_steps.get(self._trace_sizes(key)[1]), "composed", False)]
+        sources = [*(e for key in placements for e in _ends(key)),
+                   *(b for b in map(_without_step, spliced.values()) if b not in placements)]
+        todo = {i: g for i, g in own.items() if i not in spliced and keys.get(i) not in placements}
+        return placements, spliced, todo | _unmade_at_one(self._graphs[key] for key in sources)
 
     @staticmethod
     def _made_at_one(graph: CompiledGraph, first_step) -> None:
