@@ -132,7 +132,7 @@ def _batch_norm_outputs(func, args: tuple) -> tuple:
     # layer); compared with torch's kernel on every layout, dtype and mask in `tests/calcgraph/test_kernels.py`
     """
     if func is _BATCH_NORM:
-        x, weight = args[0], args[1]
+        x = args[0]
         stats = get_computation_dtype(x.dtype) if _meta_agrees(func, args) else x.dtype
         return torch.empty_like(x), x.new_empty(x.shape[1], dtype=stats), x.new_empty(x.shape[1], dtype=stats)
     x, weight, mask = args[1], args[2], args[9]
