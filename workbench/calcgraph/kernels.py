@@ -59,7 +59,7 @@ import pickle
 from collections.abc import Iterator
 
 import torch
-from torch._prims_common import get_computation_dtype
+from torch._prims_common import get_computation_dtype, make_channels_last_strides_for, make_contiguous_strides_for
 from torch._subclasses import FakeTensorMode
 from torch._subclasses.fake_tensor import (FakeTensor, _BypassDispatchCache, _DispatchCacheKey,
                                            in_kernel_invocation_manager)
@@ -98,14 +98,8 @@ def _meta_agrees(func, args: tuple) -> bool:
 def _dense(x: torch.Tensor) -> bool:
     """Whether `x` (not empty) is laid out as a contiguous or a channels-last tensor, its size-1 dimensions' strides
     included."""
-    orders = [range(x.dim() - 1, -1, -1)] + ([(1, *range(x.dim() - 1, 1, -1), 0)] if x.dim() in (4, 5) else [])
-    for order in orders:
-        strides, step = [0] * x.dim(), 1
-        for d in order:
-            strides[d], step = step, step * x.shape[d]
-        if tuple(strides) == x.stride():
-            return x.numel() > 0
-    return False
+    layouts = [make_contiguous_strides_for] + ([make_channels_last_strides_for] if x.dim() in (4, 5) else [])
+    return x.numel() > 0 and any(tuple(layout(x.shape)) == x.stride() for layout in layouts)
 
 
 def _training_batch_norm(mode: FakeTensorMode, func, args: tuple) -> bool:
