@@ -243,12 +243,10 @@ class Plans:
         show, or that was not calibrated, the traces side by side in forked workers. Off the line, a program is not
         affine: its calibration is dropped and the programs derived from it are compiled again when next asked for."""
         keys = list(self._unchecked)
-        made = run_forked([functools.partial(traced_at, self._graphs[key]._tracer, 4) for key in keys]) \
-            if len(keys) > 1 else [None] * len(keys)
-        for key, result in zip(keys, made, strict=True):
+        self._trace_side_by_side([self._graphs[key] for key in keys], 4)
+        for key in keys:
             del self._unchecked[key]
             graph = self._graphs[key]
-            keep_traced(graph, 4, result)
             if graph.check(4):
                 continue
             for other in [k for k in self._graphs if k != key and _plain(k) == key]:
@@ -349,12 +347,12 @@ class Plans:
             graph._tracer.first_steps[1] = first_step
             graph._exact[1] = graph._tracer(1)  # its second step made from it, not traced
 
-    def _trace_side_by_side(self, graphs) -> None:
-        """Batch 1 of each of `graphs` traced in forked workers (one alone here)."""
+    def _trace_side_by_side(self, graphs, size: int = 1) -> None:
+        """Batch `size` of each of `graphs` traced in forked workers (one alone here)."""
         graphs = list(graphs)
-        jobs = [functools.partial(traced_at, g._tracer, 1) for g in graphs]
+        jobs = [functools.partial(traced_at, g._tracer, size) for g in graphs]
         for graph, made in zip(graphs, run_forked(jobs) if len(jobs) > 1 else [job() for job in jobs], strict=True):
-            keep_traced(graph, 1, made)
+            keep_traced(graph, size, made)
 
     @property
     def traces(self) -> int:
