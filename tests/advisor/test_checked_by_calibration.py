@@ -110,3 +110,31 @@ def test_the_lines_calibration_left_unchecked_are_traced_side_by_side(monkeypatc
     plans = _plans(lambda: Pairwise(), (24,), True)  # neither precision's line shown: both checked at 4
     made = [plans.graph(Config(p))._exact[4] for p in ("fp32", "amp_bf16")]
     assert all(getattr(t, "made_by", os.getpid()) != os.getpid() for t in made)
+
+
+class Positions(nn.Module):
+    """Token ids in, and positions the model makes itself with an `arange` (as GPT-2's): the real run picks its rows
+    of the user's batch with an `arange` too, which calibration must not take for the model's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens, self.positions, self.fc = nn.Embedding(16, 8), nn.Embedding(6, 8), nn.Linear(8, 5)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = self.positions(torch.arange(ids.shape[1], device=ids.device))  # before the tokens, as GPT-2's
+        return self.fc((self.tokens(ids) + positions).mean(dim=1))
+
+
+@pytest.mark.parametrize("cfg", [Config(), Config("bf16", extra_bits=8)], ids=lambda c: c.name)
+def test_a_model_making_its_own_positions_holds_the_line_through_its_real_runs(cfg):
+    x, y = torch.randint(0, 16, (4, 6)), torch.randint(0, 5, (4,))
+    plans = {checked: Plans(Workload.of(Positions, x, y, None, "adamw", 1e-3, torch.device("cpu")), [cfg],
+                            checked_by_calibration=checked) for checked in (True, False)}
+    for each in plans.values():
+        each.graph(cfg)
+        each.calibrate(cfg, 4)
+    calibrated = plans[True]._calibrated[cfg.precision][1]
+    assert calibrated.calibration.line_held and not plans[True]._unchecked
+    assert plans[True].traces == plans[False].traces - 1  # no trace at batch 4
+    for size in (3, 17, 64):
+        assert plans[True].plan(cfg).peak(size) == plans[False].plan(cfg).peak(size), size

@@ -175,11 +175,16 @@ class Workload:
     def _fresh(self, t: torch.Tensor, size: int, device: torch.device, dtype: torch.dtype, bound: int
                ) -> torch.Tensor:
         shape = (size, *t.shape[1:])
-        if self._given and not _faking():
+        if self._given:
             # NOTE: a new tensor every call (index_select copies), as the plan's fresh batch per step, so that
-            # the allocator measures what the plan counts; rows repeat where the size exceeds the user's batch
+            # the allocator measures what the plan counts; rows repeat where the size exceeds the user's batch.
+            # Traced, the same ops, so that calibration aligns the real run's calls with the plan's by name (their
+            # `arange` had matched a model's own), and integers zeroed in place as the plan's values
             rows = torch.arange(size, device=t.device) % t.shape[0]
-            return t.index_select(0, rows).to(device=device, dtype=dtype)
+            picked = t.index_select(0, rows)
+            if _faking() and not picked.is_floating_point():
+                picked.zero_()
+            return picked.to(device=device, dtype=dtype)
         if t.is_floating_point():
             return torch.randn(shape, device=device, dtype=dtype)
         if bound > 1 and not _faking():
