@@ -65,6 +65,31 @@ def test_advise_plans_such_a_model_and_its_choice_holds_on_the_allocator():
     assert abs(result["peak_error"]) < 0.02, result
 
 
+
+class Scaled(nn.Module):
+    """Keeps a real tensor made on a device its factory names, neither parameter nor buffer: memory the real build
+    allocates, although the plan's factory runs on the meta device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 2)
+        self.scale = torch.full((8192,), 0.5, device="cpu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.scale[:2]
+
+
+def test_a_real_tensor_a_factory_keeps_is_in_the_plans_build():
+    """The meta build runs outside the tracker (its initialisers' ops are no memory); a factory that keeps a real
+    tensor is built again with the tracker following it, and the tensor is planned where the real build makes it."""
+    for build, kept in ((Scaled, [32768]), (lambda: nn.Linear(6, 2), [])):
+        trace = trace_program(lambda size, tracker, build=build: program.training_program(build, (6,), size,
+                                                                                        annotate=tracker), 2, None)
+        in_build = [i for i in range(trace.marks["step1"]) if trace.events[i] >= 0]
+        assert [int(trace.sizes[trace.events[i]]) for i in in_build
+                if trace.info[trace.events[i]]["op"] == "full.default"] == kept
+
+
 class Cycle(nn.Module):
     """Keeps each forward's hidden tensor in a reference cycle: only the cyclic collector frees it."""
 
