@@ -39,7 +39,6 @@ import tempfile
 import time
 import traceback
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -133,7 +132,7 @@ class _ShardedTracker(_Tracker):
             if old is None and key in inputs or old == nbytes:
                 continue
             if old is None:
-                self._finalizers.append(weakref.finalize(storage, self._forget, key))
+                self._follow(storage)
             self._nbytes[key] = nbytes
             self._allocated(key, nbytes, old, func.__name__)
         self.calls.append((func.__name__, len(self.events)))
@@ -152,9 +151,8 @@ class _ShardedTracker(_Tracker):
         if nbytes == 0:
             self._forget(key)
         elif old != nbytes:
-            if key not in getattr(self, "_resize_seen", set()):
-                self.__dict__.setdefault("_resize_seen", set()).add(key)
-                self._finalizers.append(weakref.finalize(storage, self._forget, key))
+            if key not in self._watched:
+                self._follow(storage)
             self._nbytes[key] = nbytes
             self._allocated(key, nbytes, old, "resize_")
 

@@ -270,13 +270,15 @@ def _call_key(op, args: tuple) -> tuple:
     """What a kernel's scratch depends on: the op and its positional arguments, tensors by shape and dtype (also
     inside lists: `cat`), other values as they are. Equal in two programs that run the same layer on the same
     shapes, e.g. a checkpointed block's recomputation and the plain program's forward."""
-    def describe(a):
-        if isinstance(a, torch.Tensor):
-            return tuple(a.shape), a.dtype
-        if isinstance(a, (list, tuple)):
-            return tuple(describe(b) for b in a)
-        return a if a is None or isinstance(a, (bool, int, float, str, torch.dtype)) else type(a).__name__
-    return op.__name__, tuple(describe(a) for a in args)
+    return op.__name__, tuple([_described(a) for a in args])
+
+
+def _described(a):
+    if isinstance(a, torch.Tensor):
+        return tuple(a.shape), a.dtype
+    if isinstance(a, (list, tuple)):
+        return tuple([_described(b) for b in a])
+    return a if a is None or isinstance(a, (bool, int, float, str, torch.dtype)) else type(a).__name__
 
 
 class _TraceError(Exception):

@@ -107,6 +107,8 @@ def with_known_values(func, args: tuple, tensors: list[torch.Tensor]) -> tuple[o
     for real (outside the fake mode): ops on real integer or boolean tensors only keep their values."""
     if not tensors:  # a factory: real where it makes integers (`pad_packed_sequence` writes its lengths)
         return (func if torch.Tag.nondeterministic_seeded in func.tags else _RealIntegers(func)), False
+    if isinstance(tensors[0], FakeTensor) and func is not _PACK and func not in _MASKED:  # most calls: nothing known
+        return func, False
     if not any(isinstance(t, FakeTensor) for t in tensors) and not any(
             t.is_floating_point() or t.is_complex() for t in tensors):
         return func, True
