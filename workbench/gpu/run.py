@@ -31,7 +31,7 @@ from types import SimpleNamespace
 
 from ..devices import repo_root
 from ..report.reference import REFERENCE, checkout_commit
-from ..report.results import PROFILES, UsageError
+from ..report.results import PROFILES, UsageError, _read_json, _write_atomic
 from .place import write_reference
 from .wheels import install_wheels, prepend_path
 
@@ -147,10 +147,9 @@ def _past_deadline(row, exc: DeadlineExceeded, reports: Path):
     stopped before Future completed", once in CI), which would say nothing of the deadline."""
     error = f"{type(exc).__name__}: {exc}"
     run = reports / row.name / "run.json"
-    if run.is_file():
-        record = json.loads(run.read_text())
-        if record.get("status") == "failed" and "DeadlineExceeded" not in str(record.get("error")):
-            run.write_text(json.dumps({**record, "error": error}, indent=1))
+    record = _read_json(run)
+    if record.get("status") == "failed" and "DeadlineExceeded" not in str(record.get("error")):
+        _write_atomic(run, json.dumps({**record, "error": error}, indent=1))  # as the runner writes it
     return row if "DeadlineExceeded" in str(row.error) else row._replace(status="failed", error=error)
 
 
